@@ -1,0 +1,196 @@
+#include "base/file.h"
+
+#include "base/err.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* The directory holding path: "a/b/c" -> "a/b", "c" -> ".", "/c" -> "/". */
+static char *dir_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		return strdup(".");
+	size_t len = (size_t)(slash - path);
+	if (len == 0)
+		len = 1;
+	char *dir = malloc(len + 1);
+	if (!dir)
+		return NULL;
+	memcpy(dir, path, len);
+	dir[len] = '\0';
+	return dir;
+}
+
+static void release(st_atomic_file *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	free(f->path);
+	free(f->tmp);
+	free(f->errmsg);
+	*f = (st_atomic_file)ST_ATOMIC_FILE_INIT;
+}
+
+/* Record the first error of f (message kept for commit) and return it. */
+static int sticky(st_atomic_file *f, int code)
+{
+	if (!f->err) {
+		f->err = code;
+		f->errmsg = strdup(st_errmsg());
+	}
+	return f->err;
+}
+
+int st_atomic_file_open(st_atomic_file *f, const char *path)
+{
+	*f = (st_atomic_file)ST_ATOMIC_FILE_INIT;
+	if (!path || !*path)
+		return st_fail(ST_EINVAL, "atomic file: empty path");
+	size_t need = strlen(path) + 32;
+	f->path = strdup(path);
+	f->tmp = malloc(need);
+	if (!f->path || !f->tmp) {
+		release(f);
+		return st_fail(ST_ENOMEM, "%s: out of memory", path);
+	}
+	snprintf(f->tmp, need, "%s.tmp.%ld", path, (long)getpid());
+	f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (f->fd < 0) {
+		int rc = st_fail(ST_EIO, "%s: cannot create: %s", f->tmp, strerror(errno));
+		release(f);
+		return rc;
+	}
+	return 0;
+}
+
+int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n)
+{
+	if (f->err)
+		return f->err;
+	if (f->fd < 0)
+		ST_BUG("st_atomic_file_write on a file that is not open");
+	const char *p = buf;
+	while (n > 0) {
+		ssize_t w = write(f->fd, p, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return sticky(f, st_fail(ST_EIO, "%s: write failed: %s", f->tmp, strerror(errno)));
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+int st_atomic_file_commit(st_atomic_file *f)
+{
+	int rc;
+	if (f->fd < 0 && !f->err)
+		ST_BUG("st_atomic_file_commit on a file that is not open");
+	if (f->err) {
+		rc = f->errmsg ? st_fail(f->err, "%s", f->errmsg) : f->err;
+		goto fail;
+	}
+	if (fsync(f->fd) < 0) {
+		rc = st_fail(ST_EIO, "%s: fsync failed: %s", f->tmp, strerror(errno));
+		goto fail;
+	}
+	/* close reports deferred write-back errors on some file systems (NFS) */
+	int fd = f->fd;
+	f->fd = -1;
+	if (close(fd) < 0) {
+		rc = st_fail(ST_EIO, "%s: close failed: %s", f->tmp, strerror(errno));
+		goto fail;
+	}
+	if (rename(f->tmp, f->path) < 0) {
+		rc = st_fail(ST_EIO, "%s: cannot rename %s into place: %s", f->path, f->tmp,
+			     strerror(errno));
+		goto fail;
+	}
+	char *dir = dir_of(f->path);
+	if (!dir) {
+		release(f);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	rc = st_fsync_dir(dir);
+	free(dir);
+	release(f);
+	return rc;
+fail:
+	st_atomic_file_abort(f);
+	return rc;
+}
+
+void st_atomic_file_abort(st_atomic_file *f)
+{
+	if (f->tmp)
+		unlink(f->tmp); /* best effort: also after a failed rename */
+	release(f);
+}
+
+int st_write_file_atomic(const char *path, const void *data, size_t n)
+{
+	st_atomic_file f;
+	int rc = st_atomic_file_open(&f, path);
+	if (rc < 0)
+		return rc;
+	st_atomic_file_write(&f, data, n);
+	return st_atomic_file_commit(&f);
+}
+
+int st_fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return st_fail(ST_EIO, "%s: cannot open directory: %s", dir, strerror(errno));
+	int rc = 0;
+	/* EINVAL: the file system cannot sync directories; nothing more can be done. */
+	if (fsync(fd) < 0 && errno != EINVAL)
+		rc = st_fail(ST_EIO, "%s: fsync of directory failed: %s", dir, strerror(errno));
+	close(fd);
+	return rc;
+}
+
+static int mkdir_one(const char *path)
+{
+	if (mkdir(path, 0755) == 0)
+		return 0;
+	int e = errno;
+	struct stat st;
+	if (e == EEXIST && stat(path, &st) == 0) {
+		if (S_ISDIR(st.st_mode))
+			return 0;
+		return st_fail(ST_EIO, "%s: exists and is not a directory", path);
+	}
+	return st_fail(ST_EIO, "%s: cannot create directory: %s", path, strerror(e));
+}
+
+int st_mkdir_p(const char *path)
+{
+	if (!path || !*path)
+		return st_fail(ST_EINVAL, "mkdir: empty path");
+	char *buf = strdup(path);
+	if (!buf)
+		return st_fail(ST_ENOMEM, "%s: out of memory", path);
+	int rc = 0;
+	/* Create each prefix ending before a '/', skipping the root and repeated slashes. */
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/' || p[-1] == '/')
+			continue;
+		*p = '\0';
+		rc = mkdir_one(buf);
+		*p = '/';
+		if (rc < 0)
+			goto out;
+	}
+	rc = mkdir_one(buf);
+out:
+	free(buf);
+	return rc;
+}
