@@ -1,0 +1,63 @@
+# slicetrain build.
+#   make            build build/slicetrain and the tests
+#   make test       build and run the whole test suite (prints "N passed, N failed")
+#   make san        the same suite built with ASan+UBSan, in build-san/
+#   make check      both: the optimized build's suite and the sanitized one
+#   make run        the main job: a short training run on the embedded default
+#   make clean
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2 -march=native
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -MMD -MP
+LDLIBS  += -ldnnl -lyaml -ljansson -lm -fopenmp
+
+ifeq ($(SAN),1)
+BUILD   := build-san
+OPT     := -O1 -march=native -fno-omit-frame-pointer
+CFLAGS  += -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
+TEST_SRC := $(wildcard tests/test_*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+all: $(BUILD)/slicetrain $(TESTS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libslicetrain.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/slicetrain: $(CLI_OBJ) $(BUILD)/libslicetrain.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libslicetrain.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+test: all
+	BUILDS=$(BUILD) tests/run.sh
+
+san:
+	$(MAKE) SAN=1 test
+
+check:
+	$(MAKE) all
+	$(MAKE) SAN=1 all
+	BUILDS="build build-san" tests/run.sh
+
+run: $(BUILD)/slicetrain
+	$(BUILD)/slicetrain train configs/base.yml
+
+clean:
+	rm -rf build build-san
+
+.PHONY: all test san check run clean
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d)

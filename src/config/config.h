@@ -1,0 +1,125 @@
+/*
+ * config.h - the run configuration, MaxText style.
+ *
+ * A config is built from a YAML file (our configs/base.yml, or MaxText's own
+ * base.yml), then configs/models/<model_name>.yml (looked up next to the
+ * config file's directory first: <dir>/models/, then the installed
+ * configs/models/), then key=value overrides from the command line.
+ * Precedence: base < model < command line. Values are typed (YAML scalars:
+ * ints with 1_000 separators, floats like 3.e-5, true/false, None/none).
+ *
+ *   st_config c;
+ *   int rc = st_config_load(&c, "configs/base.yml", argc, argv);   // argv: "key=value" ...
+ *   if (rc < 0) { fprintf(stderr, "slicetrain: %s\n", st_errmsg()); exit(st_exit_status(rc)); }
+ *
+ * Every rejected input returns ST_EINVAL with one line naming the problem
+ * (file:line for YAML). Keys MaxText has but slicetrain does not implement are
+ * accepted when they hold the value the config file gives them (listed once
+ * in a warning) and rejected when the command line changes them.
+ */
+#ifndef ST_CONFIG_CONFIG_H
+#define ST_CONFIG_CONFIG_H
+
+#include <stdint.h>
+
+enum st_dataset_type { ST_DATA_SYNTHETIC, ST_DATA_TOKENS };
+enum st_remat { ST_REMAT_FULL, ST_REMAT_MINIMAL, ST_REMAT_NONE };
+enum st_dtype { ST_DTYPE_FLOAT32, ST_DTYPE_BFLOAT16 };
+
+#define ST_PATH_MAX 4096
+#define ST_NAME_MAX 256
+
+typedef struct st_config {
+	/* model shape (after global_parameter_scale) */
+	char model_name[ST_NAME_MAX];
+	int64_t emb_dim;            /* base_emb_dim */
+	int64_t num_query_heads;    /* base_num_query_heads */
+	int64_t num_kv_heads;       /* base_num_kv_heads */
+	int64_t num_decoder_layers; /* base_num_decoder_layers */
+	int64_t mlp_dim;            /* base_mlp_dim */
+	int64_t head_dim;
+	int64_t vocab_size;
+	double norm_eps;   /* normalization_layer_epsilon */
+	double rope_theta; /* rope_max_timescale */
+	/* Llama 3.1 RoPE scaling (rope_type: llama3.1; models named llama3.1-* default to it) */
+	int rope_llama31;
+	double rope_scale_factor;      /* 8 */
+	double rope_low_freq_factor;   /* 1 */
+	double rope_high_freq_factor;  /* 4 */
+	int64_t rope_original_max_len; /* 8192 */
+
+	/* run */
+	char run_name[ST_NAME_MAX];
+	char base_output_directory[ST_PATH_MAX];
+	double per_device_batch_size; /* must be a positive integer for now */
+	int64_t max_target_length;
+	int64_t steps;
+	int64_t gradient_accumulation_steps;
+	enum st_remat remat_policy;
+	enum st_dtype dtype;        /* activations */
+	enum st_dtype weight_dtype; /* master weights: float32 only */
+	int64_t init_weights_seed;
+	int64_t log_period;
+	char metrics_file[ST_PATH_MAX]; /* "" = none */
+
+	/* data */
+	enum st_dataset_type dataset_type;
+	char dataset_path[ST_PATH_MAX]; /* file, or glob, for dataset_type=tokens */
+	int enable_data_shuffling;
+	int64_t data_shuffle_seed;
+
+	/* optimizer and schedule */
+	double learning_rate;
+	double warmup_steps_fraction;
+	double learning_rate_final_fraction; /* alias: cosine_learning_rate_final_fraction */
+	int64_t learning_rate_schedule_steps; /* -1 in YAML becomes steps */
+	double adam_b1, adam_b2, adam_eps, adam_weight_decay;
+	double gradient_clipping_threshold; /* 0 disables */
+
+	/* mesh (MaxText semantics; validated in a later issue, single device for now) */
+	int64_t ici_data_parallelism, ici_fsdp_parallelism, ici_tensor_parallelism;
+	int64_t dcn_data_parallelism, dcn_fsdp_parallelism, dcn_tensor_parallelism;
+	int64_t num_slices;
+} st_config;
+
+/*
+ * Load CONFIG.yml plus overrides (each "key=value"). Fills *c completely.
+ * Returns 0, or ST_EINVAL with a message (file:line for YAML problems,
+ * the nearest valid key for an unknown command-line key); *c is zeroed then.
+ * Derived as MaxText does: emb/heads/mlp/layers scaled by
+ * global_parameter_scale, learning_rate_schedule_steps -1 -> steps (and
+ * steps -1 -> the schedule), empty run_name -> $JOBSET_NAME or
+ * <model_name>_<YYYY-MM-DD-HH-MM>, empty base_output_directory ->
+ * <cwd>/slicetrain_output. On success it may print these warnings (st_warn,
+ * one line each): MaxText keys kept at their file value, dtype bfloat16
+ * (runs in float32 for now; c->dtype stays BFLOAT16), dropout ignored,
+ * base_output_directory derived. Keys and rules: docs/config.md.
+ */
+int st_config_load(st_config *c, const char *path, int noverrides, char **overrides);
+
+/*
+ * The installed configs/ directory (holding base.yml, default.yml and
+ * models/<name>.yml), searched for models after the config file's own
+ * models/ directory. Default "configs" (relative to the working directory);
+ * main sets it once, before st_config_load. The string is copied.
+ */
+void st_config_set_config_dir(const char *dir);
+/* The directory set above (never NULL), e.g. to build "<dir>/default.yml". */
+const char *st_config_get_config_dir(void);
+
+/*
+ * Parameter count of the resolved shape: untied embedding and output layer,
+ * per layer q/k/v/o, gate/up/down and two RMSNorm weights, final norm.
+ * -1 if it overflows int64 (st_config_load rejects such shapes).
+ */
+int64_t st_config_num_params(const st_config *c);
+
+/*
+ * Print the resolved config to stderr through st_info: one line for the
+ * model shape (name, parameter count, layers, emb, heads/kv heads, head_dim,
+ * mlp, vocab, RoPE), one for the run (seq len, batch, steps, dtype, remat,
+ * data, output), one for the optimizer.
+ */
+void st_config_print(const st_config *c);
+
+#endif

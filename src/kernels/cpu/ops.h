@@ -1,0 +1,84 @@
+/*
+ * ops.h - the Llama operations on CPU, forward and backward, fp32.
+ *
+ * Shapes are given as (rows, columns) of row-major arrays; N = B*T tokens.
+ * Backward functions write input gradients (overwrite, "d* =") unless the
+ * name says accumulate; weight gradients are always accumulated ("+=") so
+ * gradient accumulation over micro-batches needs no extra pass.
+ * Every op threads with OpenMP over a fixed partition of the work, and every
+ * reduction runs in a fixed order: results do not depend on the thread count.
+ */
+#ifndef ST_KERNELS_OPS_H
+#define ST_KERNELS_OPS_H
+
+#include <stdint.h>
+
+/* out(N,C) = x * rstd * w; rstd(N) saved for backward. */
+void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N,
+			int64_t C, float eps);
+/* dx(N,C) += d/dx (accumulates: the residual stream's gradient is already there);
+ * dw(C) += d/dw. Uses x and rstd from forward. */
+void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+			 const float *rstd, int64_t N, int64_t C);
+
+/*
+ * RoPE tables: cos/sin (T, D/2) for positions 0..T-1. inv_freq[i] = theta^(-2i/D),
+ * optionally with Llama 3.1 scaling (factor, low/high freq factors, original
+ * context length). Computed in double.
+ */
+typedef struct st_rope_scaling {
+	int enabled;
+	double factor, low_freq_factor, high_freq_factor;
+	double original_max_len;
+} st_rope_scaling;
+void st_rope_tables(float *cos_t, float *sin_t, int64_t T, int64_t D, double theta,
+		    const st_rope_scaling *scaling);
+/* In place on x (B,T,nh,D) (rows of nh*D), Hugging Face rotate_half pairing. */
+void st_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+		     int64_t nh, int64_t D);
+/* In place on dx: the transpose rotation. */
+void st_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+		      int64_t nh, int64_t D);
+
+/*
+ * Causal grouped-query attention, softmax(q k^T / sqrt(D)) v.
+ * q (B,T,H,D), k and v (B,T,K,D), out (B,T,H,D), lse (B,H,T) saved for
+ * backward. Query head h reads kv head h / (H/K) (indexed, not copied).
+ * No (T,T) matrix is kept: backward recomputes the scores row by row.
+ */
+void st_attention_forward(float *out, float *lse, const float *q, const float *k,
+			  const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+/* dq = d/dq (overwrite); dk, dv = d/dk, d/dv (overwrite). */
+void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+			   const float *lse, const float *q, const float *k, const float *v,
+			   int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+
+/* act(n) = silu(gate) * up, elementwise over n values. */
+void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n);
+/* dgate, dup (overwrite) from dact; either may alias dact. */
+void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float *gate,
+			const float *up, int64_t n);
+
+/* x(N,C) = emb[tokens] (emb (V,C)). */
+void st_embedding_forward(float *x, const float *emb, const int32_t *tokens, int64_t N,
+			  int64_t C);
+/* demb[tokens[t]] += dx[t], in token order. */
+void st_embedding_backward(float *demb, const float *dx, const int32_t *tokens, int64_t N,
+			   int64_t C);
+
+/*
+ * Output layer and cross-entropy, fused and chunked over rows so the (N,V)
+ * logits never exist at once. For x (N,E), W (V,E), targets (N):
+ *   loss_sum += sum_t -log softmax(x_t W^T)[target_t]   (double, fixed order)
+ *   dx (N,E) = scale * d(loss_sum)/dx   (overwrite)
+ *   dW (V,E) += scale * d(loss_sum)/dW
+ * scratch holds chunk_rows * V floats. Returns 0 or a negative ST_E* code.
+ */
+int st_lm_head_xent(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
+		    const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
+		    float *scratch, int64_t chunk_rows);
+/* Forward only (evaluation): loss_sum += sum of -log p(target). */
+int st_lm_head_loss(double *loss_sum, const float *x, const float *W, const int32_t *targets,
+		    int64_t N, int64_t E, int64_t V, float *scratch, int64_t chunk_rows);
+
+#endif

@@ -1,0 +1,462 @@
+#include "model/llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/rng.h"
+#include "kernels/cpu/gemm.h"
+
+/* Intermediates of one layer's forward pass (pointers into owned buffers). */
+typedef struct layer_acts {
+	float *rstd1, *h1, *q, *k, *v, *ctx, *lse, *xmid, *rstd2, *h2, *gate, *up, *act;
+} layer_acts;
+
+typedef struct st_llama_acts {
+	int64_t B, T, N;
+	enum st_remat policy;
+	int32_t *inputs, *targets; /* (N) */
+	float **xs;                /* L+1 residual-stream buffers (N,E) */
+	layer_acts *layer;         /* L: what each layer keeps (per policy) */
+	layer_acts scratch;        /* recomputed intermediates */
+	float *rstdf, *hf;         /* final norm */
+	float *cos_t, *sin_t;      /* RoPE tables (T, D/2) */
+	/* gradient buffers */
+	float *dx, *dh, *dm1, *dm2, *dctx, *dq, *dk, *dv;
+	float *xent;               /* lm-head chunk (chunk_rows, V) */
+	int64_t chunk_rows;
+	int64_t bytes;
+	int nblocks;
+	void *blocks[64];          /* every allocation, for release */
+} st_llama_acts;
+
+void st_llama_shape_from_config(st_llama_shape *s, const st_config *c)
+{
+	memset(s, 0, sizeof(*s));
+	s->V = c->vocab_size;
+	s->E = c->emb_dim;
+	s->L = c->num_decoder_layers;
+	s->H = c->num_query_heads;
+	s->K = c->num_kv_heads;
+	s->D = c->head_dim;
+	s->M = c->mlp_dim;
+	s->eps = (float)c->norm_eps;
+	s->theta = c->rope_theta;
+	s->rope.enabled = c->rope_llama31;
+	s->rope.factor = c->rope_scale_factor;
+	s->rope.low_freq_factor = c->rope_low_freq_factor;
+	s->rope.high_freq_factor = c->rope_high_freq_factor;
+	s->rope.original_max_len = (double)c->rope_original_max_len;
+}
+
+static int64_t layer_params(const st_llama_shape *s)
+{
+	return 2 * s->E + s->E * s->H * s->D * 2 + s->E * s->K * s->D * 2 + 3 * s->E * s->M;
+}
+
+int64_t st_llama_count_params(const st_llama_shape *s)
+{
+	return 2 * s->V * s->E + s->E + s->L * layer_params(s);
+}
+
+static float *add_tensor(st_llama *m, const char *name, enum st_tensor_kind kind, int64_t rows,
+			 int64_t cols, int64_t *off)
+{
+	st_tensor *t = &m->tensors[m->ntensors++];
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->offset = *off;
+	t->kind = kind;
+	t->ndim = cols ? 2 : 1;
+	t->shape[0] = rows;
+	t->shape[1] = cols;
+	t->numel = cols ? rows * cols : rows;
+	*off += t->numel;
+	return (float *)(intptr_t)t->offset; /* turned into pointers by bind_views */
+}
+
+/* Views hold offsets while the table is built; bind them to a block. */
+static void bind(st_llama_view *v, const st_llama_view *offs, float *base, int64_t L)
+{
+#define B(f) v->f = base + (intptr_t)offs->f
+	B(embed);
+	B(norm);
+	B(lm_head);
+	for (int64_t l = 0; l < L; l++) {
+		B(layers[l].ln1);
+		B(layers[l].wq);
+		B(layers[l].wk);
+		B(layers[l].wv);
+		B(layers[l].wo);
+		B(layers[l].ln2);
+		B(layers[l].wg);
+		B(layers[l].wu);
+		B(layers[l].wd);
+	}
+#undef B
+}
+
+int st_llama_init(st_llama *m, const st_llama_shape *s)
+{
+	memset(m, 0, sizeof(*m));
+	m->s = *s;
+	m->nparams = st_llama_count_params(s);
+	int64_t L = s->L, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	m->tensors = calloc((size_t)(3 + 9 * L), sizeof(st_tensor));
+	st_llama_view offs = {0};
+	offs.layers = calloc((size_t)L, sizeof(st_layer_view));
+	m->p.layers = calloc((size_t)L, sizeof(st_layer_view));
+	m->g.layers = calloc((size_t)L, sizeof(st_layer_view));
+	m->params = calloc((size_t)m->nparams, sizeof(float));
+	m->grads = calloc((size_t)m->nparams, sizeof(float));
+	if (!m->tensors || !offs.layers || !m->p.layers || !m->g.layers || !m->params || !m->grads) {
+		free(offs.layers);
+		st_llama_release(m);
+		return st_fail(ST_ENOMEM, "out of memory for %lld parameters", (long long)m->nparams);
+	}
+	int64_t off = 0;
+	char n[80];
+	offs.embed = add_tensor(m, "model.embed_tokens.weight", ST_T_EMBED, s->V, E, &off);
+	for (int64_t l = 0; l < L; l++) {
+		st_layer_view *lv = &offs.layers[l];
+#define T(field, suffix, kind, r, c)                                                      \
+	snprintf(n, sizeof(n), "model.layers.%lld.%s", (long long)l, suffix);            \
+	lv->field = add_tensor(m, n, kind, r, c, &off)
+		T(ln1, "input_layernorm.weight", ST_T_NORM, E, 0);
+		T(wq, "self_attn.q_proj.weight", ST_T_LINEAR, HD, E);
+		T(wk, "self_attn.k_proj.weight", ST_T_LINEAR, KD, E);
+		T(wv, "self_attn.v_proj.weight", ST_T_LINEAR, KD, E);
+		T(wo, "self_attn.o_proj.weight", ST_T_LINEAR, E, HD);
+		T(ln2, "post_attention_layernorm.weight", ST_T_NORM, E, 0);
+		T(wg, "mlp.gate_proj.weight", ST_T_LINEAR, M, E);
+		T(wu, "mlp.up_proj.weight", ST_T_LINEAR, M, E);
+		T(wd, "mlp.down_proj.weight", ST_T_LINEAR, E, M);
+#undef T
+	}
+	offs.norm = add_tensor(m, "model.norm.weight", ST_T_NORM, E, 0, &off);
+	offs.lm_head = add_tensor(m, "lm_head.weight", ST_T_LINEAR, s->V, E, &off);
+	if (off != m->nparams)
+		ST_BUG("parameter table covers %lld of %lld", (long long)off, (long long)m->nparams);
+	bind(&m->p, &offs, m->params, L);
+	bind(&m->g, &offs, m->grads, L);
+	free(offs.layers);
+	return 0;
+}
+
+void st_llama_init_weights(st_llama *m, uint64_t seed)
+{
+	for (int i = 0; i < m->ntensors; i++) {
+		const st_tensor *t = &m->tensors[i];
+		float *w = m->params + t->offset;
+		double std = t->kind == ST_T_EMBED ? 1.0 : t->kind == ST_T_LINEAR ? 1.0 / sqrt((double)t->shape[1]) : 0;
+#pragma omp parallel for schedule(static)
+		for (int64_t j = 0; j < t->numel; j++)
+			w[j] = t->kind == ST_T_NORM ? 1.0f : (float)(std * st_rng_normal(seed, (uint64_t)i, (uint64_t)j));
+	}
+}
+
+void st_llama_zero_grads(st_llama *m) { memset(m->grads, 0, (size_t)m->nparams * sizeof(float)); }
+
+const st_tensor *st_llama_find(const st_llama *m, const char *name)
+{
+	for (int i = 0; i < m->ntensors; i++)
+		if (!strcmp(m->tensors[i].name, name))
+			return &m->tensors[i];
+	return NULL;
+}
+
+/* ---- activations ---- */
+
+static float *acts_alloc(st_llama_acts *a, int64_t nfloats)
+{
+	if (a->nblocks == (int)(sizeof(a->blocks) / sizeof(a->blocks[0])))
+		ST_BUG("too many activation blocks");
+	float *p = calloc((size_t)(nfloats > 0 ? nfloats : 1), sizeof(float));
+	if (p) {
+		a->blocks[a->nblocks++] = p;
+		a->bytes += nfloats * (int64_t)sizeof(float);
+	}
+	return p;
+}
+
+static void acts_free(st_llama_acts *a)
+{
+	if (!a)
+		return;
+	for (int i = 0; i < a->nblocks; i++)
+		free(a->blocks[i]);
+	free(a->xs);
+	free(a->layer);
+	free(a);
+}
+
+/* Carve one layer_acts set out of a block; `which` selects the fields kept. */
+enum { K_NORMS = 1, K_MM = 2, K_ATTN = 4, K_ACT = 8 };
+
+static int64_t layer_floats(const st_llama_shape *s, int64_t B, int64_t T, int which)
+{
+	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	int64_t n = 0;
+	if (which & K_NORMS)
+		n += 2 * N + 2 * N * E;                /* rstd1, h1, rstd2, h2 */
+	if (which & K_MM)
+		n += N * HD + 2 * N * KD + N * E + 2 * N * M; /* q, k, v, xmid, gate, up */
+	if (which & K_ATTN)
+		n += N * HD + B * s->H * T;            /* ctx, lse */
+	if (which & K_ACT)
+		n += N * M;
+	return n;
+}
+
+static void layer_carve(layer_acts *la, float *p, const st_llama_shape *s, int64_t B, int64_t T,
+			int which)
+{
+	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+#define TAKE(f, n) (la->f = p, p += (n))
+	if (which & K_NORMS) {
+		TAKE(rstd1, N);
+		TAKE(h1, N * E);
+		TAKE(rstd2, N);
+		TAKE(h2, N * E);
+	}
+	if (which & K_MM) {
+		TAKE(q, N * HD);
+		TAKE(k, N * KD);
+		TAKE(v, N * KD);
+		TAKE(xmid, N * E);
+		TAKE(gate, N * M);
+		TAKE(up, N * M);
+	}
+	if (which & K_ATTN) {
+		TAKE(ctx, N * HD);
+		TAKE(lse, B * s->H * T);
+	}
+	if (which & K_ACT)
+		TAKE(act, N * M);
+#undef TAKE
+}
+
+/* Fill the fields a layer does not keep from the shared scratch set. */
+static void layer_merge(layer_acts *dst, const layer_acts *scratch)
+{
+	float **d = (float **)dst;
+	float *const *s = (float *const *)scratch;
+	for (size_t i = 0; i < sizeof(layer_acts) / sizeof(float *); i++)
+		if (!d[i])
+			d[i] = s[i];
+}
+
+int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
+{
+	const st_llama_shape *s = &m->s;
+	acts_free(m->acts);
+	st_llama_acts *a = m->acts = calloc(1, sizeof(*a));
+	if (!a)
+		return st_fail(ST_ENOMEM, "out of memory for activations");
+	int64_t L = s->L, N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	a->B = B;
+	a->T = T;
+	a->N = N;
+	a->policy = policy;
+	a->xs = calloc((size_t)(L + 1), sizeof(float *));
+	a->layer = calloc((size_t)L, sizeof(layer_acts));
+	if (!a->xs || !a->layer)
+		goto oom;
+	int all = K_NORMS | K_MM | K_ATTN | K_ACT;
+	int keep = policy == ST_REMAT_NONE ? all : policy == ST_REMAT_MINIMAL ? K_MM : 0;
+	int shared = all & ~keep;
+	float *blk;
+	if (shared) {
+		if (!(blk = acts_alloc(a, layer_floats(s, B, T, shared))))
+			goto oom;
+		layer_carve(&a->scratch, blk, s, B, T, shared);
+	}
+	for (int64_t l = 0; l < L; l++) {
+		if (keep) {
+			if (!(blk = acts_alloc(a, layer_floats(s, B, T, keep))))
+				goto oom;
+			layer_carve(&a->layer[l], blk, s, B, T, keep);
+		}
+		layer_merge(&a->layer[l], &a->scratch);
+	}
+	for (int64_t l = 0; l <= L; l++)
+		if (!(a->xs[l] = acts_alloc(a, N * E)))
+			goto oom;
+	a->chunk_rows = (16 << 20) / (int64_t)sizeof(float) / s->V;
+	if (a->chunk_rows < 1)
+		a->chunk_rows = 1;
+	if (a->chunk_rows > N)
+		a->chunk_rows = N;
+	int64_t mx = HD > E ? HD : E;
+	if (!(a->rstdf = acts_alloc(a, N)) || !(a->hf = acts_alloc(a, N * E)) ||
+	    !(a->cos_t = acts_alloc(a, T * (s->D / 2))) || !(a->sin_t = acts_alloc(a, T * (s->D / 2))) ||
+	    !(a->dx = acts_alloc(a, N * E)) || !(a->dh = acts_alloc(a, N * mx)) ||
+	    !(a->dm1 = acts_alloc(a, N * M)) || !(a->dm2 = acts_alloc(a, N * M)) ||
+	    !(a->dctx = acts_alloc(a, N * HD)) || !(a->dq = acts_alloc(a, N * HD)) ||
+	    !(a->dk = acts_alloc(a, N * KD)) || !(a->dv = acts_alloc(a, N * KD)) ||
+	    !(a->xent = acts_alloc(a, a->chunk_rows * s->V)))
+		goto oom;
+	a->inputs = (int32_t *)acts_alloc(a, N);
+	a->targets = (int32_t *)acts_alloc(a, N);
+	if (!a->inputs || !a->targets)
+		goto oom;
+	st_rope_tables(a->cos_t, a->sin_t, T, s->D, s->theta, &s->rope);
+	return 0;
+oom:
+	acts_free(a);
+	m->acts = NULL;
+	return st_fail(ST_ENOMEM, "out of memory for activations (batch %lld x %lld)", (long long)B,
+		       (long long)T);
+}
+
+int64_t st_llama_act_bytes(const st_llama *m) { return m->acts ? m->acts->bytes : 0; }
+
+/* ---- forward and backward ---- */
+
+#define TRY(x)                                                                           \
+	do {                                                                             \
+		int rc_ = (x);                                                           \
+		if (rc_ < 0)                                                             \
+			return rc_;                                                      \
+	} while (0)
+
+/* One layer. do_mm: run the matrix products (else q, k, v, xmid, gate, up are
+ * already there, kept by the remat policy). out: write the layer output. */
+static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm, float *out)
+{
+	const st_llama_shape *s = &m->s;
+	st_llama_acts *a = m->acts;
+	const st_layer_view *w = &m->p.layers[l];
+	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	const float *x = a->xs[l];
+
+	st_rmsnorm_forward(A->h1, A->rstd1, x, w->ln1, N, E, s->eps);
+	if (do_mm) {
+		TRY(st_gemm('N', 'T', N, HD, E, 1, A->h1, E, w->wq, E, 0, A->q, HD));
+		TRY(st_gemm('N', 'T', N, KD, E, 1, A->h1, E, w->wk, E, 0, A->k, KD));
+		TRY(st_gemm('N', 'T', N, KD, E, 1, A->h1, E, w->wv, E, 0, A->v, KD));
+		st_rope_forward(A->q, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
+		st_rope_forward(A->k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
+	}
+	st_attention_forward(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
+	if (do_mm) {
+		memcpy(A->xmid, x, (size_t)(N * E) * sizeof(float));
+		TRY(st_gemm('N', 'T', N, E, HD, 1, A->ctx, HD, w->wo, HD, 1, A->xmid, E));
+	}
+	st_rmsnorm_forward(A->h2, A->rstd2, A->xmid, w->ln2, N, E, s->eps);
+	if (do_mm) {
+		TRY(st_gemm('N', 'T', N, M, E, 1, A->h2, E, w->wg, E, 0, A->gate, M));
+		TRY(st_gemm('N', 'T', N, M, E, 1, A->h2, E, w->wu, E, 0, A->up, M));
+	}
+	st_swiglu_forward(A->act, A->gate, A->up, N * M);
+	if (out) {
+		memcpy(out, A->xmid, (size_t)(N * E) * sizeof(float));
+		TRY(st_gemm('N', 'T', N, E, M, 1, A->act, M, w->wd, M, 1, out, E));
+	}
+	return 0;
+}
+
+/* a->dx holds d/d(layer output) on entry and d/d(layer input) on return. */
+static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
+{
+	const st_llama_shape *s = &m->s;
+	st_llama_acts *a = m->acts;
+	const st_layer_view *w = &m->p.layers[l];
+	const st_layer_view *g = &m->g.layers[l];
+	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	float *dx = a->dx;
+
+	/* MLP: out = xmid + down(swiglu(gate(h2), up(h2))) */
+	TRY(st_gemm('N', 'N', N, M, E, 1, dx, E, w->wd, M, 0, a->dm1, M));
+	TRY(st_gemm('T', 'N', E, M, N, 1, dx, E, A->act, M, 1, g->wd, M));
+	st_swiglu_backward(a->dm2, a->dm1, a->dm1, A->gate, A->up, N * M); /* dm2=dgate, dm1=dup */
+	TRY(st_gemm('N', 'N', N, E, M, 1, a->dm2, M, w->wg, E, 0, a->dh, E));
+	TRY(st_gemm('N', 'N', N, E, M, 1, a->dm1, M, w->wu, E, 1, a->dh, E));
+	TRY(st_gemm('T', 'N', M, E, N, 1, a->dm2, M, A->h2, E, 1, g->wg, E));
+	TRY(st_gemm('T', 'N', M, E, N, 1, a->dm1, M, A->h2, E, 1, g->wu, E));
+	st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E);
+
+	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
+	TRY(st_gemm('N', 'N', N, HD, E, 1, dx, E, w->wo, HD, 0, a->dctx, HD));
+	TRY(st_gemm('T', 'N', E, HD, N, 1, dx, E, A->ctx, HD, 1, g->wo, HD));
+	st_attention_backward(a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B,
+			      a->T, s->H, s->K, s->D);
+	st_rope_backward(a->dq, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
+	st_rope_backward(a->dk, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
+	TRY(st_gemm('N', 'N', N, E, HD, 1, a->dq, HD, w->wq, E, 0, a->dh, E));
+	TRY(st_gemm('N', 'N', N, E, KD, 1, a->dk, KD, w->wk, E, 1, a->dh, E));
+	TRY(st_gemm('N', 'N', N, E, KD, 1, a->dv, KD, w->wv, E, 1, a->dh, E));
+	TRY(st_gemm('T', 'N', HD, E, N, 1, a->dq, HD, A->h1, E, 1, g->wq, E));
+	TRY(st_gemm('T', 'N', KD, E, N, 1, a->dk, KD, A->h1, E, 1, g->wk, E));
+	TRY(st_gemm('T', 'N', KD, E, N, 1, a->dv, KD, A->h1, E, 1, g->wv, E));
+	st_rmsnorm_backward(dx, g->ln1, a->dh, a->xs[l], w->ln1, A->rstd1, N, E);
+	return 0;
+}
+
+static void split_tokens(st_llama_acts *a, const int32_t *tokens)
+{
+	for (int64_t b = 0; b < a->B; b++)
+		for (int64_t t = 0; t < a->T; t++) {
+			a->inputs[b * a->T + t] = tokens[b * (a->T + 1) + t];
+			a->targets[b * a->T + t] = tokens[b * (a->T + 1) + t + 1];
+		}
+}
+
+static int forward(st_llama *m, const int32_t *tokens)
+{
+	st_llama_acts *a = m->acts;
+	if (!a)
+		ST_BUG("forward before st_llama_alloc_acts");
+	split_tokens(a, tokens);
+	st_embedding_forward(a->xs[0], m->p.embed, a->inputs, a->N, m->s.E);
+	for (int64_t l = 0; l < m->s.L; l++)
+		TRY(layer_forward(m, l, &a->layer[l], 1, a->xs[l + 1]));
+	st_rmsnorm_forward(a->hf, a->rstdf, a->xs[m->s.L], m->p.norm, a->N, m->s.E, m->s.eps);
+	return 0;
+}
+
+int st_llama_forward_loss(st_llama *m, const int32_t *tokens, double *loss_sum)
+{
+	TRY(forward(m, tokens));
+	st_llama_acts *a = m->acts;
+	return st_lm_head_loss(loss_sum, a->hf, m->p.lm_head, a->targets, a->N, m->s.E, m->s.V,
+			       a->xent, a->chunk_rows);
+}
+
+int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_scale,
+			      double *loss_sum)
+{
+	TRY(forward(m, tokens));
+	st_llama_acts *a = m->acts;
+	const st_llama_shape *s = &m->s;
+	int64_t N = a->N, E = s->E;
+
+	/* loss and its gradient at the final norm's output, chunked over rows */
+	TRY(st_lm_head_xent(loss_sum, a->dh, m->g.lm_head, a->hf, m->p.lm_head, a->targets, N, E,
+			    s->V, loss_scale, a->xent, a->chunk_rows));
+	memset(a->dx, 0, (size_t)(N * E) * sizeof(float));
+	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, a->xs[s->L], m->p.norm, a->rstdf, N, E);
+
+	for (int64_t l = s->L - 1; l >= 0; l--) {
+		const layer_acts *A = &a->layer[l];
+		if (a->policy == ST_REMAT_FULL)
+			TRY(layer_forward(m, l, A, 1, NULL));
+		else if (a->policy == ST_REMAT_MINIMAL)
+			TRY(layer_forward(m, l, A, 0, NULL));
+		TRY(layer_backward(m, l, A));
+	}
+	st_embedding_backward(m->g.embed, a->dx, a->inputs, N, E);
+	return 0;
+}
+
+void st_llama_release(st_llama *m)
+{
+	acts_free(m->acts);
+	free(m->params);
+	free(m->grads);
+	free(m->tensors);
+	free(m->p.layers);
+	free(m->g.layers);
+	memset(m, 0, sizeof(*m));
+}

@@ -1,0 +1,93 @@
+/*
+ * llama.h - the Llama 3 model: parameters, forward, backward, remat.
+ *
+ * Parameters, gradients live each in one contiguous float block; the tensor
+ * table names every tensor as Hugging Face does (model.layers.N.self_attn.
+ * q_proj.weight, ...) with its offset, so checkpoints, clipping and sharding
+ * walk one list. Linear weights are stored (out, in) as in HF.
+ *
+ *   st_llama m = ST_LLAMA_INIT;
+ *   st_llama_shape_from_config(&shape, &cfg);
+ *   rc = st_llama_init(&m, &shape);             // params + grads
+ *   st_llama_init_weights(&m, seed);
+ *   rc = st_llama_alloc_acts(&m, B, T, ST_REMAT_FULL);
+ *   st_llama_zero_grads(&m);
+ *   rc = st_llama_forward_backward(&m, tokens, 1.0f / ntargets, &loss_sum);
+ *   st_llama_release(&m);
+ *
+ * tokens are B rows of T+1 ids: inputs are the first T, targets the last T.
+ * Activation memory per remat policy (per layer, N = B*T tokens):
+ *   none    keeps every intermediate; backward recomputes nothing.
+ *   minimal keeps the matrix-product outputs (q, k, v, o-proj residual, gate,
+ *           up); recomputes norms, attention and the SwiGLU product.
+ *   full    keeps only each layer's input; recomputes the whole layer.
+ */
+#ifndef ST_MODEL_LLAMA_H
+#define ST_MODEL_LLAMA_H
+
+#include <stdint.h>
+
+#include "config/config.h"
+#include "kernels/cpu/ops.h"
+
+typedef struct st_llama_shape {
+	int64_t V, E, L, H, K, D, M; /* vocab, emb, layers, q heads, kv heads, head_dim, mlp */
+	float eps;
+	double theta;
+	st_rope_scaling rope;
+} st_llama_shape;
+
+enum st_tensor_kind { ST_T_EMBED, ST_T_NORM, ST_T_LINEAR };
+
+typedef struct st_tensor {
+	char name[80];
+	int64_t offset, numel;
+	int ndim;
+	int64_t shape[2];
+	enum st_tensor_kind kind;
+} st_tensor;
+
+typedef struct st_layer_view {
+	float *ln1, *wq, *wk, *wv, *wo, *ln2, *wg, *wu, *wd;
+} st_layer_view;
+
+typedef struct st_llama_view {
+	float *embed, *norm, *lm_head;
+	st_layer_view *layers; /* L entries */
+} st_llama_view;
+
+struct st_llama_acts;
+
+typedef struct st_llama {
+	st_llama_shape s;
+	int64_t nparams;
+	float *params, *grads;
+	st_llama_view p, g;
+	int ntensors;
+	st_tensor *tensors;
+	struct st_llama_acts *acts;
+} st_llama;
+
+#define ST_LLAMA_INIT {0}
+
+void st_llama_shape_from_config(st_llama_shape *s, const st_config *c);
+/* Number of parameters of a shape. */
+int64_t st_llama_count_params(const st_llama_shape *s);
+int st_llama_init(st_llama *m, const st_llama_shape *s);
+/* Embedding ~ N(0,1); linear weights ~ N(0, 1/fan_in); norms = 1. Each element
+ * is a function of (seed, tensor index, element index) only. */
+void st_llama_init_weights(st_llama *m, uint64_t seed);
+/* Activation buffers for micro-batches of B x T under a remat policy. */
+int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy);
+void st_llama_zero_grads(st_llama *m);
+/* loss_sum += sum of token losses; grads += loss_scale * d(loss_sum)/dparams. */
+int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_scale,
+			      double *loss_sum);
+/* Forward only: loss_sum += sum of token losses. */
+int st_llama_forward_loss(st_llama *m, const int32_t *tokens, double *loss_sum);
+/* Bytes of activation memory allocated by st_llama_alloc_acts. */
+int64_t st_llama_act_bytes(const st_llama *m);
+const st_tensor *st_llama_find(const st_llama *m, const char *name);
+void st_llama_release(st_llama *m);
+
+#endif

@@ -1,0 +1,61 @@
+#include "optim/adamw.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "base/err.h"
+
+double st_lr_at(const st_config *c, int64_t step)
+{
+	int64_t len = c->learning_rate_schedule_steps;
+	double lr = c->learning_rate, final = lr * c->learning_rate_final_fraction;
+	int64_t warm = (int64_t)floor((double)len * c->warmup_steps_fraction);
+	if (step >= len)
+		return 0.0;
+	if (step < warm)
+		return lr * (double)step / (double)warm;
+	int64_t cos_len = len - warm; /* >= 1 here, since warm <= step < len */
+	double pct = (double)(step - warm) / (double)cos_len;
+	double a = 0.5 * (cos(M_PI * pct) + 1.0);
+	return lr * a + final * (1.0 - a);
+}
+
+#define NORM_BLOCK 4096
+
+double st_global_norm(const float *g, int64_t n)
+{
+	int64_t nb = (n + NORM_BLOCK - 1) / NORM_BLOCK;
+	double *part = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(double));
+	if (!part)
+		ST_BUG("out of memory in global norm");
+#pragma omp parallel for schedule(static)
+	for (int64_t b = 0; b < nb; b++) {
+		double s = 0;
+		int64_t end = (b + 1) * NORM_BLOCK < n ? (b + 1) * NORM_BLOCK : n;
+		for (int64_t i = b * NORM_BLOCK; i < end; i++)
+			s += (double)g[i] * g[i];
+		part[b] = s;
+	}
+	double s = 0;
+	for (int64_t b = 0; b < nb; b++)
+		s += part[b];
+	free(part);
+	return sqrt(s);
+}
+
+void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, const st_adamw *h)
+{
+	float b1 = (float)h->b1, b2 = (float)h->b2;
+	float c1 = (float)(1.0 / (1.0 - pow(h->b1, (double)h->t)));
+	float c2 = (float)(1.0 / (1.0 - pow(h->b2, (double)h->t)));
+	float lr = (float)h->lr, eps = (float)h->eps, wd = (float)h->wd, gs = h->grad_scale;
+#pragma omp parallel for schedule(static)
+	for (int64_t i = 0; i < n; i++) {
+		float gi = g[i] * gs;
+		float mi = b1 * m[i] + (1.0f - b1) * gi;
+		float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+		m[i] = mi;
+		v[i] = vi;
+		p[i] -= lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * p[i]);
+	}
+}

@@ -1,0 +1,36 @@
+/*
+ * adamw.h - AdamW with decoupled weight decay, global-norm clipping, and
+ * MaxText's learning-rate schedule.
+ *
+ * Semantics follow optax as MaxText uses it:
+ *   clip_by_global_norm(c): g *= c / max(|g|, c)            (c = 0: no clipping)
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *   p -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * p )   t = step + 1
+ * The schedule (st_lr_at) is a linear warmup from 0 over
+ * floor(schedule_steps * warmup_fraction) steps, then a cosine decay to
+ * lr * final_fraction at schedule_steps, then 0.
+ */
+#ifndef ST_OPTIM_ADAMW_H
+#define ST_OPTIM_ADAMW_H
+
+#include <stdint.h>
+
+#include "config/config.h"
+
+/* Learning rate used at (0-based) step `step`. */
+double st_lr_at(const st_config *c, int64_t step);
+
+/* sqrt(sum g^2) in double, summed in fixed-size blocks in a fixed order. */
+double st_global_norm(const float *g, int64_t n);
+
+typedef struct st_adamw {
+	double lr, b1, b2, eps, wd;
+	int64_t t;         /* 1-based update count */
+	float grad_scale;  /* multiplies every gradient (clipping) */
+} st_adamw;
+
+/* One update of n parameters with moments m, v (all fp32). */
+void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
+		     const st_adamw *h);
+
+#endif

@@ -1,0 +1,30 @@
+/*
+ * train.h - the training loop of one device.
+ *
+ *   rc = st_train(&cfg, &result);
+ *
+ * Builds the model from the config, initializes the weights from
+ * init_weights_seed, reads batches by global sample index, and runs `steps`
+ * steps of forward + backward (over gradient_accumulation_steps micro-batches),
+ * global-norm clipping and AdamW on MaxText's schedule. Each step prints
+ * MaxText's line on stdout:
+ *   completed step: N, seconds: X.XXX, TFLOP/s/device: X.XXX, Tokens/s/device: X.XXX, total_weights: N, loss: X.XXX
+ * and, with metrics_file set, appends one JSON object with MaxText's keys.
+ * SIGINT/SIGTERM stop the run after the current step (ST_EINTR).
+ */
+#ifndef ST_TRAIN_TRAIN_H
+#define ST_TRAIN_TRAIN_H
+
+#include <stdint.h>
+
+#include "config/config.h"
+
+typedef struct st_train_result {
+	int64_t steps_done;
+	double first_loss, last_loss;
+	int stop_signal; /* signal that stopped the run, or 0 */
+} st_train_result;
+
+int st_train(const st_config *c, st_train_result *res);
+
+#endif

@@ -1,0 +1,224 @@
+/*
+ * Finite-difference checks of every op's backward, one op at a time.
+ * For an op y = f(x) and a fixed random r, L = sum(y * r); backward with
+ * dy = r must give dL/dx, which is compared with central differences.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "check.h"
+#include "kernels/cpu/ops.h"
+
+static void fill(float *x, int64_t n, uint64_t stream, double std)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float)(std * st_rng_normal(1234, stream, (uint64_t)i));
+}
+
+static double dotd(const float *a, const float *b, int64_t n)
+{
+	double s = 0;
+	for (int64_t i = 0; i < n; i++)
+		s += (double)a[i] * b[i];
+	return s;
+}
+
+typedef double (*loss_fn)(void *ctx);
+
+/* Compare analytic gradient g of parameter x (n values) with central
+ * differences of loss(ctx) at up to 40 elements; relative to the tensor's
+ * largest gradient. */
+static void check_grad(const char *what, float *x, const float *g, int64_t n, loss_fn loss,
+		       void *ctx)
+{
+	double gmax = 0;
+	for (int64_t i = 0; i < n; i++)
+		gmax = fmax(gmax, fabs(g[i]));
+	CHECK_MSG(gmax > 0, "%s: gradient is all zero", what);
+	int64_t stride = n > 40 ? n / 40 : 1;
+	double worst = 0;
+	for (int64_t i = 0; i < n; i += stride) {
+		float save = x[i];
+		float h = 1e-2f * fmaxf(1.0f, fabsf(save));
+		x[i] = save + h;
+		double lp = loss(ctx);
+		x[i] = save - h;
+		double lm = loss(ctx);
+		x[i] = save;
+		double num = (lp - lm) / (2.0 * ((double)(save + h) - (double)save));
+		worst = fmax(worst, fabs(num - g[i]) / gmax);
+	}
+	CHECK_MSG(worst < 2e-3, "%s: finite-difference error %.3g of max |grad| %.3g", what, worst, gmax);
+	printf("%-28s max rel err %.2e\n", what, worst);
+}
+
+/* ---- rmsnorm ---- */
+enum { N = 6, C = 16 };
+typedef struct { float x[N * C], w[C], r[N * C]; } norm_ctx;
+static double norm_loss(void *p)
+{
+	norm_ctx *c = p;
+	float y[N * C], rs[N];
+	st_rmsnorm_forward(y, rs, c->x, c->w, N, C, 1e-5f);
+	return dotd(y, c->r, N * C);
+}
+static void test_rmsnorm(void)
+{
+	norm_ctx c;
+	fill(c.x, N * C, 1, 1.0);
+	fill(c.w, C, 2, 1.0);
+	fill(c.r, N * C, 3, 1.0);
+	float y[N * C], rs[N], dx[N * C] = {0}, dw[C] = {0};
+	st_rmsnorm_forward(y, rs, c.x, c.w, N, C, 1e-5f);
+	st_rmsnorm_backward(dx, dw, c.r, c.x, c.w, rs, N, C);
+	check_grad("rmsnorm dx", c.x, dx, N * C, norm_loss, &c);
+	check_grad("rmsnorm dw", c.w, dw, C, norm_loss, &c);
+}
+
+/* ---- rope ---- */
+enum { RB = 2, RT = 5, RH = 3, RD = 8 };
+typedef struct { float x[RB * RT * RH * RD], r[RB * RT * RH * RD], cs[RT * RD / 2], sn[RT * RD / 2]; } rope_ctx;
+static double rope_loss(void *p)
+{
+	rope_ctx *c = p;
+	float y[RB * RT * RH * RD];
+	memcpy(y, c->x, sizeof(y));
+	st_rope_forward(y, c->cs, c->sn, RB, RT, RH, RD);
+	return dotd(y, c->r, RB * RT * RH * RD);
+}
+static void test_rope(int llama31)
+{
+	rope_ctx c;
+	int64_t n = RB * RT * RH * RD;
+	st_rope_scaling sc = {llama31, 8, 1, 4, 4};
+	st_rope_tables(c.cs, c.sn, RT, RD, 10000.0, &sc);
+	fill(c.x, n, 4, 1.0);
+	fill(c.r, n, 5, 1.0);
+	float dx[RB * RT * RH * RD];
+	memcpy(dx, c.r, sizeof(dx));
+	st_rope_backward(dx, c.cs, c.sn, RB, RT, RH, RD);
+	check_grad(llama31 ? "rope (llama3.1) dx" : "rope dx", c.x, dx, n, rope_loss, &c);
+	/* rotation keeps norms: |rope(x)| = |x| per head vector */
+	float y[RB * RT * RH * RD];
+	memcpy(y, c.x, sizeof(y));
+	st_rope_forward(y, c.cs, c.sn, RB, RT, RH, RD);
+	CHECK_NEAR(dotd(y, y, n), dotd(c.x, c.x, n), 1e-5);
+	/* position 0 is the identity */
+	CHECK(memcmp(y, c.x, RH * RD * sizeof(float)) == 0);
+}
+
+/* ---- attention ---- */
+enum { AB = 2, AT = 7, AH = 4, AK = 2, AD = 8 };
+#define QN (AB * AT * AH * AD)
+#define KN (AB * AT * AK * AD)
+typedef struct { float q[QN], k[KN], v[KN], r[QN]; } attn_ctx;
+static double attn_loss(void *p)
+{
+	attn_ctx *c = p;
+	float y[QN], lse[AB * AH * AT];
+	st_attention_forward(y, lse, c->q, c->k, c->v, AB, AT, AH, AK, AD);
+	return dotd(y, c->r, QN);
+}
+static void test_attention(void)
+{
+	attn_ctx c;
+	fill(c.q, QN, 6, 1.0);
+	fill(c.k, KN, 7, 1.0);
+	fill(c.v, KN, 8, 1.0);
+	fill(c.r, QN, 9, 1.0);
+	float y[QN], lse[AB * AH * AT], dq[QN], dk[KN], dv[KN];
+	st_attention_forward(y, lse, c.q, c.k, c.v, AB, AT, AH, AK, AD);
+	st_attention_backward(dq, dk, dv, c.r, y, lse, c.q, c.k, c.v, AB, AT, AH, AK, AD);
+	check_grad("attention dq", c.q, dq, QN, attn_loss, &c);
+	check_grad("attention dk", c.k, dk, KN, attn_loss, &c);
+	check_grad("attention dv", c.v, dv, KN, attn_loss, &c);
+	/* causality: the first query sees only the first key, so its output is v_0 */
+	for (int d = 0; d < AD; d++)
+		CHECK_NEAR(y[d], c.v[d], 1e-6);
+}
+
+/* ---- swiglu ---- */
+enum { SN = 50 };
+typedef struct { float g[SN], u[SN], r[SN]; } swiglu_ctx;
+static double swiglu_loss(void *p)
+{
+	swiglu_ctx *c = p;
+	float y[SN];
+	st_swiglu_forward(y, c->g, c->u, SN);
+	return dotd(y, c->r, SN);
+}
+static void test_swiglu(void)
+{
+	swiglu_ctx c;
+	fill(c.g, SN, 10, 2.0);
+	fill(c.u, SN, 11, 1.0);
+	fill(c.r, SN, 12, 1.0);
+	float dg[SN], du[SN];
+	st_swiglu_backward(dg, du, c.r, c.g, c.u, SN);
+	check_grad("swiglu dgate", c.g, dg, SN, swiglu_loss, &c);
+	check_grad("swiglu dup", c.u, du, SN, swiglu_loss, &c);
+}
+
+/* ---- embedding ---- */
+enum { EV = 9, EC = 5, EN = 12 };
+typedef struct { float emb[EV * EC], r[EN * EC]; int32_t tok[EN]; } emb_ctx;
+static double emb_loss(void *p)
+{
+	emb_ctx *c = p;
+	float y[EN * EC];
+	st_embedding_forward(y, c->emb, c->tok, EN, EC);
+	return dotd(y, c->r, EN * EC);
+}
+static void test_embedding(void)
+{
+	emb_ctx c;
+	fill(c.emb, EV * EC, 13, 1.0);
+	fill(c.r, EN * EC, 14, 1.0);
+	for (int i = 0; i < EN; i++)
+		c.tok[i] = (int32_t)st_rng_below(5, 0, (uint64_t)i, EV);
+	c.tok[3] = c.tok[7]; /* a repeated token accumulates */
+	float d[EV * EC] = {0};
+	st_embedding_backward(d, c.r, c.tok, EN, EC);
+	check_grad("embedding demb", c.emb, d, EV * EC, emb_loss, &c);
+}
+
+/* ---- output layer + cross-entropy ---- */
+enum { XN = 10, XE = 8, XV = 13 };
+typedef struct { float x[XN * XE], W[XV * XE]; int32_t tg[XN]; int64_t chunk; } xent_ctx;
+static double xent_loss(void *p)
+{
+	xent_ctx *c = p;
+	float scratch[XN * XV];
+	double s = 0;
+	st_lm_head_loss(&s, c->x, c->W, c->tg, XN, XE, XV, scratch, c->chunk);
+	return s / XN;
+}
+static void test_xent(int64_t chunk)
+{
+	xent_ctx c = {.chunk = chunk};
+	fill(c.x, XN * XE, 15, 1.0);
+	fill(c.W, XV * XE, 16, 0.5);
+	for (int i = 0; i < XN; i++)
+		c.tg[i] = (int32_t)st_rng_below(6, 0, (uint64_t)i, XV);
+	float dx[XN * XE], dW[XV * XE] = {0}, scratch[XN * XV];
+	double s = 0;
+	CHECK(st_lm_head_xent(&s, dx, dW, c.x, c.W, c.tg, XN, XE, XV, 1.0f / XN, scratch, chunk) == 0);
+	CHECK_NEAR(s / XN, xent_loss(&c), 1e-6);
+	check_grad("lm head + xent dx", c.x, dx, XN * XE, xent_loss, &c);
+	check_grad("lm head + xent dW", c.W, dW, XV * XE, xent_loss, &c);
+}
+
+int main(void)
+{
+	test_rmsnorm();
+	test_rope(0);
+	test_rope(1);
+	test_attention();
+	test_swiglu();
+	test_embedding();
+	test_xent(XN);
+	test_xent(3); /* chunked rows give the same gradients */
+	return check_result();
+}
