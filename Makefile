@@ -54,7 +54,7 @@ check:
 	BUILDS="build build-san" tests/run.sh
 
 run: $(BUILD)/slicetrain
-	$(BUILD)/slicetrain train configs/base.yml
+	$(BUILD)/slicetrain train
 
 clean:
 	rm -rf build build-san

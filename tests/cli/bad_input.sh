@@ -1,6 +1,6 @@
 # Every bad input ends with exit status 2 and one clear "slicetrain: error:"
 # line naming the problem, and nothing is trained.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../cli_lib.sh"
 PY=/usr/bin/python3
 base="$ST_ROOT/configs/base.yml"
 ok=(model_name=llama3-test steps=2 per_device_batch_size=2 max_target_length=16 base_output_directory="$TMP/o" run_name=t)

@@ -1,7 +1,7 @@
 # llama3-test on synthetic data: the loss falls below 20% of its first value
 # within 300 steps, the log line is MaxText's, the metrics file has MaxText's
 # keys, and two identical runs print identical lines apart from timings.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../cli_lib.sh"
 args=(train "$ST_ROOT/configs/base.yml" model_name=llama3-test steps=300 per_device_batch_size=4
 	max_target_length=64 learning_rate=3e-3 warmup_steps_fraction=0.05 dataset_type=synthetic
 	run_name=synthetic-test base_output_directory="$TMP/out")
