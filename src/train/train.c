@@ -13,6 +13,7 @@
 
 #include "base/err.h"
 #include "data/data.h"
+#include "dist/mesh.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/flops.h"
@@ -41,14 +42,9 @@ typedef struct trainer {
 
 /* Shape and cost, printed before any large allocation so that a model too big
  * for this machine still shows what it would be. */
-static void print_header(const trainer *t, const st_llama_shape *s, int64_t nparams)
+static void print_header(const trainer *t)
 {
 	const st_config *c = t->c;
-	st_info("model %s: %.3fM params (%lld), %lld layers, emb %lld, %lld q heads, %lld kv heads, "
-		"head_dim %lld, mlp %lld, vocab %lld%s",
-		c->model_name, (double)nparams / 1e6, (long long)nparams, (long long)s->L,
-		(long long)s->E, (long long)s->H, (long long)s->K, (long long)s->D, (long long)s->M,
-		(long long)s->V, s->rope.enabled ? ", llama3.1 rope scaling" : "");
 	st_info("Per train step: Total TFLOPs: %.3f, split as %.2f%% learnable weight flops and "
 		"%.2f%% attention flops",
 		t->flops.total / 1e12, 100 * t->flops.weights / t->flops.total,
@@ -147,6 +143,9 @@ int st_train(const st_config *c, st_train_result *res)
 	trainer t = {.c = c};
 	int rc;
 	memset(res, 0, sizeof(*res));
+	st_mesh mesh; /* one process is one device until the distributed runtime */
+	if ((rc = st_mesh_resolve(&mesh, c, 1, 1)) < 0)
+		return rc;
 	t.B = (int64_t)c->per_device_batch_size;
 	t.T = c->max_target_length;
 	t.G = t.B * c->gradient_accumulation_steps; /* one device for now */
@@ -155,7 +154,7 @@ int st_train(const st_config *c, st_train_result *res)
 	st_llama_shape shape;
 	st_llama_shape_from_config(&shape, c);
 	int64_t nparams = st_llama_count_params(&shape);
-	print_header(&t, &shape, nparams);
+	print_header(&t);
 	if ((rc = check_memory(nparams, c->model_name)) < 0)
 		goto out;
 	if ((rc = st_llama_init(&t.model, &shape)) < 0)
