@@ -22,7 +22,9 @@ int st_exit_status(int code)
 {
 	if (code == ST_OK)
 		return 0;
-	return code == ST_EINVAL ? 2 : 1;
+	if (code == ST_EINVAL)
+		return 2;
+	return code == ST_EPEER ? 3 : 1;
 }
 
 static void vlog(const char *prefix, const char *fmt, va_list ap)

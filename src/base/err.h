@@ -24,14 +24,16 @@ enum {
 	ST_EIO = -2,      /* I/O failure on a file that looked valid (exit 1) */
 	ST_ENOMEM = -3,   /* allocation failed (exit 1) */
 	ST_EINTERNAL = -4, /* a library (oneDNN, libyaml) failed unexpectedly (exit 1) */
-	ST_EINTR = -5      /* stopped by a signal (exit 128 + signal, decided by main) */
+	ST_EINTR = -5,     /* stopped by a signal (exit 128 + signal, decided by main) */
+	ST_EPEER = -6      /* a peer of the worker group died or stopped answering (exit 3) */
 };
 
 /* Record a message (printf-style) and return code. errno is preserved. */
 int st_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The last message recorded on this thread ("" if none). */
 const char *st_errmsg(void);
-/* Process exit status for an error code: 2 for ST_EINVAL, 1 otherwise, 0 for ST_OK. */
+/* Process exit status for an error code: 0 for ST_OK, 2 for ST_EINVAL, 3 for
+ * ST_EPEER (a peer failed: the elastic layer restarts the group), 1 otherwise. */
 int st_exit_status(int code);
 
 /* Warnings go to stderr, prefixed "slicetrain: warning: ". */

@@ -1,0 +1,90 @@
+/*
+ * comm.h - the worker group and its collectives.
+ *
+ * One process per device. A process joins its group with st_group_join(),
+ * which reads its place from the environment (see st_group_env below, and
+ * docs/distributed.md for the variables and their precedence), meets the
+ * others through a small rendezvous store (hosted by rank 0 or at a given
+ * address), and sets up transports: shared memory between processes of the
+ * same host and slice, TCP between hosts and always between slices.
+ *
+ *   st_group *g;
+ *   rc = st_group_join(&g, &opts);                  // opts may be NULL: defaults + environment
+ *   int ranks[] = {0, 1};
+ *   st_comm *c;
+ *   rc = st_comm_create(&c, g, 2, ranks);           // collective over the members
+ *   rc = st_comm_allreduce(c, buf, n, ST_F32, ST_SUM);
+ *   st_comm_free(c);
+ *   st_group_leave(g);
+ *
+ * Determinism: every reduction adds contributions in an order fixed by the
+ * members' positions in the communicator, never by arrival time, and every
+ * member ends with bit-identical results.
+ *
+ * Failure: any wait is bounded. If a peer dies or stops answering, every
+ * call on every other rank returns ST_EPEER within opts.timeout_ms (default
+ * 5000) with a message naming the peer; the group is then unusable and must
+ * be left (st_group_leave never blocks longer than the timeout). Nothing is
+ * global: several groups may exist in one process (the elastic layer builds
+ * a new one after a failure in the same process).
+ */
+#ifndef ST_DIST_COMM_H
+#define ST_DIST_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct st_group st_group;
+typedef struct st_comm st_comm;
+
+enum st_dtype_c { ST_C_F32, ST_C_F64, ST_C_I64 };
+enum st_redop { ST_SUM, ST_MAX };
+
+/* Where a process is, as read from the environment (or set by hand). */
+typedef struct st_group_env {
+	int rank, world_size;       /* global rank, slice-major */
+	int num_slices, slice_id;   /* slice_id = rank / (world_size / num_slices) unless given */
+	int local_rank;             /* index among this host's processes (informational) */
+	char coordinator[256];      /* "host:port" of the rendezvous store */
+	const char *source;         /* which convention supplied it: "slicetrain", "torchrun", "jax", "slurm", "single" */
+} st_group_env;
+
+/* Read the environment. With no variables set: a single process (rank 0 of 1).
+ * Malformed or inconsistent values: ST_EINVAL naming the variable. */
+int st_group_env_read(st_group_env *e);
+
+typedef struct st_group_opts {
+	int timeout_ms;   /* failure detection bound; 0 = default 5000 */
+	int use_shm;      /* 1 (default when 0 is not forced by -1): shared memory inside a host and slice */
+	const st_group_env *env; /* NULL: st_group_env_read() */
+} st_group_opts;
+
+int st_group_join(st_group **out, const st_group_opts *opts);
+int st_group_rank(const st_group *g);
+int st_group_size(const st_group *g);
+int st_group_slice(const st_group *g, int rank);   /* slice of any rank */
+int st_group_num_slices(const st_group *g);
+/* Leave: close transports, release shared memory, stop the store if hosted. */
+void st_group_leave(st_group *g);
+
+/* A communicator over members ranks[0..n-1] (distinct global ranks; every
+ * member calls with the same list). The caller's position in the list is its
+ * rank in the communicator. n == 1 gives a trivial communicator. */
+int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks);
+int st_comm_rank(const st_comm *c);
+int st_comm_size(const st_comm *c);
+void st_comm_free(st_comm *c);
+
+/* In place over count elements. */
+int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, enum st_redop op);
+/* in: the concatenation of size chunks, chunk i of counts[i] elements;
+ * out: this member's chunk, reduced (sum). counts may differ per member. */
+int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t *counts,
+			   enum st_dtype_c dt);
+/* in: this member's counts[rank] elements; out: the concatenation of all chunks. */
+int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *counts,
+		      enum st_dtype_c dt);
+int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root);
+int st_comm_barrier(st_comm *c);
+
+#endif
