@@ -116,6 +116,7 @@ static void test_activation_memory(void)
 		CHECK(st_llama_init(&m, &shape) == 0);
 		CHECK(st_llama_alloc_acts(&m, B, T, p[i]) == 0);
 		bytes[i] = st_llama_act_bytes(&m);
+		CHECK(bytes[i] == st_llama_act_bytes_for(&shape, B, T, p[i]));
 		st_llama_release(&m);
 	}
 	CHECK(bytes[0] > bytes[1] && bytes[1] > bytes[2]);

@@ -247,6 +247,32 @@ static void layer_merge(layer_acts *dst, const layer_acts *scratch)
 			d[i] = s[i];
 }
 
+/* Rows of logits per cross-entropy chunk: 16 MiB of fp32 logits. */
+static int64_t xent_chunk_rows(int64_t V, int64_t N)
+{
+	int64_t r = (16 << 20) / (int64_t)sizeof(float) / V;
+	return r < 1 ? 1 : r > N ? N : r;
+}
+
+static int keep_mask(enum st_remat policy)
+{
+	int all = K_NORMS | K_MM | K_ATTN | K_ACT;
+	return policy == ST_REMAT_NONE ? all : policy == ST_REMAT_MINIMAL ? K_MM : 0;
+}
+
+int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy)
+{
+	int all = K_NORMS | K_MM | K_ATTN | K_ACT, keep = keep_mask(policy);
+	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	int64_t mx = HD > E ? HD : E;
+	int64_t f = layer_floats(s, B, T, all & ~keep) + s->L * layer_floats(s, B, T, keep);
+	f += (s->L + 1) * N * E;                           /* residual stream per layer */
+	f += N + N * E + 2 * T * (s->D / 2);               /* final norm, RoPE tables */
+	f += N * E + N * mx + 2 * N * M + 2 * N * HD + 2 * N * KD; /* gradient buffers */
+	f += xent_chunk_rows(s->V, N) * s->V + 2 * N;      /* logits chunk, token ids */
+	return f * (int64_t)sizeof(float);
+}
+
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 {
 	const st_llama_shape *s = &m->s;
@@ -263,9 +289,8 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	a->layer = calloc((size_t)L, sizeof(layer_acts));
 	if (!a->xs || !a->layer)
 		goto oom;
-	int all = K_NORMS | K_MM | K_ATTN | K_ACT;
-	int keep = policy == ST_REMAT_NONE ? all : policy == ST_REMAT_MINIMAL ? K_MM : 0;
-	int shared = all & ~keep;
+	int keep = keep_mask(policy);
+	int shared = (K_NORMS | K_MM | K_ATTN | K_ACT) & ~keep;
 	float *blk;
 	if (shared) {
 		if (!(blk = acts_alloc(a, layer_floats(s, B, T, shared))))
@@ -283,11 +308,7 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	for (int64_t l = 0; l <= L; l++)
 		if (!(a->xs[l] = acts_alloc(a, N * E)))
 			goto oom;
-	a->chunk_rows = (16 << 20) / (int64_t)sizeof(float) / s->V;
-	if (a->chunk_rows < 1)
-		a->chunk_rows = 1;
-	if (a->chunk_rows > N)
-		a->chunk_rows = N;
+	a->chunk_rows = xent_chunk_rows(s->V, N);
 	int64_t mx = HD > E ? HD : E;
 	if (!(a->rstdf = acts_alloc(a, N)) || !(a->hf = acts_alloc(a, N * E)) ||
 	    !(a->cos_t = acts_alloc(a, T * (s->D / 2))) || !(a->sin_t = acts_alloc(a, T * (s->D / 2))) ||

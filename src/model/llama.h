@@ -87,6 +87,8 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 int st_llama_forward_loss(st_llama *m, const int32_t *tokens, double *loss_sum);
 /* Bytes of activation memory allocated by st_llama_alloc_acts. */
 int64_t st_llama_act_bytes(const st_llama *m);
+/* The same figure computed without allocating (for planning). */
+int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy);
 const st_tensor *st_llama_find(const st_llama *m, const char *name);
 void st_llama_release(st_llama *m);
 
