@@ -642,6 +642,57 @@ static void remove_tree(const char *dir)
 	rmdir(dir);
 }
 
+/* checkpoint keys: MaxText's defaults, None, the load-path rule, ours; JSON round trip */
+static void test_checkpoint_keys(void)
+{
+	st_config c, back;
+	char *json = NULL;
+	int rc;
+
+	rc = LOAD(&c, rpath("configs/base.yml"), "run_name=x", "base_output_directory=/tmp/x");
+	CHECK_MSG(rc == 0, "%s", st_errmsg());
+	CHECK(c.enable_checkpointing && c.async_checkpointing && c.save_checkpoint_on_completion);
+	CHECK(c.checkpoint_period == 10000 && c.max_num_checkpoints_to_keep == -1);
+	CHECK(!c.load_parameters_path[0] && !c.load_full_state_path[0]);
+	CHECK(c.checkpoint_failure_policy == ST_CKPT_FAIL_CONTINUE);
+	rc = LOAD(&c, rpath("configs/base.yml"), "run_name=x", "base_output_directory=/tmp/x",
+		  "max_num_checkpoints_to_keep=3", "checkpoint_failure_policy=stop", "async_checkpointing=false",
+		  "load_parameters_path=/m/hf", "checkpoint_period=5");
+	CHECK_MSG(rc == 0, "%s", st_errmsg());
+	CHECK(c.max_num_checkpoints_to_keep == 3 && c.checkpoint_failure_policy == ST_CKPT_FAIL_STOP);
+	CHECK(!c.async_checkpointing && c.checkpoint_period == 5 && !strcmp(c.load_parameters_path, "/m/hf"));
+	FAIL_CASE(rpath("configs/base.yml"), "At most one of `load_parameters_path` or `load_full_state_path`", NULL,
+		  "load_parameters_path=/a", "load_full_state_path=/b");
+	FAIL_CASE(rpath("configs/base.yml"), "max_num_checkpoints_to_keep must be positive", NULL,
+		  "max_num_checkpoints_to_keep=0");
+	FAIL_CASE(rpath("configs/base.yml"), "checkpoint_period must be positive", NULL, "checkpoint_period=0");
+	FAIL_CASE(rpath("configs/base.yml"), "checkpoint_failure_policy 'later' is not supported", "continue, stop",
+		  "checkpoint_failure_policy=later");
+	if (have_maxtext) {
+		rc = LOAD(&c, maxtext_base, "model_name=llama3.1-8b", "dataset_type=synthetic", "run_name=x",
+			  "max_num_checkpoints_to_keep=None");
+		CHECK_MSG(rc == 0 && c.max_num_checkpoints_to_keep == -1 && c.checkpoint_period == 10000,
+			  "%s", st_errmsg());
+	}
+
+	/* the resolved config survives JSON (the checkpoint manifest's copy) */
+	rc = LOAD(&c, rpath("configs/default.yml"), "rope_type=llama3.1", "max_num_checkpoints_to_keep=2",
+		  "run_name=j\"s", "global_parameter_scale=2");
+	CHECK_MSG(rc == 0, "%s", st_errmsg());
+	CHECK(st_config_to_json(&c, &json) == 0 && json);
+	CHECK_MSG(json && strstr(json, "\"base_emb_dim\":") && strstr(json, "\"rope_type\":\"llama3.1\"") &&
+		  !strstr(json, "global_parameter_scale"), "%s", json ? json : "");
+	rc = json ? st_config_from_json(&back, json) : -1;
+	CHECK_MSG(rc == 0, "%s", st_errmsg());
+	CHECK(memcmp(&c, &back, sizeof(c)) == 0);
+	free(json);
+	CHECK(st_config_from_json(&back, "{\"base_emb_dim\": \"x\"}") == ST_EINVAL);
+	CHECK(strstr(st_errmsg(), "base_emb_dim"));
+	CHECK(st_config_from_json(&back, "[1]") == ST_EINVAL);
+	CHECK(st_config_from_json(&back, "{\"vocab_size\": 5}") == ST_EINVAL);
+	CHECK(strstr(st_errmsg(), "missing or not positive"));
+}
+
 int main(void)
 {
 	char cfgdir[4096];
@@ -677,6 +728,7 @@ int main(void)
 	test_bad_files();
 	test_bad_overrides();
 	test_bad_values();
+	test_checkpoint_keys();
 
 	remove_tree(tmpdir);
 	if (check_failures)

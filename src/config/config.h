@@ -25,6 +25,9 @@
 enum st_dataset_type { ST_DATA_SYNTHETIC, ST_DATA_TOKENS };
 enum st_remat { ST_REMAT_FULL, ST_REMAT_MINIMAL, ST_REMAT_NONE };
 enum st_dtype { ST_DTYPE_FLOAT32, ST_DTYPE_BFLOAT16 };
+/* checkpoint_failure_policy: a failed background save is reported loudly and the
+ * run goes on ("continue"), or the run stops with the error ("stop"). */
+enum st_ckpt_failure_policy { ST_CKPT_FAIL_CONTINUE, ST_CKPT_FAIL_STOP };
 
 #define ST_PATH_MAX 4096
 #define ST_NAME_MAX 256
@@ -80,6 +83,16 @@ typedef struct st_config {
 	int64_t ici_data_parallelism, ici_fsdp_parallelism, ici_tensor_parallelism;
 	int64_t dcn_data_parallelism, dcn_fsdp_parallelism, dcn_tensor_parallelism;
 	int64_t num_slices;
+
+	/* checkpoints (MaxText keys and defaults; docs/checkpoints.md) */
+	int enable_checkpointing;            /* true */
+	int async_checkpointing;             /* true */
+	int64_t checkpoint_period;           /* 10_000: save after step s when s % period == 0 */
+	int save_checkpoint_on_completion;   /* true */
+	int64_t max_num_checkpoints_to_keep; /* None in YAML = -1: keep all */
+	char load_parameters_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir or an HF model dir */
+	char load_full_state_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir (at most one of the two) */
+	enum st_ckpt_failure_policy checkpoint_failure_policy; /* ours: "continue" (default) or "stop" */
 } st_config;
 
 /*
@@ -121,5 +134,21 @@ int64_t st_config_num_params(const st_config *c);
  * data, output), one for the optimizer.
  */
 void st_config_print(const st_config *c);
+
+/*
+ * The resolved config as a JSON object (config_json.c), for checkpoint
+ * manifests: every st_config field under its MaxText key name (base_emb_dim
+ * holds the resolved emb_dim, so global_parameter_scale is not written),
+ * enums by name, max_num_checkpoints_to_keep -1 as null, plus "rope_type"
+ * ("llama3.1" when the scaling is on). *out is malloc'd compact JSON.
+ */
+int st_config_to_json(const st_config *c, char **out);
+/*
+ * Parse JSON written by st_config_to_json into *c (zeroed first; keys
+ * missing from the JSON keep the built-in defaults; unknown keys are
+ * ignored, so newer manifests still load). ST_EINVAL naming the key for a
+ * value of the wrong type or a model shape that is not positive.
+ */
+int st_config_from_json(st_config *c, const char *json);
 
 #endif

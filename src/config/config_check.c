@@ -239,6 +239,23 @@ static int check_misc(const struct checker *ck)
 	return 0;
 }
 
+/* MaxText's rules for the checkpoint keys (pyconfig: at most one load path). */
+static int check_checkpointing(const struct checker *ck)
+{
+	st_config *c = &ck->f->c;
+
+	if (c->load_parameters_path[0] && c->load_full_state_path[0])
+		return st_fail(ST_EINVAL, "%s: At most one of `load_parameters_path` or `load_full_state_path` should be set",
+			       where(ck, "load_full_state_path"));
+	if (c->checkpoint_period < 1)
+		return st_fail(ST_EINVAL, "%s: checkpoint_period must be positive, got %" PRId64,
+			       where(ck, "checkpoint_period"), c->checkpoint_period);
+	if (c->max_num_checkpoints_to_keep == 0 || c->max_num_checkpoints_to_keep < -1)
+		return st_fail(ST_EINVAL, "%s: max_num_checkpoints_to_keep must be positive, or None (-1) to keep all, "
+			       "got %" PRId64, where(ck, "max_num_checkpoints_to_keep"), c->max_num_checkpoints_to_keep);
+	return 0;
+}
+
 /* MaxText: an empty run_name becomes $JOBSET_NAME, else <model_name>_<YYYY-MM-DD-HH-MM>. */
 static int derive_run_name(st_config *c)
 {
@@ -290,7 +307,8 @@ int st_cfull_finish(struct st_cfull *f, st_cwhere_fn where_fn, const void *ctx)
 	int rc, derived_output;
 
 	if ((rc = check_shape(&ck)) < 0 || (rc = derive_rope(&ck)) < 0 || (rc = check_batch(&ck)) < 0 ||
-	    (rc = derive_steps(&ck)) < 0 || (rc = check_optimizer(&ck)) < 0 || (rc = check_misc(&ck)) < 0)
+	    (rc = derive_steps(&ck)) < 0 || (rc = check_optimizer(&ck)) < 0 || (rc = check_misc(&ck)) < 0 ||
+	    (rc = check_checkpointing(&ck)) < 0)
 		return rc;
 	if ((rc = derive_run_name(c)) < 0 || (rc = derive_output_dir(c, &derived_output)) < 0)
 		return rc;

@@ -27,6 +27,7 @@ struct st_cfull {
 
 enum st_ckey_type {
 	ST_K_INT,    /* int64_t; integral floats (1e3) accepted */
+	ST_K_INT_NONE, /* as ST_K_INT, and None gives -1 (max_num_checkpoints_to_keep) */
 	ST_K_FLOAT,  /* double, finite */
 	ST_K_BOOL,   /* int 0/1 */
 	ST_K_STR,    /* char[size]; None gives "" */

@@ -15,9 +15,11 @@
 _Static_assert(sizeof(enum st_remat) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(enum st_dtype) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(enum st_dataset_type) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(enum st_ckpt_failure_policy) == sizeof(int), "enum fields are stored as int");
 
 #define CF(field) offsetof(struct st_cfull, field)
 #define I(name, field, def) {name, ST_K_INT, CF(field), 0, def, NULL, NULL}
+#define IN(name, field, def) {name, ST_K_INT_NONE, CF(field), 0, def, NULL, NULL}
 #define F(name, field, def) {name, ST_K_FLOAT, CF(field), 0, def, NULL, NULL}
 #define B(name, field, def) {name, ST_K_BOOL, CF(field), 0, def, NULL, NULL}
 #define S(name, field, def) {name, ST_K_STR, CF(field), sizeof(((struct st_cfull *)0)->field), def, NULL, NULL}
@@ -33,6 +35,8 @@ static const struct st_cenum remat_policies[] = {
 static const struct st_cenum dtypes[] = {
 	{"float32", ST_DTYPE_FLOAT32}, {"bfloat16", ST_DTYPE_BFLOAT16}, {NULL, 0}};
 static const struct st_cenum weight_dtypes[] = {{"float32", ST_DTYPE_FLOAT32}, {NULL, 0}};
+static const struct st_cenum failure_policies[] = {
+	{"continue", ST_CKPT_FAIL_CONTINUE}, {"stop", ST_CKPT_FAIL_STOP}, {NULL, 0}};
 static const struct st_cenum dataset_types[] = {
 	{"synthetic", ST_DATA_SYNTHETIC}, {"tokens", ST_DATA_TOKENS}, {NULL, 0}};
 
@@ -100,6 +104,16 @@ static const struct st_ckey keys[] = {
 	I("dcn_fsdp_parallelism", c.dcn_fsdp_parallelism, "1"),
 	I("dcn_tensor_parallelism", c.dcn_tensor_parallelism, "1"),
 	I("num_slices", c.num_slices, "-1"),
+
+	/* checkpoints (MaxText's defaults; checkpoint_failure_policy is ours) */
+	B("enable_checkpointing", c.enable_checkpointing, "True"),
+	B("async_checkpointing", c.async_checkpointing, "True"),
+	I("checkpoint_period", c.checkpoint_period, "10_000"),
+	B("save_checkpoint_on_completion", c.save_checkpoint_on_completion, "True"),
+	IN("max_num_checkpoints_to_keep", c.max_num_checkpoints_to_keep, "None"),
+	S("load_parameters_path", c.load_parameters_path, "\"\""),
+	S("load_full_state_path", c.load_full_state_path, "\"\""),
+	E("checkpoint_failure_policy", c.checkpoint_failure_policy, "continue", failure_policies),
 
 	/* MaxText keys that change the model or the update rule: only the
 	 * value that matches our Llama (the Llama 3 model files' value) works */
@@ -337,6 +351,12 @@ int st_ckey_set(struct st_cfull *f, const struct st_ckey *k, const st_ynode *v, 
 	field = (char *)f + k->off;
 	switch (k->type) {
 	case ST_K_INT:
+		return set_int(k, v, where, (int64_t *)(void *)field);
+	case ST_K_INT_NONE:
+		if (v->kind == ST_Y_SCALAR && st_ynode_value(v).type == ST_YV_NULL) {
+			*(int64_t *)(void *)field = -1;
+			return 0;
+		}
 		return set_int(k, v, where, (int64_t *)(void *)field);
 	case ST_K_FLOAT:
 		return set_float(k, v, where, (double *)(void *)field);
