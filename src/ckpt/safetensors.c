@@ -106,7 +106,7 @@ static const char *find_duplicate(const char **v, int n, int *nomem)
 
 /* ---------------------------------------------------------------- writer */
 
-static int check_tensors(const char *path, int n, const st_st_tensor *t, size_t *nbytes)
+static int check_tensors(const char *path, int n, const st_st_tensor *t, size_t *nbytes, int need_data)
 {
 	for (int i = 0; i < n; i++) {
 		const st_st_tensor *x = &t[i];
@@ -128,7 +128,7 @@ static int check_tensors(const char *path, int n, const st_st_tensor *t, size_t 
 		int64_t numel;
 		if (shape_size(x->ndim, x->shape, es, &numel, &nbytes[i]) < 0)
 			return st_fail(ST_EINVAL, "%s: tensor \"%s\": size overflows", path, x->name);
-		if (nbytes[i] && !x->data)
+		if (need_data && nbytes[i] && !x->data)
 			return st_fail(ST_EINVAL, "%s: tensor \"%s\": no data", path, x->name);
 	}
 	return 0;
@@ -185,8 +185,9 @@ nomem:
 	return st_fail(ST_ENOMEM, "%s: out of memory building the header", path);
 }
 
-int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nmeta,
-			 const char **meta_keys, const char **meta_vals)
+/* Checks the lists and builds the padded header (8-byte length, JSON, spaces) into *out. */
+static int make_header(const char *path, int n, const st_st_tensor *t, int nmeta, const char **meta_keys,
+		       const char **meta_vals, int need_data, size_t *nbytes, char **out, size_t *out_len)
 {
 	if (n < 0 || nmeta < 0 || (n && !t) || (nmeta && (!meta_keys || !meta_vals)))
 		return st_fail(ST_EINVAL, "%s: bad tensor or metadata list", path);
@@ -195,12 +196,9 @@ int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nme
 			return st_fail(ST_EINVAL, "%s: metadata pair %d is NULL", path, i);
 
 	int rc, nomem;
-	char *header = NULL;
+	char *header = NULL, *buf;
 	const char **names = NULL;
-	size_t *nbytes = calloc((size_t)n + 1, sizeof(*nbytes));
-	if (!nbytes)
-		return st_fail(ST_ENOMEM, "%s: out of memory", path);
-	if ((rc = check_tensors(path, n, t, nbytes)) < 0)
+	if ((rc = check_tensors(path, n, t, nbytes, need_data)) < 0)
 		goto out;
 
 	names = malloc(((size_t)n + 1) * sizeof(*names));
@@ -225,24 +223,57 @@ int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nme
 	if ((rc = build_header(path, n, t, nbytes, nmeta, meta_keys, meta_vals, &header)) < 0)
 		goto out;
 	size_t hlen = strlen(header), padded = (hlen + 7) & ~(size_t)7;
-	unsigned char len8[8];
+	if (!(buf = malloc(8 + padded))) {
+		rc = st_fail(ST_ENOMEM, "%s: out of memory", path);
+		goto out;
+	}
 	for (int i = 0; i < 8; i++)
-		len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-	static const char spaces[8] = "        ";
+		buf[i] = (char)(unsigned char)((uint64_t)padded >> (8 * i));
+	memcpy(buf + 8, header, hlen);
+	memset(buf + 8 + hlen, ' ', padded - hlen);
+	*out = buf;
+	*out_len = 8 + padded;
+out:
+	free(header);
+	free(names);
+	return rc;
+}
+
+int st_safetensors_header(const char *path, int n, const st_st_tensor *t, int nmeta, const char **meta_keys,
+			  const char **meta_vals, char **out, size_t *len)
+{
+	size_t *nbytes = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof(*nbytes));
+	*out = NULL;
+	*len = 0;
+	if (!nbytes)
+		return st_fail(ST_ENOMEM, "%s: out of memory", path);
+	int rc = make_header(path, n, t, nmeta, meta_keys, meta_vals, 0, nbytes, out, len);
+	free(nbytes);
+	return rc;
+}
+
+int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nmeta,
+			 const char **meta_keys, const char **meta_vals)
+{
+	char *header = NULL;
+	size_t hlen;
+	size_t *nbytes = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof(*nbytes));
+	if (!nbytes)
+		return st_fail(ST_ENOMEM, "%s: out of memory", path);
+	int rc = make_header(path, n, t, nmeta, meta_keys, meta_vals, 1, nbytes, &header, &hlen);
+	if (rc < 0)
+		goto out;
 
 	st_atomic_file af;
 	if ((rc = st_atomic_file_open(&af, path)) < 0)
 		goto out;
-	st_atomic_file_write(&af, len8, 8);
 	st_atomic_file_write(&af, header, hlen);
-	st_atomic_file_write(&af, spaces, padded - hlen);
 	for (int i = 0; i < n; i++)
 		if (nbytes[i])
 			st_atomic_file_write(&af, t[i].data, nbytes[i]);
 	rc = st_atomic_file_commit(&af);
 out:
 	free(header);
-	free(names);
 	free(nbytes);
 	return rc;
 }

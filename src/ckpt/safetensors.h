@@ -97,6 +97,17 @@ typedef struct st_st_tensor {
 int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nmeta,
 			 const char **meta_keys, const char **meta_vals);
 
+/*
+ * The bytes st_safetensors_write would put before the data: the 8-byte
+ * length, the JSON header and its padding (*len is a multiple of 8). The
+ * data of tensor i then starts at *len plus the sizes of tensors 0..i-1, in
+ * the order given; t[i].data is not read. For writers that stream the data
+ * themselves (the checkpoint writer checksums it on the way). Same checks
+ * and errors as st_safetensors_write; *out is malloc'd.
+ */
+int st_safetensors_header(const char *path, int n, const st_st_tensor *t, int nmeta, const char **meta_keys,
+			  const char **meta_vals, char **out, size_t *len);
+
 /* One tensor of an open file. */
 typedef struct st_st_info {
 	const char *name;

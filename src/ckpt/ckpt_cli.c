@@ -1,0 +1,236 @@
+/*
+ * ckpt_cli.c - slicetrain export, slicetrain ckpt list|verify.
+ */
+#include "ckpt/ckpt_cli.h"
+
+#include "base/err.h"
+#include "ckpt/ckpt.h"
+#include "ckpt/ckpt_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+const char st_ckpt_export_usage[] =
+	"usage: slicetrain export CHECKPOINT_DIR OUT_DIR [--shard-size SIZE]\n"
+	"\n"
+	"Writes the parameters of a checkpoint as a Hugging Face model directory that\n"
+	"transformers loads with LlamaForCausalLM.from_pretrained(OUT_DIR): config.json and\n"
+	"model.safetensors (float32), or, above SIZE (default 5GB, as save_pretrained),\n"
+	"model-0000k-of-0000n.safetensors shards plus model.safetensors.index.json.\n"
+	"CHECKPOINT_DIR is a checkpoint step directory (.../checkpoints/<step>) or a run's\n"
+	"checkpoints directory (its newest committed step). SIZE: bytes, or with a suffix\n"
+	"KB, MB, GB (powers of 1000).\n";
+
+const char st_ckpt_ckpt_usage[] =
+	"usage: slicetrain ckpt list DIR      steps under DIR (a run's checkpoints directory, or\n"
+	"                                     the run directory): committed or not, size, mesh, time\n"
+	"       slicetrain ckpt verify DIR    recompute every checksum of the checkpoint DIR (a step\n"
+	"                                     directory), or of every committed step under DIR;\n"
+	"                                     exit 1 naming the file and tensor on a mismatch\n";
+
+static int error_exit(int rc)
+{
+	fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+	return st_exit_status(rc);
+}
+
+static int usage_error(const char *usage, const char *fmt, const char *arg)
+{
+	fprintf(stderr, "slicetrain: error: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n\n%s", usage);
+	return 2;
+}
+
+static int is_help(const char *a)
+{
+	return !strcmp(a, "--help") || !strcmp(a, "-h");
+}
+
+/* "5GB", "200MB", "1000": bytes (powers of 1000, as transformers' max_shard_size). */
+static int parse_size(const char *s, int64_t *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	double mul = 1;
+	if (end == s || errno || v <= 0)
+		return -1;
+	if (!strcasecmp(end, "KB") || !strcasecmp(end, "K"))
+		mul = 1e3;
+	else if (!strcasecmp(end, "MB") || !strcasecmp(end, "M"))
+		mul = 1e6;
+	else if (!strcasecmp(end, "GB") || !strcasecmp(end, "G"))
+		mul = 1e9;
+	else if (*end && strcasecmp(end, "B"))
+		return -1;
+	if (v * mul < 1 || v * mul > 9e18)
+		return -1;
+	*out = (int64_t)(v * mul);
+	return 0;
+}
+
+int st_ckpt_cmd_export(int argc, char **argv)
+{
+	const char *pos[2];
+	int npos = 0;
+	int64_t shard = 0;
+	int rc;
+
+	for (int i = 0; i < argc; i++) {
+		if (is_help(argv[i])) {
+			fputs(st_ckpt_export_usage, stdout);
+			return 0;
+		}
+		if (!strcmp(argv[i], "--shard-size") || !strncmp(argv[i], "--shard-size=", 13)) {
+			const char *v = argv[i][12] == '=' ? argv[i] + 13 : i + 1 < argc ? argv[++i] : NULL;
+			if (!v)
+				return usage_error(st_ckpt_export_usage, "--shard-size needs a value%s", "");
+			if (parse_size(v, &shard) < 0)
+				return usage_error(st_ckpt_export_usage, "--shard-size '%s' is not a size (e.g. 5GB)", v);
+			continue;
+		}
+		if (argv[i][0] == '-' && argv[i][1])
+			return usage_error(st_ckpt_export_usage, "unknown option '%s'", argv[i]);
+		if (npos == 2)
+			return usage_error(st_ckpt_export_usage, "unexpected argument '%s'", argv[i]);
+		pos[npos++] = argv[i];
+	}
+	if (npos != 2)
+		return usage_error(st_ckpt_export_usage, "export needs CHECKPOINT_DIR and OUT_DIR%s", "");
+	if ((rc = st_ckpt_export_hf(pos[0], pos[1], shard)) < 0)
+		return error_exit(rc);
+	return 0;
+}
+
+static const char *human_bytes(int64_t b, char *buf, size_t cap)
+{
+	if (b >= 1000000000)
+		snprintf(buf, cap, "%.2f GB", (double)b / 1e9);
+	else if (b >= 1000000)
+		snprintf(buf, cap, "%.1f MB", (double)b / 1e6);
+	else
+		snprintf(buf, cap, "%.1f kB", (double)b / 1e3);
+	return buf;
+}
+
+/* DIR, or DIR/checkpoints when DIR is a run directory. */
+static void checkpoints_dir(const char *dir, char *buf, size_t cap)
+{
+	struct stat st;
+	char p[ST_PATH_MAX];
+	int64_t step;
+	const char *base = strrchr(dir, '/');
+	if (ck_join(p, sizeof(p), dir, "checkpoints") == 0 && stat(p, &st) == 0 && S_ISDIR(st.st_mode) &&
+	    !ck_parse_step(base ? base + 1 : dir, &step)) {
+		snprintf(buf, cap, "%s", p);
+		return;
+	}
+	snprintf(buf, cap, "%s", dir);
+}
+
+static int cmd_list(const char *arg)
+{
+	char dir[ST_PATH_MAX], size[32], when[64];
+	st_ckpt_step_info *v;
+	struct stat st;
+	int n, rc;
+
+	checkpoints_dir(arg, dir, sizeof(dir));
+	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+		return st_fail(ST_EINVAL, "%s: no such directory", dir);
+	if ((rc = st_ckpt_list(dir, &v, &n)) < 0)
+		return rc;
+	printf("%s: %d step%s\n", dir, n, n == 1 ? "" : "s");
+	if (n)
+		printf("%-10s %-12s %10s  %-9s  %-20s  %s\n", "step", "state", "size", "processes", "saved (UTC)", "mesh");
+	for (int i = 0; i < n; i++) {
+		char procs[32];
+		time_t t = (time_t)v[i].time_unix;
+		struct tm tm;
+		gmtime_r(&t, &tm);
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+		if (v[i].committed == 1)
+			snprintf(procs, sizeof(procs), "%d", v[i].process_count);
+		else
+			snprintf(procs, sizeof(procs), "%d/%d done", v[i].ndone, v[i].process_count);
+		printf("%-10" PRId64 " %-12s %10s  %-9s  %-20s  %s\n", v[i].step,
+		       v[i].committed == 1 ? "committed" : v[i].committed < 0 ? "damaged" : "uncommitted",
+		       human_bytes(v[i].bytes, size, sizeof(size)), procs, when, v[i].mesh);
+	}
+	free(v);
+	return 0;
+}
+
+static int verify_one(const char *step_dir, int *bad)
+{
+	int64_t pieces, bytes;
+	char size[32];
+	int rc = st_ckpt_verify(step_dir, &pieces, &bytes);
+	if (rc == ST_EIO) {
+		printf("%s: DAMAGED: %s\n", step_dir, st_errmsg());
+		*bad = 1;
+		return 0;
+	}
+	if (rc < 0)
+		return rc;
+	printf("%s: ok (%" PRId64 " pieces, %s, checksums match)\n", step_dir, pieces, human_bytes(bytes, size, sizeof(size)));
+	return 0;
+}
+
+static int cmd_verify(const char *arg, int *bad)
+{
+	char dir[ST_PATH_MAX], mp[ST_PATH_MAX], sd[ST_PATH_MAX];
+	int64_t *steps;
+	struct stat st;
+	int n, rc;
+
+	if (stat(arg, &st) < 0 || !S_ISDIR(st.st_mode))
+		return st_fail(ST_EINVAL, "%s: no such directory", arg);
+	if ((rc = ck_join(mp, sizeof(mp), arg, CK_MANIFEST)) < 0)
+		return rc;
+	if (ck_file_exists(mp))
+		return verify_one(arg, bad);
+	checkpoints_dir(arg, dir, sizeof(dir));
+	if ((rc = ck_list_steps(dir, 1, &steps, &n)) < 0)
+		return rc;
+	if (n == 0) {
+		free(steps);
+		return st_fail(ST_EINVAL, "%s: no committed checkpoint here (not a step directory with %s, nor a "
+			       "checkpoints directory holding one)", arg, CK_MANIFEST);
+	}
+	for (int i = 0; i < n && rc == 0; i++)
+		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) == 0)
+			rc = verify_one(sd, bad);
+	free(steps);
+	return rc;
+}
+
+int st_ckpt_cmd_ckpt(int argc, char **argv)
+{
+	int rc, bad = 0;
+
+	if (argc >= 1 && is_help(argv[0])) {
+		fputs(st_ckpt_ckpt_usage, stdout);
+		return 0;
+	}
+	if (argc < 1)
+		return usage_error(st_ckpt_ckpt_usage, "ckpt needs a subcommand: list or verify%s", "");
+	if (strcmp(argv[0], "list") && strcmp(argv[0], "verify"))
+		return usage_error(st_ckpt_ckpt_usage, "unknown ckpt subcommand '%s' (list or verify)", argv[0]);
+	if (argc != 2)
+		return usage_error(st_ckpt_ckpt_usage, "ckpt %s needs exactly one DIR", argv[0]);
+	rc = !strcmp(argv[0], "list") ? cmd_list(argv[1]) : cmd_verify(argv[1], &bad);
+	if (rc < 0)
+		return error_exit(rc);
+	if (bad) {
+		fprintf(stderr, "slicetrain: error: checkpoint verification failed (see above)\n");
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,164 @@
+/*
+ * ckpt_int.h - internals shared by the checkpoint modules: the manifest and
+ * done-record model (manifest.c), the piece reader (read.c), small helpers.
+ * Not a public API; the format is described in docs/checkpoints.md.
+ */
+#ifndef ST_CKPT_CKPT_INT_H
+#define ST_CKPT_CKPT_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt/ckpt.h"
+
+#define CK_MANIFEST "manifest.json"
+#define CK_FORMAT "slicetrain.checkpoint"
+#define CK_DONE_FORMAT "slicetrain.done"
+#define CK_VERSION 1
+#define CK_CHECKSUM "crc32" /* zlib's CRC-32 (IEEE), of each piece's little-endian F32 bytes */
+
+/* A box of a 1-D or 2-D tensor. A 1-D box uses index 0 only. */
+struct ck_box {
+	int ndim;
+	int64_t offset[2], shape[2];
+};
+
+struct ck_piece {
+	int file;              /* index into the manifest's files */
+	char *key;             /* tensor name inside the shard */
+	struct ck_box box;
+	uint64_t data_offset;  /* absolute byte offset in the file */
+	uint64_t nbytes;       /* numel * 4 */
+	uint32_t crc;
+};
+
+struct ck_tensor {
+	char *name;
+	int ndim;
+	int64_t shape[2];
+	int npieces, cap;
+	struct ck_piece *pieces;
+};
+
+struct ck_file {
+	char *name;  /* plain file name inside the step directory */
+	int process;
+	int64_t bytes;
+};
+
+/* A manifest, or a done record (then: one file, this process's pieces, no config). */
+struct ck_manifest {
+	int is_done;
+	int64_t step, next_sample, data_shuffle_seed, init_weights_seed, global_batch;
+	int process, process_count;  /* process: done records only */
+	uint64_t save_id;
+	char mesh[256];
+	double time_unix;
+	char *config_json;           /* compact JSON object text (manifest only) */
+	int nfiles, cap_files;
+	struct ck_file *files;
+	int ntensors, cap_tensors;
+	struct ck_tensor *tensors;
+};
+
+void ck_manifest_free(struct ck_manifest *m);
+struct ck_tensor *ck_manifest_find(const struct ck_manifest *m, const char *name);
+
+/*
+ * Parse and validate a manifest (want_done 0) or done record (want_done 1)
+ * from text; `where` names it in messages. expect_step < 0: any. Checks
+ * every field, that boxes lie inside their tensors, sizes, known files,
+ * checksums' range and, for a manifest, that each tensor's pieces tile it.
+ * ST_EINVAL "WHERE: what is wrong".
+ */
+int ck_manifest_parse(struct ck_manifest *m, const char *where, const char *text, int want_done,
+		      int64_t expect_step);
+/* Read STEP_DIR/manifest.json and parse it (ST_EIO if unreadable, ST_EINVAL if bad). */
+int ck_manifest_load(struct ck_manifest *m, const char *step_dir, int64_t expect_step);
+/* Serialize (indented JSON, malloc'd). */
+int ck_manifest_dump(const struct ck_manifest *m, char **out);
+/* Each tensor's pieces tile it exactly (no gap, no overlap). */
+int ck_manifest_check_tiling(const struct ck_manifest *m, const char *where);
+/* Append a done record's file and pieces to m (tensors matched by name, shapes must agree). */
+int ck_manifest_merge(struct ck_manifest *m, const struct ck_manifest *done, const char *where);
+/* Add a file / a tensor / a piece (copies strings). Return the index or a negative error. */
+int ck_manifest_add_file(struct ck_manifest *m, const char *name, int process, int64_t bytes);
+int ck_manifest_add_tensor(struct ck_manifest *m, const char *name, int ndim, const int64_t *shape);
+int ck_tensor_add_piece(struct ck_tensor *t, const struct ck_piece *p);
+
+/* Volume of a box; intersection of two boxes (0 if empty). */
+int64_t ck_box_numel(const struct ck_box *b);
+int ck_box_intersect(const struct ck_box *a, const struct ck_box *b, struct ck_box *out);
+/* "[r0:r1,c0:c1]" or "[c0:c1]" */
+const char *ck_box_str(const struct ck_box *b, char *buf, size_t cap);
+
+/* ---- reading pieces of one checkpoint ---- */
+
+struct ck_progress;
+
+struct ck_reader {
+	const char *dir;              /* step directory */
+	const struct ck_manifest *m;
+	int *fds;                     /* per file, -1 until opened */
+	float *tmp;
+	size_t tmp_cap;
+	const struct ck_piece *cached; /* the stored piece held in tmp */
+	int64_t bytes_read;
+	struct ck_progress *progress; /* optional */
+};
+
+void ck_reader_init(struct ck_reader *r, const char *dir, const struct ck_manifest *m);
+void ck_reader_release(struct ck_reader *r);
+/* Read stored piece p of t whole into dst and verify its checksum (ST_EIO naming file and tensor). */
+int ck_read_stored(struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, float *dst);
+/*
+ * Fill want->data from the stored pieces that intersect it. ST_EINVAL if the
+ * tensor is missing or its shape differs; ST_EIO if the data is damaged.
+ */
+int ck_fill_piece(struct ck_reader *r, const st_ckpt_piece *want);
+
+/* ---- steps, paths, misc ---- */
+
+/* A step directory name: decimal digits only, fits int64. */
+int ck_parse_step(const char *name, int64_t *step);
+/* Steps under dir (ascending); committed_only: those with a manifest. Missing dir: 0 steps. */
+int ck_list_steps(const char *dir, int committed_only, int64_t **steps, int *n);
+/* "a/b" into buf (ST_EINVAL if too long). */
+int ck_join(char *buf, size_t cap, const char *a, const char *b);
+/* "dir/<step>" */
+int ck_step_dir(char *buf, size_t cap, const char *dir, int64_t step);
+/* Remove a directory and the plain files in it (no recursion). */
+int ck_remove_dir(const char *path);
+/* The whole file as a NUL-terminated string (malloc'd); ST_EIO if unreadable, ST_EINVAL if > max bytes. */
+int ck_read_text(const char *path, size_t max, char **out, size_t *len);
+int ck_file_exists(const char *path);
+double ck_now(void);
+uint32_t ck_crc32(uint32_t crc, const void *data, size_t n);
+/* Validate a caller's piece: ndim, shapes, box inside the tensor, data. */
+int ck_check_piece(const st_ckpt_piece *p, const char *what);
+/* The piece's box. */
+struct ck_box ck_piece_box(const st_ckpt_piece *p);
+int64_t ck_piece_numel(const st_ckpt_piece *p);
+
+/* Progress lines on stderr for long operations: nothing in the first 3 s, then every 5 s. */
+struct ck_progress {
+	const char *what;
+	double t0, last;
+	int64_t total, done;
+	int printed;
+};
+void ck_progress_init(struct ck_progress *p, const char *what, int64_t total_bytes);
+void ck_progress_add(struct ck_progress *p, int64_t bytes);
+void ck_progress_end(struct ck_progress *p);
+
+/* ---- Hugging Face (hf.c) ---- */
+
+/* The Llama tensors of config c in the model's order (HF names and shapes). *out malloc'd. */
+struct ck_hf_tensor {
+	char name[96];
+	int ndim;
+	int64_t shape[2];
+};
+int ck_llama_tensors(const st_config *c, struct ck_hf_tensor **out, int *n);
+
+#endif

@@ -1,0 +1,291 @@
+/*
+ * restore.c - restoring onto the current mesh: the newest usable committed
+ * checkpoint (with fallback and, across processes, agreement on the step),
+ * one given step (load_full_state_path), or parameters only
+ * (load_parameters_path, a checkpoint or a Hugging Face directory: hf.c).
+ */
+#include "ckpt/ckpt_int.h"
+
+#include "base/err.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Outcome of one try on one process, ordered so that a MAX over processes decides. */
+enum { TRY_OK = 0, TRY_UNUSABLE = 1, TRY_HARD = 2 };
+
+int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces); /* hf.c */
+
+/* A MAX of every process's status; without comm, the local one. */
+static int agree(st_comm *comm, int local, int *global)
+{
+	int64_t v = local;
+	int rc;
+	if (!comm) {
+		*global = local;
+		return 0;
+	}
+	if ((rc = st_comm_allreduce(comm, &v, 1, ST_C_I64, ST_MAX)) < 0)
+		return rc;
+	*global = (int)v;
+	return 0;
+}
+
+/* Fail again with the current message under another code (the message is copied first). */
+static int refail(int code)
+{
+	char msg[1024];
+	snprintf(msg, sizeof(msg), "%s", st_errmsg());
+	return st_fail(code, "%s", msg);
+}
+
+static int classify(int rc)
+{
+	if (rc == 0)
+		return TRY_OK;
+	return rc == ST_EIO ? TRY_UNUSABLE : TRY_HARD;
+}
+
+static int64_t total_bytes(int n, const st_ckpt_piece *pieces)
+{
+	int64_t b = 0;
+	for (int i = 0; i < n; i++)
+		b += ck_piece_numel(&pieces[i]) * (int64_t)sizeof(float);
+	return b;
+}
+
+/*
+ * Restore step_dir into the pieces. Returns 0, ST_EIO for a damaged
+ * checkpoint (bad or unreadable manifest, damaged shard), ST_EINVAL when the
+ * request does not fit it, ST_ENOMEM.
+ */
+static int try_step(const char *step_dir, int64_t step, st_ckpt_meta *meta, int n, st_ckpt_piece *pieces)
+{
+	struct ck_manifest m;
+	struct ck_reader r;
+	struct ck_progress prog;
+	char what[64];
+	int rc;
+
+	if ((rc = ck_manifest_load(&m, step_dir, step)) < 0)
+		return rc == ST_ENOMEM ? rc : refail(ST_EIO); /* a bad manifest: unusable */
+	ck_reader_init(&r, step_dir, &m);
+	snprintf(what, sizeof(what), "restore of step %" PRId64, m.step);
+	ck_progress_init(&prog, what, total_bytes(n, pieces));
+	r.progress = &prog;
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = ck_fill_piece(&r, &pieces[i]);
+	if (rc == 0)
+		ck_progress_end(&prog);
+	ck_reader_release(&r);
+	if (rc == 0 && meta) {
+		meta->step = m.step;
+		meta->next_sample = m.next_sample;
+		meta->data_shuffle_seed = m.data_shuffle_seed;
+		meta->init_weights_seed = m.init_weights_seed;
+		meta->global_batch = m.global_batch;
+		memcpy(meta->mesh, m.mesh, sizeof(meta->mesh));
+		meta->config_json = m.config_json;
+		m.config_json = NULL;
+	}
+	ck_manifest_free(&m);
+	return rc;
+}
+
+static int check_pieces(int n, const st_ckpt_piece *pieces)
+{
+	int rc;
+	if (n < 0 || (n > 0 && !pieces))
+		return st_fail(ST_EINVAL, "restore: bad piece list");
+	for (int i = 0; i < n; i++)
+		if ((rc = ck_check_piece(&pieces[i], "restore")) < 0)
+			return rc;
+	return 0;
+}
+
+/* Process 0 lists the committed steps and every process gets the same list. */
+static int candidates(const char *dir, st_comm *comm, int64_t **steps, int *n)
+{
+	int64_t count = 0;
+	int rc = 0, lrc = 0;
+
+	*steps = NULL;
+	*n = 0;
+	if (!comm || st_comm_rank(comm) == 0) {
+		lrc = ck_list_steps(dir, 1, steps, n);
+		count = lrc < 0 ? -1 : *n;
+	}
+	if (!comm)
+		return lrc;
+	if ((rc = st_comm_broadcast(comm, &count, sizeof(count), 0)) < 0)
+		goto fail;
+	if (count < 0) {
+		rc = lrc < 0 ? lrc : st_fail(ST_EIO, "%s: process 0 could not list the checkpoints", dir);
+		goto fail;
+	}
+	if (st_comm_rank(comm) != 0 && count > 0 && !(*steps = calloc((size_t)count, sizeof(int64_t))))
+		count = -2; /* still take part in the broadcast below, then fail */
+	if (count > 0 && *steps && (rc = st_comm_broadcast(comm, *steps, (size_t)count * sizeof(int64_t), 0)) < 0)
+		goto fail;
+	if (count == -2) {
+		rc = st_fail(ST_ENOMEM, "out of memory");
+		goto fail;
+	}
+	*n = (int)count;
+	return 0;
+fail:
+	free(*steps);
+	*steps = NULL;
+	*n = 0;
+	return rc;
+}
+
+/* Move a damaged checkpoint aside, so that it is neither loaded nor "already saved" again. */
+static void quarantine(const char *dir, int64_t step)
+{
+	char from[ST_PATH_MAX], to[ST_PATH_MAX + 64];
+	if (ck_step_dir(from, sizeof(from), dir, step) < 0)
+		return;
+	snprintf(to, sizeof(to), "%s.unusable-%lld", from, (long long)time(NULL));
+	if (rename(from, to) == 0)
+		st_warn("moved the unusable checkpoint %s to %s (kept for inspection; it is never loaded)", from, to);
+	else
+		st_warn("could not move the unusable checkpoint %s aside: %s", from, strerror(errno));
+}
+
+int st_ckpt_restore_latest(const char *dir, st_comm *comm, st_ckpt_meta *meta, int n, st_ckpt_piece *pieces,
+			   int *found)
+{
+	char step_dir[ST_PATH_MAX], last[1024] = "";
+	int64_t *steps = NULL;
+	int nsteps = 0, rc, global, local;
+	int leader = !comm || st_comm_rank(comm) == 0;
+
+	*found = 0;
+	if (meta)
+		meta->config_json = NULL;
+	local = classify(check_pieces(n, pieces));
+	snprintf(last, sizeof(last), "%s", st_errmsg());
+	if ((rc = agree(comm, local, &global)) < 0)
+		return rc;
+	if (local != TRY_OK)
+		return st_fail(ST_EINVAL, "%s", last);
+	if (global != TRY_OK)
+		return st_fail(ST_EINVAL, "restore: another process passed invalid pieces (see its log)");
+	last[0] = '\0';
+	if ((rc = candidates(dir, comm, &steps, &nsteps)) < 0)
+		return rc;
+	for (int i = nsteps - 1; i >= 0; i--) {
+		st_ckpt_meta got = {0};
+		if ((rc = ck_step_dir(step_dir, sizeof(step_dir), dir, steps[i])) < 0)
+			goto out; /* the same on every process: it depends only on dir and the list */
+		local = classify(try_step(step_dir, steps[i], &got, n, pieces));
+		if (local != TRY_OK)
+			snprintf(last, sizeof(last), "%s", st_errmsg());
+		if ((rc = agree(comm, local, &global)) < 0) {
+			st_ckpt_meta_release(&got);
+			goto out;
+		}
+		if (global == TRY_OK) {
+			if (i < nsteps - 1)
+				st_warn("restored checkpoint step %" PRId64 " from %s: the %d newer one%s could not be used",
+					steps[i], dir, nsteps - 1 - i, nsteps - 1 - i == 1 ? "" : "s");
+			if (leader)
+				for (int j = i + 1; j < nsteps; j++)
+					quarantine(dir, steps[j]);
+			if (meta)
+				*meta = got;
+			else
+				st_ckpt_meta_release(&got);
+			*found = 1;
+			goto out;
+		}
+		st_ckpt_meta_release(&got);
+		if (global == TRY_HARD) {
+			if (local == TRY_HARD)
+				rc = st_fail(ST_EINVAL, "%s", last);
+			else
+				rc = st_fail(ST_EINVAL, "checkpoint %s: another process could not restore it (see its log)",
+					     step_dir);
+			goto out;
+		}
+		if (local == TRY_UNUSABLE)
+			st_warn("checkpoint %s is unusable: %s; %s", step_dir, last,
+				i > 0 ? "falling back to the previous one" : "no older checkpoint left");
+		else
+			st_warn("checkpoint %s is unusable on another process (see its log); %s", step_dir,
+				i > 0 ? "falling back to the previous one" : "no older checkpoint left");
+	}
+	if (nsteps > 0)
+		rc = st_fail(ST_EINVAL, "no usable checkpoint in %s: all %d committed checkpoint%s (steps %" PRId64
+			     "..%" PRId64 ") are damaged%s%s; refusing to train on them", dir, nsteps,
+			     nsteps == 1 ? "" : "s", steps[0], steps[nsteps - 1], last[0] ? "; last problem: " : "", last);
+out:
+	free(steps);
+	return rc;
+}
+
+/* One given step directory, no fallback; with comm, all fail together. */
+static int restore_one(const char *step_dir, st_comm *comm, st_ckpt_meta *meta, int n, st_ckpt_piece *pieces,
+		       const st_config *hf_model)
+{
+	char path[ST_PATH_MAX], msg[1024];
+	int rc, rc2, local, global;
+
+	if (meta)
+		meta->config_json = NULL;
+	rc = check_pieces(n, pieces);
+	if (rc == 0 && hf_model)
+		rc = ck_hf_load(step_dir, hf_model, n, pieces);
+	else if (rc == 0 && (rc = ck_join(path, sizeof(path), step_dir, CK_MANIFEST)) == 0) {
+		if (!ck_file_exists(path))
+			rc = st_fail(ST_EINVAL, "%s is not a committed slicetrain checkpoint (no %s)", step_dir,
+				     CK_MANIFEST);
+		else
+			rc = try_step(step_dir, -1, meta, n, pieces);
+	}
+	local = classify(rc);
+	snprintf(msg, sizeof(msg), "%s", st_errmsg());
+	if ((rc2 = agree(comm, local, &global)) < 0)
+		return rc2;
+	if (global == TRY_OK)
+		return 0;
+	if (meta)
+		st_ckpt_meta_release(meta);
+	if (local != TRY_OK)
+		return st_fail(rc, "%s", msg);
+	return st_fail(ST_EINVAL, "%s: another process could not load it (see its log)", step_dir);
+}
+
+int st_ckpt_restore_step(const char *step_dir, st_comm *comm, st_ckpt_meta *meta, int n, st_ckpt_piece *pieces)
+{
+	return restore_one(step_dir, comm, meta, n, pieces, NULL);
+}
+
+int st_ckpt_load_params(const char *path, const st_config *c, st_comm *comm, int n, st_ckpt_piece *pieces)
+{
+	char p[ST_PATH_MAX];
+	int hf = 0;
+
+	if (ck_join(p, sizeof(p), path, CK_MANIFEST) == 0 && !ck_file_exists(p) &&
+	    ck_join(p, sizeof(p), path, "config.json") == 0 && ck_file_exists(p))
+		hf = 1;
+	if (!hf && ck_join(p, sizeof(p), path, CK_MANIFEST) == 0 && !ck_file_exists(p)) {
+		int64_t *steps;
+		int nsteps = 0;
+		char hint[ST_PATH_MAX + 64] = "";
+		if (ck_list_steps(path, 1, &steps, &nsteps) == 0 && nsteps > 0)
+			snprintf(hint, sizeof(hint), " (it holds checkpoint steps: name one, e.g. %s/%" PRId64 ")", path,
+				 steps[nsteps - 1]);
+		free(steps);
+		/* every process fails alike, so no agreement is needed */
+		return st_fail(ST_EINVAL, "load_parameters_path %s: neither a committed slicetrain checkpoint step "
+			       "directory (%s) nor a Hugging Face model directory (config.json)%s", path, CK_MANIFEST,
+			       hint);
+	}
+	return restore_one(path, comm, NULL, n, pieces, hf ? c : NULL);
+}

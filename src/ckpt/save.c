@@ -1,0 +1,672 @@
+/*
+ * save.c - the checkpoint saver: copy to host buffers, then (in a background
+ * thread when async) write the shard, the done record and, on process 0,
+ * the manifest. The commit handshake between processes goes through files
+ * only, so the background thread never touches the communicator that the
+ * training thread is using.
+ */
+#include "ckpt/ckpt_int.h"
+
+#include "base/err.h"
+#include "base/file.h"
+#include "ckpt/safetensors.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_COMMIT_TIMEOUT_MS 1800000
+#define MAX_COPY_THREADS 8
+
+struct job_piece {
+	char *name, *key;
+	int ndim;
+	int64_t gshape[2];
+	struct ck_box box;
+	size_t off, nbytes; /* in the host buffer */
+};
+
+struct st_ckpt_saver {
+	st_ckpt_opts o;
+	char *dir;
+	pthread_mutex_t mu;  /* guards stats */
+	st_ckpt_stats stats;
+	atomic_int abort;
+
+	/* the save in flight (owned by the writer while running) */
+	pthread_t thread;
+	int running;
+	struct ck_manifest meta; /* step, meta fields, config (process 0) */
+	int npieces;
+	struct job_piece *pieces;
+	char *buf;
+	size_t cap, used;
+
+	/* outcome of the last save, until st_ckpt_wait / st_ckpt_save consumes it */
+	int result;
+	char errmsg[512];
+};
+
+void st_ckpt_meta_release(st_ckpt_meta *meta)
+{
+	free((char *)meta->config_json);
+	meta->config_json = NULL;
+}
+
+int st_ckpt_run_dir(const st_config *c, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "%s/%s/checkpoints", c->base_output_directory, c->run_name);
+	if (n < 0 || (size_t)n >= cap)
+		return st_fail(ST_EINVAL, "checkpoint directory path is too long (base_output_directory/run_name)");
+	return 0;
+}
+
+int st_ckpt_opts_from_config(st_ckpt_opts *o, const st_config *c, int process, int count)
+{
+	static _Thread_local char dir[ST_PATH_MAX + ST_NAME_MAX + 32];
+	int rc;
+
+	memset(o, 0, sizeof(*o));
+	if ((rc = st_ckpt_run_dir(c, dir, sizeof(dir))) < 0)
+		return rc;
+	o->dir = dir;
+	o->process = process;
+	o->process_count = count;
+	o->async = c->async_checkpointing;
+	o->max_to_keep = c->max_num_checkpoints_to_keep;
+	o->failure_policy = c->checkpoint_failure_policy;
+	return 0;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+int st_ckpt_saver_create(st_ckpt_saver **out, const st_ckpt_opts *opts)
+{
+	st_ckpt_saver *s;
+	int rc;
+
+	*out = NULL;
+	if (!opts || !opts->dir || !opts->dir[0])
+		return st_fail(ST_EINVAL, "checkpoint saver: no directory");
+	if (opts->process_count < 1 || opts->process < 0 || opts->process >= opts->process_count)
+		return st_fail(ST_EINVAL, "checkpoint saver: process %d of %d", opts->process, opts->process_count);
+	if (!(s = calloc(1, sizeof(*s))) || !(s->dir = strdup(opts->dir))) {
+		free(s);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	s->o = *opts;
+	s->o.dir = s->dir;
+	if (s->o.commit_timeout_ms <= 0)
+		s->o.commit_timeout_ms = DEFAULT_COMMIT_TIMEOUT_MS;
+	s->stats.last_step = -1;
+	pthread_mutex_init(&s->mu, NULL);
+	if ((rc = st_mkdir_p(s->dir)) < 0 || (opts->process == 0 && (rc = st_ckpt_cleanup(s->dir)) < 0)) {
+		st_ckpt_saver_free(s);
+		return rc;
+	}
+	*out = s;
+	return 0;
+}
+
+static void free_job(st_ckpt_saver *s)
+{
+	for (int i = 0; i < s->npieces; i++) {
+		free(s->pieces[i].name);
+		free(s->pieces[i].key);
+	}
+	free(s->pieces);
+	s->pieces = NULL;
+	s->npieces = 0;
+	ck_manifest_free(&s->meta);
+}
+
+static void join(st_ckpt_saver *s)
+{
+	if (s->running) {
+		pthread_join(s->thread, NULL);
+		s->running = 0;
+	}
+}
+
+void st_ckpt_saver_abort(st_ckpt_saver *s)
+{
+	if (s)
+		atomic_store(&s->abort, 1);
+}
+
+void st_ckpt_saver_free(st_ckpt_saver *s)
+{
+	if (!s)
+		return;
+	join(s);
+	free_job(s);
+	free(s->buf);
+	free(s->dir);
+	pthread_mutex_destroy(&s->mu);
+	free(s);
+}
+
+void st_ckpt_saver_stats(st_ckpt_saver *s, st_ckpt_stats *out)
+{
+	pthread_mutex_lock(&s->mu);
+	*out = s->stats;
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* The outcome of the finished save: its error under "stop", else 0 (it was warned already). */
+static int consume_result(st_ckpt_saver *s)
+{
+	int rc = s->result;
+	s->result = 0;
+	if (rc < 0 && s->o.failure_policy == ST_CKPT_FAIL_STOP)
+		return st_fail(rc, "%s", s->errmsg);
+	return 0;
+}
+
+int st_ckpt_wait(st_ckpt_saver *s)
+{
+	join(s);
+	return consume_result(s);
+}
+
+/* ------------------------------------------------------------ the writer */
+
+static int shard_name(char *buf, size_t cap, int process, int count)
+{
+	snprintf(buf, cap, "shard-%05d-of-%05d.safetensors", process, count);
+	return 0;
+}
+
+static int done_path(char *buf, size_t cap, const char *step_dir, int process)
+{
+	char name[64];
+	snprintf(name, sizeof(name), "done-%05d.json", process);
+	return ck_join(buf, cap, step_dir, name);
+}
+
+/* Shard file and done record of this process. */
+static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_bytes)
+{
+	char fname[64], path[ST_PATH_MAX], num[3][32];
+	int n = s->npieces, nmeta = 0, rc;
+	st_st_tensor *t = calloc((size_t)n + 1, sizeof(*t));
+	const char **mk = calloc((size_t)n + 4, sizeof(*mk)), **mv = calloc((size_t)n + 4, sizeof(*mv));
+	char **boxes = calloc((size_t)n + 1, sizeof(*boxes));
+	char *hdr = NULL, *text = NULL;
+	size_t hlen = 0;
+	struct ck_manifest done = {0};
+	st_atomic_file af = ST_ATOMIC_FILE_INIT;
+
+	if (!t || !mk || !mv || !boxes) {
+		rc = st_fail(ST_ENOMEM, "out of memory");
+		goto out;
+	}
+	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
+	snprintf(num[0], sizeof(num[0]), "%" PRId64, s->meta.step);
+	snprintf(num[1], sizeof(num[1]), "%d", s->o.process);
+	snprintf(num[2], sizeof(num[2]), "%d", s->o.process_count);
+	mk[nmeta] = "slicetrain.step", mv[nmeta++] = num[0];
+	mk[nmeta] = "slicetrain.process", mv[nmeta++] = num[1];
+	mk[nmeta] = "slicetrain.process_count", mv[nmeta++] = num[2];
+	for (int i = 0; i < n; i++) {
+		const struct job_piece *p = &s->pieces[i];
+		t[i].name = p->key;
+		t[i].dtype = ST_F32;
+		t[i].ndim = p->ndim;
+		t[i].shape[0] = p->box.shape[0];
+		t[i].shape[1] = p->box.shape[1];
+		if (strcmp(p->key, p->name) != 0) {
+			/* a piece that is not the whole tensor: its box, for readers of the shard alone */
+			char buf[512];
+			if (p->ndim == 2)
+				snprintf(buf, sizeof(buf), "{\"tensor\":\"%s\",\"shape\":[%" PRId64 ",%" PRId64
+					 "],\"offset\":[%" PRId64 ",%" PRId64 "]}", p->name, p->gshape[0], p->gshape[1],
+					 p->box.offset[0], p->box.offset[1]);
+			else
+				snprintf(buf, sizeof(buf), "{\"tensor\":\"%s\",\"shape\":[%" PRId64 "],\"offset\":[%" PRId64
+					 "]}", p->name, p->gshape[0], p->box.offset[0]);
+			if (!(boxes[i] = strdup(buf))) {
+				rc = st_fail(ST_ENOMEM, "out of memory");
+				goto out;
+			}
+			mk[nmeta] = p->key, mv[nmeta++] = boxes[i];
+		}
+	}
+	if ((rc = ck_join(path, sizeof(path), step_dir, fname)) < 0 ||
+	    (rc = st_safetensors_header(path, n, t, nmeta, mk, mv, &hdr, &hlen)) < 0)
+		goto out;
+
+	/* the done record, filled while the data streams out */
+	done.is_done = 1;
+	done.step = s->meta.step;
+	done.process = s->o.process;
+	done.process_count = s->o.process_count;
+	done.save_id = s->o.save_id;
+	if ((rc = ck_manifest_add_file(&done, fname, s->o.process, (int64_t)(hlen + s->used))) < 0)
+		goto out;
+	if ((rc = st_atomic_file_open(&af, path)) < 0)
+		goto out;
+	st_atomic_file_write(&af, hdr, hlen);
+	uint64_t off = hlen;
+	for (int i = 0; i < n; i++) {
+		const struct job_piece *p = &s->pieces[i];
+		const char *data = s->buf + p->off;
+		struct ck_piece cp = {.file = 0, .key = p->key, .box = p->box, .data_offset = off, .nbytes = p->nbytes};
+		struct ck_tensor *ct = ck_manifest_find(&done, p->name);
+		cp.crc = ck_crc32(0, data, p->nbytes);
+		st_atomic_file_write(&af, data, p->nbytes);
+		off += p->nbytes;
+		if (!ct) {
+			if ((rc = ck_manifest_add_tensor(&done, p->name, p->ndim, p->gshape)) < 0)
+				goto out;
+			ct = &done.tensors[rc];
+		}
+		if ((rc = ck_tensor_add_piece(ct, &cp)) < 0)
+			goto out;
+	}
+	if ((rc = st_atomic_file_commit(&af)) < 0)
+		goto out;
+	*file_bytes = (int64_t)off;
+	if ((rc = ck_manifest_dump(&done, &text)) < 0 || (rc = done_path(path, sizeof(path), step_dir, s->o.process)) < 0)
+		goto out;
+	rc = st_write_file_atomic(path, text, strlen(text));
+out:
+	st_atomic_file_abort(&af);
+	ck_manifest_free(&done);
+	for (int i = 0; boxes && i < n; i++)
+		free(boxes[i]);
+	free(boxes);
+	free(t);
+	free(mk);
+	free(mv);
+	free(hdr);
+	free(text);
+	return rc;
+}
+
+/* Process 0: wait for process p's done record of this save and merge it into m. */
+static int collect_done(st_ckpt_saver *s, const char *step_dir, int p, struct ck_manifest *m, double deadline)
+{
+	char path[ST_PATH_MAX], fpath[ST_PATH_MAX];
+	struct ck_manifest d;
+	struct stat st;
+	useconds_t sleep_us = 2000;
+	char *text;
+	int rc;
+
+	if ((rc = done_path(path, sizeof(path), step_dir, p)) < 0)
+		return rc;
+	for (;;) {
+		if (atomic_load(&s->abort))
+			return st_fail(ST_EPEER, "checkpoint step %" PRId64 ": commit aborted while waiting for process %d",
+				       s->meta.step, p);
+		if (ck_file_exists(path)) {
+			if ((rc = ck_read_text(path, 1u << 30, &text, NULL)) < 0)
+				return rc;
+			rc = ck_manifest_parse(&d, path, text, 1, s->meta.step);
+			free(text);
+			if (rc < 0)
+				return rc;
+			if (d.save_id == s->o.save_id) /* else: a stale record of an earlier attempt; wait */
+				break;
+			ck_manifest_free(&d);
+		}
+		if (ck_now() > deadline)
+			return st_fail(ST_EIO, "checkpoint step %" PRId64 ": process %d did not finish its shard within %g s "
+				       "(no %s; is it alive?)", s->meta.step, p, s->o.commit_timeout_ms / 1000.0, path);
+		usleep(sleep_us);
+		if (sleep_us < 100000)
+			sleep_us *= 2;
+	}
+	rc = 0;
+	if (d.process != p || d.process_count != s->o.process_count)
+		rc = st_fail(ST_EINVAL, "%s: written by process %d of %d, expected process %d of %d", path, d.process,
+			     d.process_count, p, s->o.process_count);
+	else if (ck_join(fpath, sizeof(fpath), step_dir, d.files[0].name) < 0 || stat(fpath, &st) < 0)
+		rc = st_fail(ST_EINVAL, "%s: names file %s, which does not exist", path, d.files[0].name);
+	else if (st.st_size != d.files[0].bytes)
+		rc = st_fail(ST_EINVAL, "%s: file %s has %lld bytes, the record says %" PRId64, path, d.files[0].name,
+			     (long long)st.st_size, d.files[0].bytes);
+	if (rc == 0)
+		rc = ck_manifest_merge(m, &d, path);
+	ck_manifest_free(&d);
+	return rc;
+}
+
+/* Remove a committed checkpoint: the manifest first, so a crash leaves an uncommitted dir. */
+static int remove_committed(const char *dir, int64_t step)
+{
+	char sd[ST_PATH_MAX], mp[ST_PATH_MAX];
+	int rc;
+	if ((rc = ck_step_dir(sd, sizeof(sd), dir, step)) < 0 || (rc = ck_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
+		return rc;
+	if (unlink(mp) < 0 && errno != ENOENT)
+		return st_fail(ST_EIO, "%s: cannot remove: %s", mp, strerror(errno));
+	if ((rc = st_fsync_dir(sd)) < 0)
+		return rc;
+	return ck_remove_dir(sd);
+}
+
+static int prune(st_ckpt_saver *s)
+{
+	int64_t *steps;
+	int n, rc;
+
+	if (s->o.max_to_keep <= 0)
+		return 0;
+	if ((rc = ck_list_steps(s->dir, 1, &steps, &n)) < 0)
+		return rc;
+	for (int i = 0; i + s->o.max_to_keep < n && rc == 0; i++) {
+		if (steps[i] == s->meta.step)
+			continue;
+		st_info("removing checkpoint %s/%" PRId64 " (max_num_checkpoints_to_keep=%" PRId64 ")", s->dir,
+			steps[i], s->o.max_to_keep);
+		rc = remove_committed(s->dir, steps[i]);
+	}
+	free(steps);
+	return rc;
+}
+
+/* Process 0: every done record, then the manifest, then pruning. */
+static int commit(st_ckpt_saver *s, const char *step_dir)
+{
+	struct ck_manifest m = {0};
+	char path[ST_PATH_MAX], where[ST_PATH_MAX + 32];
+	char *text = NULL;
+	double deadline = ck_now() + s->o.commit_timeout_ms / 1000.0;
+	int rc = 0;
+
+	m.step = s->meta.step;
+	m.next_sample = s->meta.next_sample;
+	m.data_shuffle_seed = s->meta.data_shuffle_seed;
+	m.init_weights_seed = s->meta.init_weights_seed;
+	m.global_batch = s->meta.global_batch;
+	m.process_count = s->o.process_count;
+	m.save_id = s->o.save_id;
+	memcpy(m.mesh, s->meta.mesh, sizeof(m.mesh));
+	m.time_unix = (double)time(NULL);
+	if (!(m.config_json = strdup(s->meta.config_json))) {
+		rc = st_fail(ST_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (int p = 0; p < s->o.process_count && rc == 0; p++)
+		rc = collect_done(s, step_dir, p, &m, deadline);
+	if (rc < 0)
+		goto out;
+	snprintf(where, sizeof(where), "checkpoint %s", step_dir);
+	if ((rc = ck_manifest_check_tiling(&m, where)) < 0 || (rc = ck_manifest_dump(&m, &text)) < 0 ||
+	    (rc = ck_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0 ||
+	    (rc = st_write_file_atomic(path, text, strlen(text))) < 0 || (rc = st_fsync_dir(s->dir)) < 0)
+		goto out;
+	if ((rc = prune(s)) < 0) /* the checkpoint is committed: a pruning failure is only reported */
+		st_warn("checkpoint step %" PRId64 " committed, but removing old checkpoints failed: %s", m.step,
+			st_errmsg());
+	rc = 0;
+out:
+	free(text);
+	ck_manifest_free(&m);
+	return rc;
+}
+
+static void run_job(st_ckpt_saver *s)
+{
+	char step_dir[ST_PATH_MAX];
+	double t0 = ck_now(), t1, t2;
+	int64_t bytes = 0;
+	int rc, wrote;
+
+	if (s->o.before_write)
+		s->o.before_write(s->o.hook_arg, s->meta.step);
+	rc = ck_step_dir(step_dir, sizeof(step_dir), s->dir, s->meta.step);
+	if (rc == 0)
+		rc = st_mkdir_p(step_dir);
+	if (rc == 0)
+		rc = write_shard(s, step_dir, &bytes);
+	wrote = rc == 0;
+	t1 = ck_now();
+	if (wrote && s->o.process == 0)
+		rc = commit(s, step_dir);
+	t2 = ck_now();
+	pthread_mutex_lock(&s->mu);
+	s->stats.last_write_s = t1 - t0;
+	s->stats.last_commit_s = wrote && s->o.process == 0 ? t2 - t1 : 0;
+	s->stats.last_bytes = bytes;
+	if (rc < 0) {
+		s->stats.failed++;
+		snprintf(s->stats.last_error, sizeof(s->stats.last_error), "%s", st_errmsg());
+	} else {
+		s->stats.committed++;
+	}
+	pthread_mutex_unlock(&s->mu);
+	s->result = rc;
+	if (rc < 0) {
+		snprintf(s->errmsg, sizeof(s->errmsg), "checkpoint step %" PRId64 " failed: %s", s->meta.step,
+			 st_errmsg());
+		st_warn("checkpoint step %" PRId64 " FAILED (%s): %s", s->meta.step,
+			s->o.failure_policy == ST_CKPT_FAIL_STOP ? "checkpoint_failure_policy=stop: the run stops"
+								 : "checkpoint_failure_policy=continue: training goes on without it",
+			st_errmsg());
+	}
+}
+
+static void *writer_main(void *arg)
+{
+	run_job(arg);
+	return NULL;
+}
+
+/* ------------------------------------------------------------ the copy */
+
+struct seg {
+	char *dst;
+	const char *src;
+	size_t n;
+};
+
+struct copy_part {
+	const struct seg *segs;
+	int nsegs;
+	size_t from, to; /* byte range of the concatenation */
+};
+
+static void *copy_range(void *arg)
+{
+	const struct copy_part *c = arg;
+	size_t pos = 0;
+	for (int i = 0; i < c->nsegs && pos < c->to; i++) {
+		const struct seg *g = &c->segs[i];
+		size_t lo = c->from > pos ? c->from - pos : 0, hi = c->to - pos < g->n ? c->to - pos : g->n;
+		if (lo < hi)
+			memcpy(g->dst + lo, g->src + lo, hi - lo);
+		pos += g->n;
+	}
+	return NULL;
+}
+
+/* memcpy of the segments, split over a few threads when large (the stall is memory-bound). */
+static void parallel_copy(const struct seg *segs, int nsegs, size_t total)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	int nt = total < ((size_t)64 << 20) ? 1 : cpus < 1 ? 1 : cpus > MAX_COPY_THREADS ? MAX_COPY_THREADS : (int)cpus;
+	pthread_t th[MAX_COPY_THREADS];
+	struct copy_part parts[MAX_COPY_THREADS];
+	int started[MAX_COPY_THREADS] = {0};
+
+	for (int i = 0; i < nt; i++)
+		parts[i] = (struct copy_part){segs, nsegs, total / (size_t)nt * (size_t)i,
+					      i == nt - 1 ? total : total / (size_t)nt * (size_t)(i + 1)};
+	for (int i = 1; i < nt; i++)
+		started[i] = pthread_create(&th[i], NULL, copy_range, &parts[i]) == 0;
+	copy_range(&parts[0]);
+	for (int i = 1; i < nt; i++) {
+		if (started[i])
+			pthread_join(th[i], NULL);
+		else
+			copy_range(&parts[i]);
+	}
+}
+
+static int piece_key(const st_ckpt_piece *p, char **out)
+{
+	char box[128];
+	struct ck_box b = ck_piece_box(p);
+	int whole = 1;
+	for (int d = 0; d < p->ndim; d++)
+		whole &= p->offset[d] == 0 && p->shape[d] == p->global_shape[d];
+	if (whole)
+		*out = strdup(p->name);
+	else if (asprintf(out, "%s%s", p->name, ck_box_str(&b, box, sizeof(box))) < 0)
+		*out = NULL;
+	return *out ? 0 : st_fail(ST_ENOMEM, "out of memory");
+}
+
+static int check_args(const st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckpt_piece *pieces)
+{
+	int rc;
+	if (!meta || meta->step < 0)
+		return st_fail(ST_EINVAL, "checkpoint: step must be >= 0");
+	if (n < 0 || (n > 0 && !pieces))
+		return st_fail(ST_EINVAL, "checkpoint step %" PRId64 ": bad piece list", meta->step);
+	if (s->o.process == 0 && !meta->config_json)
+		return st_fail(ST_EINVAL, "checkpoint step %" PRId64 ": process 0 must pass the resolved config",
+			       meta->step);
+	if (!memchr(meta->mesh, '\0', sizeof(meta->mesh)))
+		return st_fail(ST_EINVAL, "checkpoint step %" PRId64 ": mesh string is not terminated", meta->step);
+	for (int i = 0; i < n; i++)
+		if ((rc = ck_check_piece(&pieces[i], "checkpoint")) < 0)
+			return rc;
+	return 0;
+}
+
+int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckpt_piece *pieces)
+{
+	char step_dir[ST_PATH_MAX], path[ST_PATH_MAX];
+	double t0 = ck_now(), t1, t2;
+	struct seg *segs = NULL;
+	size_t total = 0;
+	int rc;
+
+	join(s);
+	t1 = ck_now();
+	if ((rc = consume_result(s)) < 0)
+		return rc;
+	free_job(s);
+	if ((rc = check_args(s, meta, n, pieces)) < 0)
+		return rc;
+	if ((rc = ck_step_dir(step_dir, sizeof(step_dir), s->dir, meta->step)) < 0 ||
+	    (rc = ck_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0)
+		return rc;
+	if (ck_file_exists(path)) {
+		st_info("checkpoint step %" PRId64 " already exists in %s; not saving it again", meta->step, s->dir);
+		pthread_mutex_lock(&s->mu);
+		s->stats.skipped++;
+		pthread_mutex_unlock(&s->mu);
+		return 0;
+	}
+
+	/* the job: meta, piece descriptors, one host buffer (kept between saves) */
+	s->meta.step = meta->step;
+	s->meta.next_sample = meta->next_sample;
+	s->meta.data_shuffle_seed = meta->data_shuffle_seed;
+	s->meta.init_weights_seed = meta->init_weights_seed;
+	s->meta.global_batch = meta->global_batch;
+	memcpy(s->meta.mesh, meta->mesh, sizeof(s->meta.mesh));
+	if (meta->config_json && !(s->meta.config_json = strdup(meta->config_json)))
+		goto nomem;
+	if (!(s->pieces = calloc((size_t)n + 1, sizeof(*s->pieces))) || !(segs = calloc((size_t)n + 1, sizeof(*segs))))
+		goto nomem;
+	for (int i = 0; i < n; i++) {
+		const st_ckpt_piece *p = &pieces[i];
+		struct job_piece *j = &s->pieces[i];
+		s->npieces = i + 1;
+		if (!(j->name = strdup(p->name)) || piece_key(p, &j->key) < 0)
+			goto nomem;
+		for (int k = 0; k < i; k++)
+			if (strcmp(s->pieces[k].key, j->key) == 0) {
+				rc = st_fail(ST_EINVAL, "checkpoint step %" PRId64 ": piece %s is passed twice", meta->step,
+					     j->key);
+				goto fail;
+			}
+		j->ndim = p->ndim;
+		j->gshape[0] = p->global_shape[0];
+		j->gshape[1] = p->ndim == 2 ? p->global_shape[1] : 0;
+		j->box = ck_piece_box(p);
+		j->off = total;
+		j->nbytes = (size_t)ck_piece_numel(p) * sizeof(float);
+		total += j->nbytes;
+	}
+	if (total > s->cap) {
+		free(s->buf);
+		s->cap = 0;
+		if (!(s->buf = malloc(total)))
+			goto nomem;
+		s->cap = total;
+	}
+	s->used = total;
+	for (int i = 0; i < n; i++)
+		segs[i] = (struct seg){s->buf + s->pieces[i].off, (const char *)pieces[i].data, s->pieces[i].nbytes};
+	parallel_copy(segs, n, total);
+	free(segs);
+	segs = NULL;
+	t2 = ck_now();
+
+	pthread_mutex_lock(&s->mu);
+	s->stats.saves++;
+	s->stats.last_step = meta->step;
+	s->stats.last_wait_s = t1 - t0;
+	s->stats.last_copy_s = t2 - t1;
+	s->stats.last_stall_s = t2 - t0;
+	pthread_mutex_unlock(&s->mu);
+
+	atomic_store(&s->abort, 0);
+	if (s->o.async) {
+		if (pthread_create(&s->thread, NULL, writer_main, s) == 0) {
+			s->running = 1;
+			return 0;
+		}
+		st_warn("checkpoint step %" PRId64 ": cannot start the background writer; saving synchronously",
+			meta->step);
+	}
+	run_job(s);
+	return consume_result(s);
+nomem:
+	rc = st_fail(ST_ENOMEM, "checkpoint step %" PRId64 ": out of memory for host buffers (%zu bytes)", meta->step,
+		     total);
+fail:
+	free(segs);
+	free_job(s);
+	return rc;
+}
+
+/* ------------------------------------------------------------ cleanup */
+
+int st_ckpt_cleanup(const char *dir)
+{
+	char sd[ST_PATH_MAX], mp[ST_PATH_MAX];
+	int64_t *steps;
+	int n, rc, removed = 0, first = 0;
+
+	if ((rc = ck_list_steps(dir, 0, &steps, &n)) < 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) < 0 || (rc = ck_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
+			break;
+		if (ck_file_exists(mp))
+			continue;
+		st_warn("removing uncommitted checkpoint %s (no manifest: its save did not finish)", sd);
+		if ((rc = ck_remove_dir(sd)) < 0 && first == 0)
+			first = rc;
+		removed++;
+	}
+	free(steps);
+	if (rc == 0 && first == 0 && removed)
+		rc = st_fsync_dir(dir);
+	return rc < 0 ? rc : first;
+}

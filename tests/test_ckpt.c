@@ -1,0 +1,995 @@
+/*
+ * Checkpoints (src/ckpt): save as 4 processes' row pieces, restore as 1, 2
+ * and 3 processes' different splits (exact equality); atomic commit and
+ * cleanup of uncommitted steps; fallback past damaged checkpoints (flipped
+ * byte, truncated shard, bad manifest) and the error when none is usable;
+ * agreement on the step across processes (threads standing in for
+ * processes, with an in-process communicator); async overlap; pruning;
+ * failure policies; malformed manifests and done records; verify and list;
+ * Hugging Face export (sharded) and import.
+ *
+ * The communicator here is a stand-in for src/dist (threads as processes):
+ * it implements only what src/ckpt calls.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "base/file.h"
+#include "check.h"
+#include "ckpt/ckpt.h"
+#include "ckpt/ckpt_int.h"
+#include "ckpt/safetensors.h"
+#include "config/config.h"
+
+static char tmpdir[512];
+
+/* A path under the scratch dir (8 rotating static buffers: copy with DIRVAR to keep one). */
+static const char *tp(const char *fmt, ...)
+{
+	static char bufs[8][1200];
+	static int k;
+	char rel[600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(rel, sizeof(rel), fmt, ap);
+	va_end(ap);
+	k = (k + 1) % 8;
+	snprintf(bufs[k], sizeof(bufs[k]), "%s/%s", tmpdir, rel);
+	return bufs[k];
+}
+
+#define DIRVAR(var, ...)   \
+	char var[1200];    \
+	snprintf(var, sizeof(var), "%s", tp(__VA_ARGS__))
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb, (void)flag, (void)ftw;
+	return remove(p);
+}
+
+static void rm_tree(const char *p) { nftw(p, rm_entry, 8, FTW_DEPTH | FTW_PHYS); }
+
+static int exists(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0;
+}
+
+/* Runs fn with stderr captured; returns the text (static buffer). */
+static const char *capture(void (*fn)(void *), void *arg)
+{
+	static char out[16384];
+	char path[1100];
+	snprintf(path, sizeof(path), "%s/stderr.txt", tmpdir);
+	int saved = dup(2), fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	fflush(stderr);
+	dup2(fd, 2);
+	fn(arg);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	lseek(fd, 0, SEEK_SET);
+	ssize_t got = read(fd, out, sizeof(out) - 1);
+	out[got > 0 ? got : 0] = '\0';
+	close(fd);
+	return out;
+}
+
+/* ------------------------------------------------ an in-process communicator */
+
+struct fake_group {
+	pthread_barrier_t bar;
+	int size;
+	int64_t vals[16];
+	char bcast[1 << 16];
+	int calls; /* collectives made by rank 0 */
+};
+
+struct st_comm {
+	int rank;
+	struct fake_group *g;
+};
+
+int st_comm_rank(const st_comm *c) { return c->rank; }
+int st_comm_size(const st_comm *c) { return c->g->size; }
+
+int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, enum st_redop op)
+{
+	if (count != 1 || dt != ST_C_I64 || op != ST_MAX)
+		ST_BUG("fake allreduce: only one I64 MAX");
+	c->g->vals[c->rank] = *(int64_t *)buf;
+	pthread_barrier_wait(&c->g->bar);
+	int64_t m = c->g->vals[0];
+	for (int i = 1; i < c->g->size; i++)
+		m = c->g->vals[i] > m ? c->g->vals[i] : m;
+	pthread_barrier_wait(&c->g->bar);
+	*(int64_t *)buf = m;
+	if (c->rank == 0)
+		c->g->calls++;
+	return 0;
+}
+
+int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root)
+{
+	if (bytes > sizeof(c->g->bcast))
+		ST_BUG("fake broadcast: too large");
+	if (c->rank == root)
+		memcpy(c->g->bcast, buf, bytes);
+	pthread_barrier_wait(&c->g->bar);
+	if (c->rank != root)
+		memcpy(buf, c->g->bcast, bytes);
+	pthread_barrier_wait(&c->g->bar);
+	return 0;
+}
+
+/* ------------------------------------------------ a small model and its pieces */
+
+struct tdef {
+	const char *name;
+	int ndim;
+	int64_t shape[2];
+};
+
+static const struct tdef model[] = {
+	{"model.embed_tokens.weight", 2, {12, 5}},
+	{"optimizer.mu.model.embed_tokens.weight", 2, {12, 5}},
+	{"optimizer.nu.model.embed_tokens.weight", 2, {12, 5}},
+	{"model.layers.0.self_attn.q_proj.weight", 2, {7, 3}},
+	{"optimizer.mu.model.layers.0.self_attn.q_proj.weight", 2, {7, 3}},
+	{"optimizer.nu.model.layers.0.self_attn.q_proj.weight", 2, {7, 3}},
+	{"model.norm.weight", 1, {9, 0}},
+	{"optimizer.mu.model.norm.weight", 1, {9, 0}},
+	{"optimizer.nu.model.norm.weight", 1, {9, 0}},
+};
+#define NT ((int)(sizeof(model) / sizeof(model[0])))
+
+/* Element (i, j) of tensor t in checkpoint `version`: exact in float. */
+static float value(int t, int64_t i, int64_t j, int version)
+{
+	return (float)(t * 1000 + i * 10 + j) + 0.25f * (float)version;
+}
+
+struct plist {
+	int n;
+	st_ckpt_piece p[64];
+};
+
+/*
+ * Process p of P's pieces: each tensor split evenly (first pieces larger)
+ * along rows, or along columns for 2-D tensors when by_cols. version >= 0
+ * fills the values, -1 fills NaN (to be overwritten by a restore).
+ */
+static void make_pieces(struct plist *pl, const struct tdef *tensors, int nt, int p, int P, int by_cols,
+			int version)
+{
+	pl->n = 0;
+	for (int t = 0; t < nt; t++) {
+		const struct tdef *d = &tensors[t];
+		int dim = by_cols && d->ndim == 2 ? 1 : 0;
+		int64_t size = d->shape[dim], lo = size * p / P, hi = size * (p + 1) / P;
+		st_ckpt_piece *x = &pl->p[pl->n];
+		if (pl->n == 64)
+			ST_BUG("make_pieces: more than 64 pieces");
+		if (hi <= lo)
+			continue;
+		pl->n++;
+		memset(x, 0, sizeof(*x));
+		x->name = d->name;
+		x->ndim = d->ndim;
+		x->global_shape[0] = d->shape[0];
+		x->global_shape[1] = d->shape[1];
+		x->shape[0] = d->shape[0];
+		x->shape[1] = d->shape[1];
+		x->offset[dim] = lo;
+		x->shape[dim] = hi - lo;
+		int64_t rows = d->ndim == 2 ? x->shape[0] : 1, cols = d->ndim == 2 ? x->shape[1] : x->shape[0];
+		x->data = malloc((size_t)(rows * cols) * sizeof(float));
+		for (int64_t i = 0; i < rows; i++)
+			for (int64_t j = 0; j < cols; j++) {
+				int64_t gi = d->ndim == 2 ? x->offset[0] + i : 0, gj = d->ndim == 2 ? x->offset[1] + j : x->offset[0] + j;
+				x->data[i * cols + j] = version >= 0 ? value(t, gi, gj, version) : NAN;
+			}
+	}
+}
+
+/* Elements that differ from checkpoint `version`. */
+static int64_t mismatches(const struct plist *pl, const struct tdef *tensors, int nt, int version)
+{
+	int64_t bad = 0;
+	for (int k = 0; k < pl->n; k++) {
+		const st_ckpt_piece *x = &pl->p[k];
+		int t = 0;
+		while (t < nt && strcmp(tensors[t].name, x->name))
+			t++;
+		int64_t rows = x->ndim == 2 ? x->shape[0] : 1, cols = x->ndim == 2 ? x->shape[1] : x->shape[0];
+		for (int64_t i = 0; i < rows; i++)
+			for (int64_t j = 0; j < cols; j++) {
+				int64_t gi = x->ndim == 2 ? x->offset[0] + i : 0, gj = x->ndim == 2 ? x->offset[1] + j : x->offset[0] + j;
+				bad += x->data[i * cols + j] != value(t, gi, gj, version);
+			}
+	}
+	return bad;
+}
+
+static void free_pieces(struct plist *pl)
+{
+	for (int k = 0; k < pl->n; k++)
+		free(pl->p[k].data);
+	pl->n = 0;
+}
+
+static const char *config_json = "{\"base_emb_dim\":5,\"model_name\":\"tiny\"}";
+
+static st_ckpt_meta meta_for(int64_t step)
+{
+	st_ckpt_meta m = {.step = step, .next_sample = step * 8, .data_shuffle_seed = 7, .init_weights_seed = -3,
+			  .global_batch = 8, .config_json = config_json};
+	snprintf(m.mesh, sizeof(m.mesh), "data=1 fsdp=4 tensor=1 (1 slice x 4)");
+	return m;
+}
+
+static st_ckpt_opts opts_for(const char *dir, int p, int P)
+{
+	st_ckpt_opts o = {.dir = dir, .process = p, .process_count = P, .async = 1, .commit_timeout_ms = 20000};
+	return o;
+}
+
+/* Save checkpoint `step` (values: version) as P processes with row splits. */
+static void save_as(const char *dir, int P, int64_t step, int version, int async)
+{
+	st_ckpt_saver *s[8] = {0};
+	struct plist pl[8];
+	for (int p = 0; p < P; p++) {
+		st_ckpt_opts o = opts_for(dir, p, P);
+		o.async = async || P > 1; /* synchronous process 0 would wait for the others first */
+		CHECK_MSG(st_ckpt_saver_create(&s[p], &o) == 0, "%s", st_errmsg());
+	}
+	for (int p = P - 1; p >= 0; p--) {
+		st_ckpt_meta m = meta_for(step);
+		make_pieces(&pl[p], model, NT, p, P, 0, version);
+		CHECK_MSG(st_ckpt_save(s[p], &m, pl[p].n, pl[p].p) == 0, "%s", st_errmsg());
+	}
+	for (int p = 0; p < P; p++) {
+		CHECK_MSG(st_ckpt_wait(s[p]) == 0, "%s", st_errmsg());
+		st_ckpt_stats st;
+		st_ckpt_saver_stats(s[p], &st);
+		CHECK(st.saves == 1 && st.committed == 1 && st.failed == 0);
+		st_ckpt_saver_free(s[p]);
+		free_pieces(&pl[p]);
+	}
+}
+
+/* Restore as process p of P (split by rows or columns); returns rc, checks values against version. */
+static int restore_as(const char *dir, int p, int P, int by_cols, int version, int64_t *step)
+{
+	struct plist pl;
+	st_ckpt_meta m;
+	int found = 0;
+	make_pieces(&pl, model, NT, p, P, by_cols, -1);
+	int rc = st_ckpt_restore_latest(dir, NULL, &m, pl.n, pl.p, &found);
+	if (rc == 0 && found) {
+		CHECK_MSG(mismatches(&pl, model, NT, version) == 0, "process %d of %d (%s): wrong values", p, P,
+			  by_cols ? "columns" : "rows");
+		CHECK(m.next_sample == m.step * 8 && m.data_shuffle_seed == 7 && m.init_weights_seed == -3 &&
+		      m.global_batch == 8 && strstr(m.mesh, "fsdp=4"));
+		CHECK(m.config_json && strstr(m.config_json, "\"base_emb_dim\":5"));
+		*step = m.step;
+		st_ckpt_meta_release(&m);
+	} else if (rc == 0) {
+		*step = -1;
+	}
+	free_pieces(&pl);
+	return rc;
+}
+
+/* ------------------------------------------------ tests */
+
+static void test_header(void)
+{
+	float a[6] = {1, 2, 3, 4, 5, 6}, b[2] = {7, 8};
+	st_st_tensor t[] = {{"a", ST_F32, 2, {2, 3}, a}, {"b", ST_F32, 1, {2}, b}};
+	const char *mk[] = {"k"}, *mv[] = {"v"};
+	char *hdr, *whole;
+	size_t hlen, wlen;
+	CHECK(st_safetensors_write(tp("h.safetensors"), 2, t, 1, mk, mv) == 0);
+	CHECK(st_safetensors_header(tp("h.safetensors"), 2, t, 1, mk, mv, &hdr, &hlen) == 0);
+	CHECK(hlen % 8 == 0);
+	CHECK(ck_read_text(tp("h.safetensors"), 1 << 20, &whole, &wlen) == 0);
+	CHECK(wlen == hlen + sizeof(a) + sizeof(b) && memcmp(whole, hdr, hlen) == 0 &&
+	      memcmp(whole + hlen, a, sizeof(a)) == 0);
+	free(hdr);
+	free(whole);
+	st_st_tensor dup[] = {{"a", ST_F32, 1, {1}, NULL}, {"a", ST_F32, 1, {1}, NULL}};
+	CHECK(st_safetensors_header("x", 2, dup, 0, NULL, NULL, &hdr, &hlen) == ST_EINVAL && !hdr);
+}
+
+/* 4 processes' row pieces -> 1, 2, 3 processes, rows and columns: exact equality */
+static void test_reshard(void)
+{
+	DIRVAR(dir, "reshard/checkpoints");
+	int64_t step;
+	save_as(dir, 4, 10, 1, 1);
+	CHECK(exists(tp("reshard/checkpoints/10/manifest.json")));
+	CHECK(exists(tp("reshard/checkpoints/10/shard-00003-of-00004.safetensors")));
+	CHECK(exists(tp("reshard/checkpoints/10/done-00002.json")));
+	for (int P = 1; P <= 3; P++)
+		for (int by_cols = 0; by_cols <= 1; by_cols++)
+			for (int p = 0; p < P; p++) {
+				int rc = restore_as(dir, p, P, by_cols, 1, &step);
+				CHECK_MSG(rc == 0 && step == 10, "restore %d of %d: %s", p, P, st_errmsg());
+			}
+	/* the shard of a process is plain safetensors: partial pieces carry their box */
+	st_safetensors *f;
+	CHECK(st_safetensors_open(&f, tp("reshard/checkpoints/10/shard-00001-of-00004.safetensors")) == 0);
+	const char *box = st_safetensors_meta(f, "model.embed_tokens.weight[3:6,0:5]");
+	CHECK_MSG(box && strstr(box, "\"offset\":[3,0]"), "%s", box ? box : "(none)");
+	CHECK(st_safetensors_find(f, "optimizer.nu.model.norm.weight[2:4]") != NULL);
+	st_safetensors_close(f);
+	/* a single process's shard holds whole tensors under their Hugging Face names */
+	save_as(tp("single"), 1, 3, 2, 0);
+	CHECK(st_safetensors_open(&f, tp("single/3/shard-00000-of-00001.safetensors")) == 0);
+	CHECK(st_safetensors_find(f, "model.embed_tokens.weight") && st_safetensors_find(f, "optimizer.mu.model.norm.weight"));
+	st_safetensors_close(f);
+	CHECK(restore_as(tp("single"), 1, 2, 1, 2, &step) == 0 && step == 3);
+	/* nothing to restore: found = 0 */
+	struct plist pl;
+	st_ckpt_meta m;
+	int found = 1;
+	make_pieces(&pl, model, NT, 0, 1, 0, -1);
+	CHECK(st_ckpt_restore_latest(tp("nothing-here"), NULL, &m, pl.n, pl.p, &found) == 0 && !found);
+	/* a different model: global shape mismatch and a missing tensor are errors, not fallbacks */
+	pl.p[0].global_shape[0] = 13;
+	pl.p[0].shape[0] = 13;
+	CHECK(st_ckpt_restore_latest(dir, NULL, &m, pl.n, pl.p, &found) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "model.embed_tokens.weight") && strstr(st_errmsg(), "[13, 5]"), "%s", st_errmsg());
+	pl.p[0].global_shape[0] = pl.p[0].shape[0] = 12;
+	pl.p[1].name = "optimizer.mu.nothing";
+	CHECK(st_ckpt_restore_latest(dir, NULL, &m, pl.n, pl.p, &found) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "optimizer.mu.nothing is not in this checkpoint"), "%s", st_errmsg());
+	CHECK(exists(tp("reshard/checkpoints/10/manifest.json"))); /* not quarantined */
+	free_pieces(&pl);
+}
+
+static void flip_byte(const char *path, off_t at_from_end)
+{
+	int fd = open(path, O_RDWR);
+	off_t end = lseek(fd, 0, SEEK_END);
+	unsigned char b;
+	CHECK(pread(fd, &b, 1, end - at_from_end) == 1);
+	b ^= 0x40;
+	CHECK(pwrite(fd, &b, 1, end - at_from_end) == 1);
+	close(fd);
+}
+
+struct restore_call {
+	const char *dir;
+	int rc;
+	int64_t step;
+};
+
+static void restore_quiet(void *arg)
+{
+	struct restore_call *c = arg;
+	c->rc = restore_as(c->dir, 0, 1, 0, (int)c->step, &c->step);
+}
+
+static void create_saver_quiet(void *arg)
+{
+	st_ckpt_saver *s;
+	st_ckpt_opts o = opts_for(arg, 0, 1);
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	st_ckpt_saver_free(s);
+}
+
+/* uncommitted dirs ignored and cleaned; damaged ones skipped with a warning; none usable: error */
+static void test_atomicity(void)
+{
+	DIRVAR(dir, "atom");
+	struct restore_call c = {.dir = dir};
+	const char *err;
+
+	save_as(dir, 2, 5, 5, 1);
+	save_as(dir, 2, 10, 10, 1);
+	/* a step whose save did not finish: shards and done records, no manifest */
+	save_as(tp("atom-tmp"), 2, 15, 15, 1);
+	CHECK(rename(tp("atom-tmp/15"), tp("atom/15")) == 0);
+	CHECK(unlink(tp("atom/15/manifest.json")) == 0);
+	c.step = 10;
+	err = capture(restore_quiet, &c);
+	CHECK_MSG(c.rc == 0 && c.step == 10 && !strstr(err, "warning"), "rc %d step %lld: %s", c.rc, (long long)c.step, err);
+	err = capture(create_saver_quiet, (void *)dir);
+	CHECK_MSG(strstr(err, "removing uncommitted checkpoint") && strstr(err, "/15"), "%s", err);
+	CHECK(!exists(tp("atom/15")) && exists(tp("atom/10/manifest.json")));
+
+	/* a flipped byte in step 10's data: fall back to 5, warn, move 10 aside */
+	flip_byte(tp("atom/10/shard-00001-of-00002.safetensors"), 3);
+	c.step = 5;
+	err = capture(restore_quiet, &c);
+	CHECK_MSG(c.rc == 0 && c.step == 5, "rc %d step %lld: %s", c.rc, (long long)c.step, err);
+	CHECK_MSG(strstr(err, "checksum mismatch") && strstr(err, "shard-00001-of-00002.safetensors") &&
+		  strstr(err, "optimizer.nu.model.norm.weight") && strstr(err, "falling back"), "%s", err);
+	CHECK_MSG(strstr(err, "moved the unusable checkpoint"), "%s", err);
+	CHECK(!exists(tp("atom/10")));
+
+	/* a truncated shard in step 5 as well: nothing usable left */
+	CHECK(truncate(tp("atom/5/shard-00000-of-00002.safetensors"), 100) == 0);
+	c.step = 5;
+	err = capture(restore_quiet, &c);
+	CHECK_MSG(c.rc == ST_EINVAL, "rc %d: %s", c.rc, err);
+	CHECK_MSG(strstr(st_errmsg(), "no usable checkpoint") && strstr(st_errmsg(), "truncated"), "%s", st_errmsg());
+	CHECK_MSG(strstr(err, "file is truncated") && strstr(err, "shard-00000-of-00002"), "%s", err);
+
+	/* a committed step whose manifest is damaged: skipped */
+	save_as(tp("atom2"), 1, 1, 1, 0);
+	save_as(tp("atom2"), 1, 2, 2, 0);
+	CHECK(truncate(tp("atom2/2/manifest.json"), 40) == 0);
+	DIRVAR(atom2, "atom2");
+	c.dir = atom2;
+	c.step = 1;
+	err = capture(restore_quiet, &c);
+	CHECK_MSG(c.rc == 0 && c.step == 1 && strstr(err, "bad JSON"), "rc %d: %s", c.rc, err);
+	/* a missing shard */
+	save_as(tp("atom3"), 2, 1, 1, 1);
+	save_as(tp("atom3"), 2, 2, 2, 1);
+	CHECK(unlink(tp("atom3/2/shard-00001-of-00002.safetensors")) == 0);
+	DIRVAR(atom3, "atom3");
+	c.dir = atom3;
+	c.step = 1;
+	err = capture(restore_quiet, &c);
+	CHECK_MSG(c.rc == 0 && c.step == 1 && strstr(err, "cannot open shard"), "rc %d: %s", c.rc, err);
+}
+
+/* ---- agreement across processes (threads) ---- */
+
+struct proc_arg {
+	st_comm comm;
+	const char *dir;
+	int P, rc, found;
+	int64_t step, bad;
+};
+
+static void *restore_proc(void *arg)
+{
+	struct proc_arg *a = arg;
+	struct plist pl;
+	st_ckpt_meta m;
+	make_pieces(&pl, model, NT, a->comm.rank, a->P, 1, -1);
+	a->rc = st_ckpt_restore_latest(a->dir, &a->comm, &m, pl.n, pl.p, &a->found);
+	if (a->rc == 0 && a->found) {
+		a->step = m.step;
+		a->bad = mismatches(&pl, model, NT, (int)m.step);
+		st_ckpt_meta_release(&m);
+	}
+	free_pieces(&pl);
+	return NULL;
+}
+
+static void run_procs(void *arg)
+{
+	struct proc_arg *a = arg;
+	pthread_t th[3];
+	for (int i = 0; i < 3; i++)
+		pthread_create(&th[i], NULL, restore_proc, &a[i]);
+	for (int i = 0; i < 3; i++)
+		pthread_join(th[i], NULL);
+}
+
+static void test_agreement(void)
+{
+	DIRVAR(dir, "agree");
+	struct fake_group g = {.size = 3};
+	struct proc_arg a[3];
+	const char *err;
+
+	pthread_barrier_init(&g.bar, NULL, 3);
+	save_as(dir, 4, 1, 1, 1);
+	save_as(dir, 4, 2, 2, 1);
+	save_as(dir, 4, 3, 3, 1);
+	/* step 3: damage model.norm.weight[6:9] in process 3's shard; restoring as 3
+	 * processes, only process 2 reads that piece, but all must fall back to step 2 */
+	flip_byte(tp("agree/3/shard-00003-of-00004.safetensors"), 25);
+	for (int i = 0; i < 3; i++)
+		a[i] = (struct proc_arg){.comm = {i, &g}, .dir = dir, .P = 3};
+	err = capture(run_procs, a);
+	for (int i = 0; i < 3; i++)
+		CHECK_MSG(a[i].rc == 0 && a[i].found && a[i].step == 2 && a[i].bad == 0, "process %d: rc %d step %lld: %s", i,
+			  a[i].rc, (long long)a[i].step, err);
+	CHECK_MSG(strstr(err, "checksum mismatch") && strstr(err, "unusable on another process"), "%s", err);
+	CHECK(!exists(tp("agree/3")) && exists(tp("agree/2/manifest.json")));
+	pthread_barrier_destroy(&g.bar);
+}
+
+/* ---- async overlap, stall, pruning, policies ---- */
+
+static double hook_start;
+static void slow_hook(void *arg, int64_t step)
+{
+	(void)step;
+	hook_start = ck_now();
+	usleep(*(int *)arg * 1000);
+}
+
+static void test_async(void)
+{
+	DIRVAR(dir, "async");
+	int delay_ms = 400;
+	st_ckpt_opts o = opts_for(dir, 0, 1);
+	o.before_write = slow_hook;
+	o.hook_arg = &delay_ms;
+	st_ckpt_saver *s;
+	struct plist pl;
+	st_ckpt_meta m = meta_for(1);
+	st_ckpt_stats st;
+
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	make_pieces(&pl, model, NT, 0, 1, 0, 1);
+	double t0 = ck_now();
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	double returned = ck_now() - t0;
+	CHECK_MSG(returned < 0.2, "save took %.3f s with a %d ms write", returned, delay_ms);
+	CHECK(!exists(tp("async/1/manifest.json")));
+	/* the caller may change its buffers at once: the saved values are the copy */
+	for (int k = 0; k < pl.n; k++)
+		pl.p[k].data[0] = -1;
+	CHECK(st_ckpt_wait(s) == 0);
+	CHECK(ck_now() - t0 >= delay_ms / 1000.0);
+	CHECK(exists(tp("async/1/manifest.json")));
+	st_ckpt_saver_stats(s, &st);
+	CHECK(st.saves == 1 && st.committed == 1 && st.last_step == 1 && st.last_stall_s < 0.2 && st.last_bytes > 0);
+	/* the next save waits for the one in flight */
+	m = meta_for(2);
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	m = meta_for(3);
+	t0 = ck_now();
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	st_ckpt_saver_stats(s, &st);
+	CHECK_MSG(st.last_wait_s > 0.2, "wait %.3f", st.last_wait_s);
+	/* an already committed step is skipped */
+	m = meta_for(2);
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	st_ckpt_saver_free(s); /* waits for step 3 */
+	CHECK(exists(tp("async/3/manifest.json")));
+	free_pieces(&pl);
+	/* step 1 holds the values at its save; steps 2 and 3 the changed ones */
+	make_pieces(&pl, model, NT, 0, 1, 0, -1);
+	CHECK(st_ckpt_restore_step(tp("async/1"), NULL, &m, pl.n, pl.p) == 0 && m.step == 1);
+	CHECK(pl.p[0].data[0] == value(0, 0, 0, 1) && pl.p[0].data[1] == value(0, 0, 1, 1));
+	st_ckpt_meta_release(&m);
+	int found;
+	CHECK(st_ckpt_restore_latest(dir, NULL, &m, pl.n, pl.p, &found) == 0 && found && m.step == 3);
+	CHECK(pl.p[0].data[0] == -1 && pl.p[0].data[1] == value(0, 0, 1, 1));
+	st_ckpt_meta_release(&m);
+	free_pieces(&pl);
+}
+
+/* the copy stall for a large piece (printed for the record; bounded loosely) */
+static void test_stall(void)
+{
+	const int64_t n = 32 << 20; /* 128 MB */
+	st_ckpt_piece p = {"big", 1, {n, 0}, {0, 0}, {n, 0}, malloc((size_t)n * 4)};
+	st_ckpt_opts o = opts_for(tp("stall"), 0, 1);
+	st_ckpt_saver *s;
+	st_ckpt_stats st;
+	for (int64_t i = 0; i < n; i++)
+		p.data[i] = (float)i;
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	for (int k = 1; k <= 2; k++) {
+		st_ckpt_meta m = meta_for(k);
+		CHECK(st_ckpt_save(s, &m, 1, &p) == 0);
+		st_ckpt_saver_stats(s, &st);
+		printf("save %d of 128 MB: stall %.1f ms (copy %.1f ms, %.2f GB/s)\n", k, 1e3 * st.last_stall_s,
+		       1e3 * st.last_copy_s, 0.134 / st.last_copy_s);
+		CHECK(st.last_stall_s < 2.0);
+	}
+	CHECK(st_ckpt_wait(s) == 0);
+	st_ckpt_saver_stats(s, &st);
+	printf("write of 128 MB (+fsync, commit): %.1f ms\n", 1e3 * (st.last_write_s + st.last_commit_s));
+	st_ckpt_saver_free(s);
+	free(p.data);
+	rm_tree(tp("stall"));
+}
+
+static void test_prune(void)
+{
+	DIRVAR(dir, "prune");
+	st_ckpt_opts o = opts_for(dir, 0, 1);
+	o.max_to_keep = 2;
+	o.async = 0;
+	st_ckpt_saver *s;
+	struct plist pl;
+	int64_t *steps;
+	int n;
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	make_pieces(&pl, model, NT, 0, 1, 0, 1);
+	for (int k = 1; k <= 4; k++) {
+		st_ckpt_meta m = meta_for(k * 10);
+		CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	}
+	st_ckpt_saver_free(s);
+	free_pieces(&pl);
+	CHECK(ck_list_steps(dir, 0, &steps, &n) == 0);
+	CHECK_MSG(n == 2 && steps[0] == 30 && steps[1] == 40, "n %d", n);
+	free(steps);
+}
+
+struct policy_case {
+	enum st_ckpt_failure_policy policy;
+	int async, rc_save, rc_wait;
+	st_ckpt_stats st;
+};
+
+static void failing_save(void *arg)
+{
+	struct policy_case *pc = arg;
+	DIRVAR(dir, "policy%d%d", (int)pc->policy, pc->async);
+	st_ckpt_opts o = opts_for(dir, 0, 1);
+	st_ckpt_saver *s;
+	struct plist pl;
+	st_ckpt_meta m = meta_for(5);
+	o.failure_policy = pc->policy;
+	o.async = pc->async;
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	st_write_file_atomic(tp("policy%d%d/5", (int)pc->policy, pc->async), "x", 1); /* a file where the step dir goes */
+	make_pieces(&pl, model, NT, 0, 1, 0, 1);
+	pc->rc_save = st_ckpt_save(s, &m, pl.n, pl.p);
+	pc->rc_wait = st_ckpt_wait(s);
+	m = meta_for(6); /* the next save works */
+	if (pc->rc_save == 0 && pc->rc_wait == 0)
+		CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0 && st_ckpt_wait(s) == 0);
+	st_ckpt_saver_stats(s, &pc->st);
+	st_ckpt_saver_free(s);
+	free_pieces(&pl);
+}
+
+static void test_policies(void)
+{
+	for (int async = 0; async <= 1; async++) {
+		struct policy_case cont = {.policy = ST_CKPT_FAIL_CONTINUE, .async = async},
+				   stop = {.policy = ST_CKPT_FAIL_STOP, .async = async};
+		const char *err = capture(failing_save, &cont);
+		CHECK_MSG(cont.rc_save == 0 && cont.rc_wait == 0 && cont.st.failed == 1 && cont.st.committed == 1, "%s", err);
+		CHECK_MSG(strstr(err, "checkpoint step 5 FAILED") && strstr(err, "training goes on"), "%s", err);
+		CHECK(strstr(cont.st.last_error, "/5"));
+		err = capture(failing_save, &stop);
+		CHECK_MSG((async ? stop.rc_save == 0 && stop.rc_wait == ST_EIO : stop.rc_save == ST_EIO) && stop.st.failed == 1,
+			  "async %d: %d %d: %s", async, stop.rc_save, stop.rc_wait, err);
+		CHECK_MSG(strstr(err, "checkpoint step 5 FAILED") && strstr(err, "the run stops"), "%s", err);
+	}
+	/* process 0 waits for a process that never saves: a bounded wait and a clear error */
+	st_ckpt_opts o = opts_for(tp("timeout"), 0, 2);
+	o.commit_timeout_ms = 300;
+	o.failure_policy = ST_CKPT_FAIL_STOP;
+	st_ckpt_saver *s;
+	struct plist pl;
+	st_ckpt_meta m = meta_for(1);
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	make_pieces(&pl, model, NT, 0, 2, 0, 1);
+	fflush(stderr);
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	CHECK(st_ckpt_wait(s) == ST_EIO);
+	CHECK_MSG(strstr(st_errmsg(), "process 1 did not finish its shard within 0.3 s"), "%s", st_errmsg());
+	/* and abort cuts such a wait short */
+	o.commit_timeout_ms = 60000;
+	st_ckpt_saver_free(s);
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	m = meta_for(2);
+	double t0 = ck_now();
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	usleep(50000);
+	st_ckpt_saver_abort(s);
+	CHECK(st_ckpt_wait(s) == ST_EPEER && ck_now() - t0 < 5);
+	st_ckpt_saver_free(s);
+	free_pieces(&pl);
+	/* invalid pieces are rejected at once */
+	o = opts_for(tp("bad"), 0, 1);
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	make_pieces(&pl, model, NT, 0, 1, 0, 1);
+	pl.p[0].offset[0] = 1;
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == ST_EINVAL && strstr(st_errmsg(), "outside dimension 0"));
+	pl.p[0].offset[0] = 0;
+	free(pl.p[1].data);
+	pl.p[1] = pl.p[0];
+	CHECK(st_ckpt_save(s, &m, 2, pl.p) == ST_EINVAL && strstr(st_errmsg(), "passed twice"));
+	pl.p[1].data = NULL; /* shared with piece 0 */
+	m.config_json = NULL;
+	CHECK(st_ckpt_save(s, &m, 1, pl.p) == ST_EINVAL && strstr(st_errmsg(), "resolved config"));
+	st_ckpt_saver_free(s);
+	free_pieces(&pl);
+}
+
+/* pieces of several processes that do not tile a tensor: process 0 refuses to commit */
+static void test_tiling(void)
+{
+	st_ckpt_saver *s0, *s1;
+	st_ckpt_opts o0 = opts_for(tp("tile"), 0, 2), o1 = opts_for(tp("tile"), 1, 2);
+	struct plist a, b;
+	st_ckpt_meta m = meta_for(1);
+	o0.failure_policy = ST_CKPT_FAIL_STOP;
+	CHECK(st_ckpt_saver_create(&s0, &o0) == 0 && st_ckpt_saver_create(&s1, &o1) == 0);
+	make_pieces(&a, model, NT, 0, 2, 0, 1);
+	make_pieces(&b, model, NT, 0, 2, 0, 1); /* process 1 saves process 0's boxes */
+	CHECK(st_ckpt_save(s1, &m, b.n, b.p) == 0 && st_ckpt_save(s0, &m, a.n, a.p) == 0);
+	CHECK(st_ckpt_wait(s1) == 0);
+	fflush(stderr);
+	CHECK(st_ckpt_wait(s0) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "overlap"), "%s", st_errmsg());
+	CHECK(!exists(tp("tile/1/manifest.json")));
+	st_ckpt_saver_free(s0);
+	st_ckpt_saver_free(s1);
+	free_pieces(&a);
+	free_pieces(&b);
+}
+
+/* ---- malformed manifests and done records ---- */
+
+static void expect_parse_error(const char *text, int done, const char *want)
+{
+	struct ck_manifest m;
+	int rc = ck_manifest_parse(&m, "M", text, done, -1);
+	CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), want), "want '%s', got rc %d: %s", want, rc, st_errmsg());
+	if (rc == 0)
+		ck_manifest_free(&m);
+}
+
+/* text of path with json edited by fn */
+static char *edited(const char *path, void (*fn)(json_t *))
+{
+	json_error_t e;
+	json_t *j = json_load_file(path, 0, &e);
+	CHECK(j != NULL);
+	fn(j);
+	char *s = json_dumps(j, 0);
+	json_decref(j);
+	return s;
+}
+
+static json_t *piece0(json_t *j) { return json_array_get(json_object_get(json_array_get(json_object_get(j, "tensors"), 0), "pieces"), 0); }
+static void drop_next_sample(json_t *j) { json_object_del(j, "next_sample"); }
+static void drop_process(json_t *j) { json_object_del(j, "process"); }
+static void box_out_of_range(json_t *j) { json_array_set_new(json_object_get(piece0(j), "offset"), 0, json_integer(11)); }
+static void unknown_file(json_t *j) { json_object_set_new(piece0(j), "file", json_string("shard-00009-of-00009.safetensors")); }
+static void bad_crc(json_t *j) { json_object_set_new(piece0(j), "crc32", json_integer(12345)); }
+static void crc_range(json_t *j) { json_object_set_new(piece0(j), "crc32", json_integer(1LL << 40)); }
+static void wrong_nbytes(json_t *j) { json_object_set_new(piece0(j), "nbytes", json_integer(4)); }
+static void drop_piece(json_t *j) { json_array_remove(json_object_get(json_array_get(json_object_get(j, "tensors"), 0), "pieces"), 0); }
+static void escape_name(json_t *j) { json_object_set_new(json_array_get(json_object_get(j, "files"), 0), "name", json_string("../x")); }
+
+static void test_malformed(void)
+{
+	DIRVAR(dir, "mal");
+	DIRVAR(man, "mal/1/manifest.json");
+	DIRVAR(done, "mal/1/done-00001.json");
+	char *s;
+	save_as(dir, 2, 1, 1, 1);
+	save_as(dir, 2, 2, 2, 1);
+
+	expect_parse_error("{\"format\": ", 0, "bad JSON");
+	expect_parse_error("[]", 0, "not a JSON object");
+	expect_parse_error("{\"format\": \"other\"}", 0, "is not a slicetrain checkpoint file");
+	struct {
+		void (*fn)(json_t *);
+		const char *want;
+	} cases[] = {
+		{drop_next_sample, "missing field \"next_sample\""},
+		{box_out_of_range, "box [11:17,0:5] is out of range"},
+		{unknown_file, "unknown file \"shard-00009-of-00009.safetensors\""},
+		{crc_range, "\"crc32\" is out of range"},
+		{wrong_nbytes, "\"nbytes\" does not match the box"},
+		{drop_piece, "pieces cover 30 of 60 elements"},
+		{escape_name, "not a plain file name"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		s = edited(man, cases[i].fn);
+		expect_parse_error(s, 0, cases[i].want);
+		free(s);
+	}
+	/* done records: the same checks, plus their own fields */
+	s = edited(done, drop_process);
+	expect_parse_error(s, 1, "missing field \"process\"");
+	free(s);
+	s = edited(done, box_out_of_range);
+	expect_parse_error(s, 1, "out of range");
+	free(s);
+	s = edited(done, unknown_file);
+	expect_parse_error(s, 1, "unknown file");
+	free(s);
+	expect_parse_error("{]", 1, "bad JSON");
+
+	/* end to end: a manifest whose checksum does not match the data -> fall back */
+	s = edited(tp("mal/2/manifest.json"), bad_crc);
+	CHECK(st_write_file_atomic(tp("mal/2/manifest.json"), s, strlen(s)) == 0);
+	free(s);
+	struct restore_call c = {.dir = dir, .step = 1};
+	const char *err = capture(restore_quiet, &c);
+	CHECK_MSG(c.rc == 0 && c.step == 1 && strstr(err, "checksum mismatch"), "%s", err);
+
+	/* process 0 meets a malformed done record of process 1: the save fails, naming it */
+	st_ckpt_opts o = opts_for(tp("mal2"), 0, 2);
+	o.failure_policy = ST_CKPT_FAIL_STOP;
+	st_ckpt_saver *sv;
+	struct plist pl;
+	st_ckpt_meta m = meta_for(3);
+	CHECK(st_ckpt_saver_create(&sv, &o) == 0);
+	CHECK(st_mkdir_p(tp("mal2/3")) == 0);
+	CHECK(st_write_file_atomic(tp("mal2/3/done-00001.json"), "{oops", 5) == 0);
+	make_pieces(&pl, model, NT, 0, 2, 0, 1);
+	fflush(stderr);
+	CHECK(st_ckpt_save(sv, &m, pl.n, pl.p) == 0);
+	CHECK(st_ckpt_wait(sv) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "done-00001.json") && strstr(st_errmsg(), "bad JSON"), "%s", st_errmsg());
+	st_ckpt_saver_free(sv);
+	free_pieces(&pl);
+}
+
+/* ---- list and verify ---- */
+
+static void test_list_verify(void)
+{
+	DIRVAR(dir, "lv");
+	st_ckpt_step_info *v;
+	int64_t pieces, bytes;
+	int n;
+	save_as(dir, 2, 4, 4, 1);
+	save_as(dir, 3, 8, 8, 1);
+	CHECK(st_mkdir_p(tp("lv/12")) == 0);
+	CHECK(st_write_file_atomic(tp("lv/12/done-00000.json"), "{}", 2) == 0);
+	CHECK(st_ckpt_list(dir, &v, &n) == 0 && n == 3);
+	CHECK(v[0].step == 4 && v[0].committed == 1 && v[0].process_count == 2 && v[0].nshards == 2 && v[0].bytes > 0);
+	CHECK(v[1].step == 8 && v[1].committed == 1 && v[1].process_count == 3 && strstr(v[1].mesh, "fsdp=4"));
+	CHECK(v[2].step == 12 && v[2].committed == 0 && v[2].ndone == 1);
+	free(v);
+	CHECK(st_ckpt_verify(tp("lv/8"), &pieces, &bytes) == 0);
+	CHECK(pieces == 3 * NT && bytes == 4 * 3 * (12 * 5 + 7 * 3 + 9));
+	CHECK(st_ckpt_verify(tp("lv/12"), &pieces, &bytes) == ST_EINVAL);
+	flip_byte(tp("lv/8/shard-00002-of-00003.safetensors"), 1);
+	fflush(stderr);
+	CHECK(st_ckpt_verify(tp("lv/8"), &pieces, &bytes) == ST_EIO);
+	CHECK_MSG(strstr(st_errmsg(), "shard-00002-of-00003.safetensors: checksum mismatch in tensor "
+				       "optimizer.nu.model.norm.weight[6:9]"), "%s", st_errmsg());
+}
+
+/* ---- Hugging Face export and import ---- */
+
+static void test_hf(void)
+{
+	const char *root = getenv("ST_ROOT");
+	char cfgdir[1024], base[1100];
+	char *ov[] = {"model_name=llama3-test", "run_name=hf", "rope_type=llama3.1", "base_output_directory=/tmp/x"};
+	st_config c;
+	struct ck_hf_tensor *ht;
+	struct tdef *td;
+	struct plist *pl = calloc(1, sizeof(*pl) * 4);
+	int nt;
+	char *cj;
+
+	snprintf(cfgdir, sizeof(cfgdir), "%s/configs", root && *root ? root : ".");
+	snprintf(base, sizeof(base), "%s/base.yml", cfgdir);
+	st_config_set_config_dir(cfgdir);
+	CHECK_MSG(st_config_load(&c, base, 4, ov) == 0, "%s", st_errmsg());
+	CHECK(st_config_to_json(&c, &cj) == 0);
+	CHECK(ck_llama_tensors(&c, &ht, &nt) == 0 && nt == 3 + 9 * 2);
+	td = calloc((size_t)nt, sizeof(*td));
+	for (int i = 0; i < nt; i++)
+		td[i] = (struct tdef){ht[i].name, ht[i].ndim, {ht[i].shape[0], ht[i].shape[1]}};
+	CHECK(!strcmp(td[nt - 1].name, "lm_head.weight") && td[2].shape[0] == 64 && td[2].shape[1] == 64);
+
+	/* save the parameters as 2 processes (column splits), export with tiny shards */
+	st_ckpt_saver *s[2];
+	for (int p = 1; p >= 0; p--) {
+		st_ckpt_opts o = opts_for(tp("hf/checkpoints"), p, 2);
+		st_ckpt_meta m = meta_for(7);
+		m.config_json = cj;
+		CHECK(st_ckpt_saver_create(&s[p], &o) == 0);
+		make_pieces(&pl[p], td, nt, p, 2, 1, 3);
+		CHECK(st_ckpt_save(s[p], &m, pl[p].n, pl[p].p) == 0);
+	}
+	for (int p = 0; p < 2; p++) {
+		CHECK_MSG(st_ckpt_wait(s[p]) == 0, "%s", st_errmsg());
+		st_ckpt_saver_free(s[p]);
+		free_pieces(&pl[p]);
+	}
+	int64_t total = 0;
+	for (int i = 0; i < nt; i++)
+		total += 4 * td[i].shape[0] * (td[i].ndim == 2 ? td[i].shape[1] : 1);
+	CHECK_MSG(st_ckpt_export_hf(tp("hf/checkpoints"), tp("hf/out"), 100000) == 0, "%s", st_errmsg());
+	CHECK(exists(tp("hf/out/config.json")) && exists(tp("hf/out/model.safetensors.index.json")));
+	json_error_t e;
+	json_t *idx = json_load_file(tp("hf/out/model.safetensors.index.json"), 0, &e), *cfg;
+	char first[128] = "", last[128] = "";
+	CHECK(idx && json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size")) == total);
+	CHECK(json_object_size(json_object_get(idx, "weight_map")) == (size_t)nt);
+	snprintf(first, sizeof(first), "%s", json_string_value(json_object_get(json_object_get(idx, "weight_map"),
+									      "model.embed_tokens.weight")));
+	snprintf(last, sizeof(last), "%s", json_string_value(json_object_get(json_object_get(idx, "weight_map"),
+									     "lm_head.weight")));
+	json_decref(idx);
+	/* shards of at most 100 kB: the 16 kB-64 kB tensors make several files */
+	int nfiles = 0;
+	CHECK_MSG(sscanf(last, "model-%*d-of-%d.safetensors", &nfiles) == 1 && nfiles > 2 &&
+		  !strncmp(first, "model-00001-of-", 15), "%s %s", first, last);
+	CHECK(exists(tp("hf/out/%s", first)) && exists(tp("hf/out/%s", last)) && !exists(tp("hf/out/model.safetensors")));
+	for (int f = 1; f <= nfiles; f++) {
+		struct stat st;
+		CHECK(stat(tp("hf/out/model-%05d-of-%05d.safetensors", f, nfiles), &st) == 0 && st.st_size < 100000 + 4096);
+	}
+	cfg = json_load_file(tp("hf/out/config.json"), 0, &e);
+	CHECK(cfg && json_integer_value(json_object_get(cfg, "hidden_size")) == 64 &&
+	      json_integer_value(json_object_get(cfg, "num_key_value_heads")) == 2 &&
+	      json_integer_value(json_object_get(cfg, "head_dim")) == 16 &&
+	      !strcmp(json_string_value(json_object_get(json_object_get(cfg, "rope_scaling"), "rope_type")), "llama3") &&
+	      json_is_false(json_object_get(cfg, "tie_word_embeddings")) &&
+	      !strcmp(json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0)), "LlamaForCausalLM"));
+	json_decref(cfg);
+
+	/* import: every piece bit for bit, onto 3 processes' row splits */
+	for (int p = 0; p < 3; p++) {
+		make_pieces(&pl[p], td, nt, p, 3, 0, -1);
+		CHECK_MSG(st_ckpt_load_params(tp("hf/out"), &c, NULL, pl[p].n, pl[p].p) == 0, "%s", st_errmsg());
+		CHECK(mismatches(&pl[p], td, nt, 3) == 0);
+		free_pieces(&pl[p]);
+	}
+	/* ... and from the checkpoint step dir itself */
+	make_pieces(&pl[0], td, nt, 0, 1, 0, -1);
+	CHECK_MSG(st_ckpt_load_params(tp("hf/checkpoints/7"), &c, NULL, pl[0].n, pl[0].p) == 0, "%s", st_errmsg());
+	CHECK(mismatches(&pl[0], td, nt, 3) == 0);
+	/* re-export unsharded: the old shards go */
+	CHECK(st_ckpt_export_hf(tp("hf/checkpoints/7"), tp("hf/out"), 0) == 0);
+	CHECK(exists(tp("hf/out/model.safetensors")) && !exists(tp("hf/out/%s", first)) &&
+	      !exists(tp("hf/out/model.safetensors.index.json")));
+	CHECK(st_ckpt_load_params(tp("hf/out"), &c, NULL, pl[0].n, pl[0].p) == 0 && mismatches(&pl[0], td, nt, 3) == 0);
+	/* a model that does not match config.json */
+	st_config other = c;
+	other.vocab_size = 300;
+	CHECK(st_ckpt_load_params(tp("hf/out"), &other, NULL, pl[0].n, pl[0].p) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "vocab_size is 256") && strstr(st_errmsg(), "vocab_size 300"), "%s", st_errmsg());
+	CHECK(st_ckpt_load_params(tp("hf"), &c, NULL, pl[0].n, pl[0].p) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "neither a committed slicetrain checkpoint"), "%s", st_errmsg());
+	CHECK(st_ckpt_load_params(tp("hf/checkpoints"), &c, NULL, pl[0].n, pl[0].p) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "name one, e.g."), "%s", st_errmsg());
+	CHECK(st_ckpt_export_hf(tp("hf/nothing"), tp("hf/out2"), 0) == ST_EINVAL && strstr(st_errmsg(), "no such directory"));
+	free_pieces(&pl[0]);
+	free(pl);
+	free(td);
+	free(ht);
+	free(cj);
+}
+
+int main(void)
+{
+	const char *base = getenv("TMPDIR");
+	snprintf(tmpdir, sizeof(tmpdir), "%s/test_ckpt.XXXXXX", base && *base ? base : "/tmp");
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_header();
+	test_reshard();
+	test_atomicity();
+	test_agreement();
+	test_async();
+	test_stall();
+	test_prune();
+	test_policies();
+	test_tiling();
+	test_malformed();
+	test_list_verify();
+	test_hf();
+	rm_tree(tmpdir);
+	if (check_failures)
+		fprintf(stderr, "test_ckpt: %d check(s) failed\n", check_failures);
+	else
+		printf("test_ckpt: all checks passed\n");
+	return check_result();
+}
