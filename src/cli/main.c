@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "ckpt/ckpt_cli.h"
 #include "config/config.h"
 #include "train/train.h"
 
@@ -25,6 +26,8 @@ static const char usage[] =
 	"  train [CONFIG.yml] [key=value ...]   train a model (MaxText-style config and overrides);\n"
 	"                                       without CONFIG.yml, the embedded default job\n"
 	"                                       (configs/default.yml: llama3-125m, synthetic data)\n"
+	"  export CHECKPOINT_DIR OUT_DIR        write a checkpoint as a Hugging Face model directory\n"
+	"  ckpt list|verify DIR                 list checkpoints, or recompute their checksums\n"
 	"  help [command]                       this text, or a command's help\n"
 	"  version                              print the version\n"
 	"\n"
@@ -136,6 +139,10 @@ int main(int argc, char **argv)
 	const char *cmd = argv[1];
 	if (!strcmp(cmd, "train"))
 		return cmd_train(argc - 2, argv + 2);
+	if (!strcmp(cmd, "export"))
+		return st_ckpt_cmd_export(argc - 2, argv + 2);
+	if (!strcmp(cmd, "ckpt"))
+		return st_ckpt_cmd_ckpt(argc - 2, argv + 2);
 	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
 		if (argc > 2 && !strcmp(argv[2], "train"))
 			fputs(train_usage, stdout);
