@@ -1,18 +1,278 @@
 #include "kernels/cpu/gemm.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/err.h"
+#include "kernels/cpu/bf16.h"
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_BF16_OUT = 2 };
+
+typedef struct gemm_key {
+	int dtype;
+	char ta, tb;
+	int64_t M, N, K, lda, ldb, ldc;
+	float alpha, beta;
+} gemm_key;
+
+typedef struct gemm_entry {
+	gemm_key key;
+	dnnl_primitive_t prim;
+	dnnl_memory_t a, b, c; /* data handles set per call */
+	char impl[48];
+} gemm_entry;
+
+static struct {
+	pthread_mutex_t lock;
+	dnnl_engine_t engine;
+	dnnl_stream_t stream;
+	gemm_entry *e;
+	int n, cap;
+	int init_failed;
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int same_key(const gemm_key *a, const gemm_key *b)
+{
+	return a->dtype == b->dtype && a->ta == b->ta && a->tb == b->tb && a->M == b->M &&
+	       a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
+	       a->ldc == b->ldc && a->alpha == b->alpha && a->beta == b->beta;
+}
+
+/* Engine and stream, once (under G.lock). */
+static int ensure_engine(void)
+{
+	if (G.stream)
+		return 0;
+	if (G.init_failed)
+		return st_fail(ST_EINTERNAL, "oneDNN CPU engine is unavailable");
+	if (dnnl_engine_create(&G.engine, dnnl_cpu, 0) != dnnl_success ||
+	    dnnl_stream_create(&G.stream, G.engine, dnnl_stream_default_flags) != dnnl_success) {
+		G.init_failed = 1;
+		return st_fail(ST_EINTERNAL, "cannot create oneDNN's CPU engine and stream");
+	}
+	return 0;
+}
+
+/* Row-major (rows, cols) view; transposed when stored (cols, rows) with ld. */
+static void plain_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld, char trans,
+		     dnnl_data_type_t dt)
+{
+	dnnl_dims_t dims = {rows, cols};
+	dnnl_dims_t strides = {ld, 1};
+	if (trans == 'T' || trans == 't') {
+		strides[0] = 1;
+		strides[1] = ld;
+	}
+	dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
+}
+
+static int create_entry(gemm_entry *en, const gemm_key *k)
+{
+	dnnl_data_type_t in = k->dtype == DT_F32 ? dnnl_f32 : dnnl_bf16;
+	dnnl_data_type_t out = k->dtype == DT_BF16_OUT ? dnnl_bf16 : dnnl_f32;
+	dnnl_memory_desc_t a_md, b_md, c_md;
+	plain_md(&a_md, k->M, k->K, k->lda, k->ta, in);
+	plain_md(&b_md, k->K, k->N, k->ldb, k->tb, in);
+	plain_md(&c_md, k->M, k->N, k->ldc, 'N', out);
+	dnnl_matmul_desc_t desc;
+	dnnl_primitive_attr_t attr = NULL;
+	dnnl_post_ops_t po = NULL;
+	dnnl_primitive_desc_t pd = NULL;
+	const char *what = "descriptor";
+	dnnl_status_t s = dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md);
+	if (s == dnnl_success && (s = dnnl_primitive_attr_create(&attr)) == dnnl_success) {
+		what = "attributes";
+		if (k->alpha != 1.0f)
+			s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha);
+		if (s == dnnl_success && k->beta != 0.0f) {
+			if ((s = dnnl_post_ops_create(&po)) == dnnl_success &&
+			    (s = dnnl_post_ops_append_sum(po, k->beta)) == dnnl_success)
+				s = dnnl_primitive_attr_set_post_ops(attr, po);
+		}
+	}
+	if (s == dnnl_success) {
+		what = "primitive descriptor";
+		s = dnnl_primitive_desc_create(&pd, &desc, attr, G.engine, NULL);
+	}
+	if (s == dnnl_success) {
+		what = "primitive";
+		s = dnnl_primitive_create(&en->prim, pd);
+	}
+	if (s == dnnl_success) {
+		const char *impl = NULL;
+		dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+		snprintf(en->impl, sizeof(en->impl), "%s", impl ? impl : "?");
+		what = "memory";
+		if ((s = dnnl_memory_create(&en->a, &a_md, G.engine, DNNL_MEMORY_NONE)) == dnnl_success &&
+		    (s = dnnl_memory_create(&en->b, &b_md, G.engine, DNNL_MEMORY_NONE)) == dnnl_success)
+			s = dnnl_memory_create(&en->c, &c_md, G.engine, DNNL_MEMORY_NONE);
+	}
+	if (pd)
+		dnnl_primitive_desc_destroy(pd);
+	if (po)
+		dnnl_post_ops_destroy(po);
+	if (attr)
+		dnnl_primitive_attr_destroy(attr);
+	if (s != dnnl_success) {
+		if (en->prim)
+			dnnl_primitive_destroy(en->prim);
+		if (en->a)
+			dnnl_memory_destroy(en->a);
+		if (en->b)
+			dnnl_memory_destroy(en->b);
+		memset(en, 0, sizeof(*en));
+		return st_fail(ST_EINTERNAL,
+			       "oneDNN matmul %s (%s, %c%c, %lld x %lld x %lld, ld %lld/%lld/%lld) failed: "
+			       "status %d%s",
+			       what, k->dtype == DT_F32 ? "f32" : "bf16", k->ta, k->tb, (long long)k->M,
+			       (long long)k->N, (long long)k->K, (long long)k->lda, (long long)k->ldb,
+			       (long long)k->ldc, (int)s,
+			       k->dtype != DT_F32 && !st_cpu_has_bf16()
+				       ? " (this CPU has no AVX512_BF16 instructions)" : "");
+	}
+	en->key = *k;
+	return 0;
+}
+
+/* The cached entry for a key (creating it), under G.lock. */
+static int lookup(const gemm_key *k, gemm_entry **out)
+{
+	int rc = ensure_engine();
+	if (rc < 0)
+		return rc;
+	for (int i = 0; i < G.n; i++)
+		if (same_key(&G.e[i].key, k)) {
+			*out = &G.e[i];
+			return 0;
+		}
+	if (G.n == G.cap) {
+		int cap = G.cap ? 2 * G.cap : 32;
+		gemm_entry *e = realloc(G.e, (size_t)cap * sizeof(*e));
+		if (!e)
+			return st_fail(ST_ENOMEM, "out of memory (gemm cache)");
+		G.e = e;
+		G.cap = cap;
+	}
+	gemm_entry *en = &G.e[G.n];
+	memset(en, 0, sizeof(*en));
+	if ((rc = create_entry(en, k)) < 0)
+		return rc;
+	G.n++;
+	*out = en;
+	return 0;
+}
+
+/* K == 0: C = beta * C (no product). */
+static void scale_only(int dtype, int64_t M, int64_t N, float beta, void *C, int64_t ldc)
+{
+	for (int64_t i = 0; i < M; i++) {
+		if (dtype == DT_BF16_OUT) {
+			uint16_t *c = (uint16_t *)C + i * ldc;
+			for (int64_t j = 0; j < N; j++)
+				c[j] = beta == 0.0f ? 0 : st_f32_to_bf16(beta * st_bf16_to_f32(c[j]));
+		} else {
+			float *c = (float *)C + i * ldc;
+			for (int64_t j = 0; j < N; j++)
+				c[j] = beta == 0.0f ? 0.0f : beta * c[j];
+		}
+	}
+}
+
+static int gemm_any(int dtype, char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+		    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
+		    int64_t ldc)
+{
+	if (M <= 0 || N <= 0)
+		return 0;
+	if (K <= 0) {
+		scale_only(dtype, M, N, beta, C, ldc);
+		return 0;
+	}
+	gemm_key k = {.dtype = dtype, .ta = (ta == 't' ? 'T' : ta == 'n' ? 'N' : ta),
+		      .tb = (tb == 't' ? 'T' : tb == 'n' ? 'N' : tb), .M = M, .N = N, .K = K,
+		      .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta};
+	pthread_mutex_lock(&G.lock);
+	gemm_entry *en;
+	int rc = lookup(&k, &en);
+	if (rc == 0) {
+		dnnl_memory_set_data_handle(en->a, (void *)A);
+		dnnl_memory_set_data_handle(en->b, (void *)B);
+		dnnl_memory_set_data_handle(en->c, C);
+		dnnl_exec_arg_t args[3] = {
+			{DNNL_ARG_SRC, en->a}, {DNNL_ARG_WEIGHTS, en->b}, {DNNL_ARG_DST, en->c}};
+		dnnl_status_t s = dnnl_primitive_execute(en->prim, G.stream, 3, args);
+		if (s == dnnl_success)
+			s = dnnl_stream_wait(G.stream);
+		if (s != dnnl_success)
+			rc = st_fail(ST_EINTERNAL, "oneDNN matmul (%c%c, %lld x %lld x %lld) failed: status %d",
+				     k.ta, k.tb, (long long)M, (long long)N, (long long)K, (int)s);
+	}
+	pthread_mutex_unlock(&G.lock);
+	return rc;
+}
+
+static enum st_gemm_backend f32_backend = ST_GEMM_SGEMM;
+
+void st_gemm_set_f32_backend(enum st_gemm_backend b) { f32_backend = b; }
 
 int st_gemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
 	    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
 	    int64_t ldc)
 {
-	if (M == 0 || N == 0)
+	if (f32_backend == ST_GEMM_MATMUL)
+		return gemm_any(DT_F32, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	if (M <= 0 || N <= 0)
 		return 0;
 	dnnl_status_t s = dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	if (s != dnnl_success)
 		return st_fail(ST_EINTERNAL, "oneDNN sgemm(%c%c, %lld x %lld x %lld) failed: status %d",
 			       transa, transb, (long long)M, (long long)N, (long long)K, (int)s);
 	return 0;
+}
+
+int st_gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+		 const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+		 float *C, int64_t ldc)
+{
+	return gemm_any(DT_BF16, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+		     uint16_t *C, int64_t ldc)
+{
+	return gemm_any(DT_BF16_OUT, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+const char *st_gemm_impl(int dtype, char transa, char transb, int64_t M, int64_t N, int64_t K,
+			 int64_t lda, int64_t ldb, int64_t ldc, float beta)
+{
+	gemm_key k = {.dtype = dtype, .ta = transa, .tb = transb, .M = M, .N = N, .K = K,
+		      .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = 1.0f, .beta = beta};
+	static _Thread_local char impl[sizeof(((gemm_entry *)0)->impl)];
+	impl[0] = 0;
+	pthread_mutex_lock(&G.lock);
+	gemm_entry *en;
+	if (lookup(&k, &en) == 0)
+		memcpy(impl, en->impl, sizeof(impl));
+	pthread_mutex_unlock(&G.lock);
+	return impl;
+}
+
+void st_gemm_cache_clear(void)
+{
+	pthread_mutex_lock(&G.lock);
+	for (int i = 0; i < G.n; i++) {
+		dnnl_primitive_destroy(G.e[i].prim);
+		dnnl_memory_destroy(G.e[i].a);
+		dnnl_memory_destroy(G.e[i].b);
+		dnnl_memory_destroy(G.e[i].c);
+	}
+	free(G.e);
+	G.e = NULL;
+	G.n = G.cap = 0;
+	pthread_mutex_unlock(&G.lock);
 }

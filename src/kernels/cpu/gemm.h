@@ -1,5 +1,5 @@
 /*
- * gemm.h - matrix products, row-major, through oneDNN.
+ * gemm.h - matrix products, row-major, through oneDNN (sgemm and the matmul primitive).
  *
  * C(M,N) = alpha * op(A) op(B) + beta * C, with op(X) = X or X^T ('N'/'T'),
  * all matrices row-major with leading dimensions lda/ldb/ldc (elements).
@@ -7,16 +7,67 @@
  *   y  = x W^T        st_gemm('N','T', ntok, out, in, ...)
  *   dx = dy W         st_gemm('N','N', ntok, in, out, ...)
  *   dW += dy^T x      st_gemm('T','N', out, in, ntok, ..., beta=1)
- * Results are deterministic for a fixed thread count.
+ *
+ * fp32 runs through oneDNN's dnnl_sgemm by default: on this project's
+ * AVX-512 machines (oneDNN 2.6) it measured 10-20% faster than the matmul
+ * primitive over the model's shapes (docs/performance.md), and it is
+ * bit-identical at any thread count for them. bf16 has no sgemm-like entry
+ * point and always uses the matmul primitive, as fp32 can with
+ * st_gemm_set_f32_backend(ST_GEMM_MATMUL).
+ *
+ * Matmul primitives: each distinct call shape (dtypes, transposes, M, N, K,
+ * leading dimensions, alpha, beta) creates one oneDNN matmul primitive on
+ * first use and keeps it in a process-wide cache; later calls only execute
+ * it. Transposes are memory-descriptor strides (no copies); beta != 0 is
+ * oneDNN's "sum" post-op, alpha != 1 an output scale. Both paths use all
+ * OpenMP threads (omp_get_max_threads() at the call). Call from outside
+ * parallel regions; concurrent matmul calls from several threads are
+ * serialized.
+ *
+ * Determinism: for the model's shapes both paths split the work over blocks
+ * of M and N, never over K, so each element of C is one fixed-order dot
+ * product and results are bit-identical for any thread count;
+ * tests/test_kernels.c checks the model's shapes at 1 and 2 threads.
  */
 #ifndef ST_KERNELS_GEMM_H
 #define ST_KERNELS_GEMM_H
 
 #include <stdint.h>
 
-/* Returns 0, or ST_EINTERNAL if oneDNN refuses the call. */
+/* fp32. Returns 0, or ST_EINTERNAL if oneDNN refuses the call. */
 int st_gemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
 	    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
 	    int64_t ldc);
+
+/*
+ * bf16 inputs (uint16_t bit patterns, see bf16.h), fp32 accumulation, fp32 C;
+ * beta is 0 (overwrite) or 1 (accumulate), or any other value. Needs a CPU
+ * with AVX512_BF16 for speed (st_cpu_has_bf16()); elsewhere oneDNN emulates
+ * or refuses, and this returns ST_EINTERNAL with the reason.
+ */
+int st_gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+		 const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+		 float *C, int64_t ldc);
+
+/* The same with a bf16 C (rounded to nearest even from the fp32 result;
+ * beta != 0 reads the old bf16 C). For activations stored in bf16. */
+int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+		     uint16_t *C, int64_t ldc);
+
+/*
+ * oneDNN's implementation name for a call shape (e.g. "brg:avx512_core"),
+ * creating the primitive if needed; "" on failure. For benchmarks and tests.
+ * dtype: 0 fp32, 1 bf16 inputs with fp32 C, 2 bf16 inputs and C.
+ */
+const char *st_gemm_impl(int dtype, char transa, char transb, int64_t M, int64_t N, int64_t K,
+			 int64_t lda, int64_t ldb, int64_t ldc, float beta);
+
+enum st_gemm_backend { ST_GEMM_SGEMM, ST_GEMM_MATMUL };
+/* Which oneDNN entry point st_gemm uses (process-wide; default SGEMM). */
+void st_gemm_set_f32_backend(enum st_gemm_backend b);
+
+/* Destroy every cached primitive (they are recreated on demand). */
+void st_gemm_cache_clear(void);
 
 #endif

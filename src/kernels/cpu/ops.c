@@ -7,6 +7,15 @@
 
 #include "base/err.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/simd.h"
+
+/*
+ * Every loop below is vectorized with AVX-512 (masked tails, no scalar
+ * remainder) when the build targets it, with plain loops otherwise. Rows are
+ * split over threads with static schedules; each row's arithmetic is the same
+ * whichever thread runs it, and reductions across rows use fixed blocks
+ * summed in a fixed order, so results do not depend on the thread count.
+ */
 
 /* Rows per partial sum in weight-gradient reductions: fixed, so the summation
  * order (and so the result) is the same for any thread count. */
@@ -19,13 +28,29 @@ void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
 	for (int64_t i = 0; i < N; i++) {
 		const float *xi = x + i * C;
 		float *oi = out + i * C;
+#if ST_HAVE_AVX512
+		__m512 acc = _mm512_setzero_ps();
+		for (int64_t c = 0; c < C; c += 16) {
+			__m512 v = _mm512_maskz_loadu_ps(st_mask16(C - c), xi + c);
+			acc = _mm512_fmadd_ps(v, v, acc);
+		}
+		double ss = (double)_mm512_reduce_add_ps(acc);
+		float r = (float)(1.0 / sqrt(ss / (double)C + eps));
+		__m512 vr = _mm512_set1_ps(r);
+		for (int64_t c = 0; c < C; c += 16) {
+			__mmask16 m = st_mask16(C - c);
+			__m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + c), vr);
+			_mm512_mask_storeu_ps(oi + c, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + c)));
+		}
+#else
 		double ss = 0;
 		for (int64_t c = 0; c < C; c++)
 			ss += (double)xi[c] * xi[c];
 		float r = (float)(1.0 / sqrt(ss / (double)C + eps));
-		rstd[i] = r;
 		for (int64_t c = 0; c < C; c++)
 			oi[c] = xi[c] * r * w[c];
+#endif
+		rstd[i] = r;
 	}
 }
 
@@ -44,6 +69,28 @@ void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
 			const float *xi = x + i * C, *gi = dout + i * C;
 			float *dxi = dx + i * C;
 			float r = rstd[i];
+#if ST_HAVE_AVX512
+			__m512 vr = _mm512_set1_ps(r), vdot = _mm512_setzero_ps();
+			for (int64_t c = 0; c < C; c += 16) {
+				__mmask16 mk = st_mask16(C - c);
+				__m512 xhat = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, xi + c), vr);
+				__m512 g = _mm512_maskz_loadu_ps(mk, gi + c);
+				__m512 gw = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(mk, w + c));
+				vdot = _mm512_fmadd_ps(gw, xhat, vdot);
+				__m512 pv = _mm512_fmadd_ps(g, xhat, _mm512_maskz_loadu_ps(mk, p + c));
+				_mm512_mask_storeu_ps(p + c, mk, pv);
+			}
+			__m512 vm = _mm512_set1_ps(_mm512_reduce_add_ps(vdot) / (float)C);
+			for (int64_t c = 0; c < C; c += 16) {
+				__mmask16 mk = st_mask16(C - c);
+				__m512 xhat = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, xi + c), vr);
+				__m512 gw = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, gi + c),
+							  _mm512_maskz_loadu_ps(mk, w + c));
+				__m512 d = _mm512_mul_ps(vr, _mm512_fnmadd_ps(xhat, vm, gw));
+				_mm512_mask_storeu_ps(dxi + c, mk,
+						      _mm512_add_ps(_mm512_maskz_loadu_ps(mk, dxi + c), d));
+			}
+#else
 			double dot = 0; /* sum_c g_c w_c xhat_c */
 			for (int64_t c = 0; c < C; c++) {
 				float xhat = xi[c] * r;
@@ -53,14 +100,20 @@ void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
 			float m = (float)(dot / (double)C);
 			for (int64_t c = 0; c < C; c++)
 				dxi[c] += r * (gi[c] * w[c] - xi[c] * r * m);
+#endif
 		}
 	}
+	/* columns in blocks of 16 (one vector) per task, chunks summed in order */
+	int64_t ncb = (C + 15) / 16;
 #pragma omp parallel for schedule(static)
-	for (int64_t c = 0; c < C; c++) {
-		float s = 0;
-		for (int64_t ch = 0; ch < nchunks; ch++)
-			s += part[ch * C + c];
-		dw[c] += s;
+	for (int64_t cb = 0; cb < ncb; cb++) {
+		int64_t c0 = cb * 16, c1 = c0 + 16 < C ? c0 + 16 : C;
+		for (int64_t c = c0; c < c1; c++) {
+			float s = 0;
+			for (int64_t ch = 0; ch < nchunks; ch++)
+				s += part[ch * C + c];
+			dw[c] += s;
+		}
 	}
 	free(part);
 }
@@ -101,11 +154,25 @@ static void rope_apply(float *x, const float *cos_t, const float *sin_t, int64_t
 		const float *c = cos_t + t * half, *s = sin_t + t * half;
 		for (int64_t h = 0; h < nh; h++) {
 			float *v = x + (bt * nh + h) * D;
+#if ST_HAVE_AVX512
+			__m512 vsg = _mm512_set1_ps(sign);
+			for (int64_t i = 0; i < half; i += 16) {
+				__mmask16 mk = st_mask16(half - i);
+				__m512 a = _mm512_maskz_loadu_ps(mk, v + i);
+				__m512 b = _mm512_maskz_loadu_ps(mk, v + i + half);
+				__m512 cv = _mm512_maskz_loadu_ps(mk, c + i);
+				__m512 sv = _mm512_mul_ps(vsg, _mm512_maskz_loadu_ps(mk, s + i));
+				_mm512_mask_storeu_ps(v + i, mk, _mm512_fmsub_ps(a, cv, _mm512_mul_ps(b, sv)));
+				_mm512_mask_storeu_ps(v + i + half, mk,
+						      _mm512_fmadd_ps(b, cv, _mm512_mul_ps(a, sv)));
+			}
+#else
 			for (int64_t i = 0; i < half; i++) {
 				float a = v[i], b = v[i + half], si = sign * s[i];
 				v[i] = a * c[i] - b * si;
 				v[i + half] = b * c[i] + a * si;
 			}
+#endif
 		}
 	}
 }
@@ -122,113 +189,65 @@ void st_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
 	rope_apply(dx, cos_t, sin_t, B, T, nh, D, -1.0f);
 }
 
-static inline float dotf(const float *a, const float *b, int64_t n)
-{
-	float s = 0;
-	for (int64_t i = 0; i < n; i++)
-		s += a[i] * b[i];
-	return s;
-}
-
-void st_attention_forward(float *out, float *lse, const float *q, const float *k,
-			  const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
-{
-	int64_t group = H / K;
-	float scale = (float)(1.0 / sqrt((double)D));
-#pragma omp parallel
-	{
-		float *s = malloc((size_t)T * sizeof(float));
-		if (!s)
-			ST_BUG("out of memory in attention");
-#pragma omp for schedule(dynamic, 8)
-		for (int64_t bhi = 0; bhi < B * H * T; bhi++) {
-			int64_t b = bhi / (H * T), h = (bhi / T) % H, i = bhi % T;
-			int64_t kh = h / group;
-			const float *qi = q + ((b * T + i) * H + h) * D;
-			float mx = -INFINITY;
-			for (int64_t j = 0; j <= i; j++) {
-				s[j] = scale * dotf(qi, k + ((b * T + j) * K + kh) * D, D);
-				mx = s[j] > mx ? s[j] : mx;
-			}
-			float sum = 0;
-			for (int64_t j = 0; j <= i; j++) {
-				s[j] = expf(s[j] - mx);
-				sum += s[j];
-			}
-			float inv = 1.0f / sum;
-			float *oi = out + ((b * T + i) * H + h) * D;
-			memset(oi, 0, (size_t)D * sizeof(float));
-			for (int64_t j = 0; j <= i; j++) {
-				const float *vj = v + ((b * T + j) * K + kh) * D;
-				float p = s[j] * inv;
-				for (int64_t d = 0; d < D; d++)
-					oi[d] += p * vj[d];
-			}
-			lse[(b * H + h) * T + i] = mx + logf(sum);
-		}
-		free(s);
-	}
-}
-
-void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
-			   const float *lse, const float *q, const float *k, const float *v,
-			   int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
-{
-	int64_t group = H / K;
-	float scale = (float)(1.0 / sqrt((double)D));
-	/* One task per (batch, kv head): it owns dk and dv of that head, so the
-	 * accumulation over queries runs in a fixed order without atomics. */
-#pragma omp parallel for schedule(dynamic, 1)
-	for (int64_t bk = 0; bk < B * K; bk++) {
-		int64_t b = bk / K, kh = bk % K;
-		for (int64_t j = 0; j < T; j++) {
-			memset(dk + ((b * T + j) * K + kh) * D, 0, (size_t)D * sizeof(float));
-			memset(dv + ((b * T + j) * K + kh) * D, 0, (size_t)D * sizeof(float));
-		}
-		for (int64_t h = kh * group; h < (kh + 1) * group; h++) {
-			for (int64_t i = 0; i < T; i++) {
-				int64_t row = (b * T + i) * H + h;
-				const float *qi = q + row * D, *doi = dout + row * D;
-				float *dqi = dq + row * D;
-				float L = lse[(b * H + h) * T + i];
-				float Di = dotf(doi, out + row * D, D);
-				memset(dqi, 0, (size_t)D * sizeof(float));
-				for (int64_t j = 0; j <= i; j++) {
-					int64_t kr = ((b * T + j) * K + kh) * D;
-					const float *kj = k + kr, *vj = v + kr;
-					float p = expf(scale * dotf(qi, kj, D) - L);
-					float ds = p * (dotf(doi, vj, D) - Di) * scale;
-					float *dkj = dk + kr, *dvj = dv + kr;
-					for (int64_t d = 0; d < D; d++) {
-						dqi[d] += ds * kj[d];
-						dkj[d] += ds * qi[d];
-						dvj[d] += p * doi[d];
-					}
-				}
-			}
-		}
-	}
-}
+/* Elementwise loops run over blocks of EW_BLOCK values: one task each. */
+#define EW_BLOCK 4096
 
 void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n)
 {
+	int64_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
 #pragma omp parallel for schedule(static)
-	for (int64_t i = 0; i < n; i++) {
-		float g = gate[i];
-		act[i] = g / (1.0f + expf(-g)) * up[i];
+	for (int64_t blk = 0; blk < nb; blk++) {
+		int64_t i0 = blk * EW_BLOCK, i1 = i0 + EW_BLOCK < n ? i0 + EW_BLOCK : n;
+#if ST_HAVE_AVX512
+		__m512 one = _mm512_set1_ps(1.0f);
+		for (int64_t i = i0; i < i1; i += 16) {
+			__mmask16 mk = st_mask16(i1 - i);
+			__m512 g = _mm512_maskz_loadu_ps(mk, gate + i);
+			__m512 e = st_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+			__m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+			_mm512_mask_storeu_ps(act + i, mk,
+					      _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(mk, up + i)));
+		}
+#else
+		for (int64_t i = i0; i < i1; i++) {
+			float g = gate[i];
+			act[i] = g / (1.0f + expf(-g)) * up[i];
+		}
+#endif
 	}
 }
 
 void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float *gate,
 			const float *up, int64_t n)
 {
+	int64_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
 #pragma omp parallel for schedule(static)
-	for (int64_t i = 0; i < n; i++) {
-		float g = gate[i];
-		float da = dact[i], u = up[i]; /* read first: outputs may alias inputs */
-		float sg = 1.0f / (1.0f + expf(-g));
-		dup[i] = da * g * sg;
-		dgate[i] = da * u * sg * (1.0f + g * (1.0f - sg));
+	for (int64_t blk = 0; blk < nb; blk++) {
+		int64_t i0 = blk * EW_BLOCK, i1 = i0 + EW_BLOCK < n ? i0 + EW_BLOCK : n;
+#if ST_HAVE_AVX512
+		__m512 one = _mm512_set1_ps(1.0f);
+		for (int64_t i = i0; i < i1; i += 16) {
+			__mmask16 mk = st_mask16(i1 - i);
+			/* read everything first: outputs may alias inputs */
+			__m512 g = _mm512_maskz_loadu_ps(mk, gate + i);
+			__m512 da = _mm512_maskz_loadu_ps(mk, dact + i);
+			__m512 u = _mm512_maskz_loadu_ps(mk, up + i);
+			__m512 e = st_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+			__m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, e));
+			__m512 dasg = _mm512_mul_ps(da, sg);
+			_mm512_mask_storeu_ps(dup + i, mk, _mm512_mul_ps(dasg, g));
+			__m512 t = _mm512_fmadd_ps(g, _mm512_sub_ps(one, sg), one);
+			_mm512_mask_storeu_ps(dgate + i, mk, _mm512_mul_ps(_mm512_mul_ps(dasg, u), t));
+		}
+#else
+		for (int64_t i = i0; i < i1; i++) {
+			float g = gate[i];
+			float da = dact[i], u = up[i]; /* read first: outputs may alias inputs */
+			float sg = 1.0f / (1.0f + expf(-g));
+			dup[i] = da * sg * g;
+			dgate[i] = da * sg * u * (1.0f + g * (1.0f - sg));
+		}
+#endif
 	}
 }
 
@@ -251,68 +270,120 @@ void st_embedding_backward(float *demb, const float *dx, const int32_t *tokens, 
 		for (int64_t t = 0; t < N; t++) {
 			float *d = demb + (int64_t)tokens[t] * C;
 			const float *g = dx + t * C;
+#if ST_HAVE_AVX512
+			for (int64_t c = c0; c < c1; c += 16) {
+				__mmask16 mk = st_mask16(c1 - c);
+				_mm512_mask_storeu_ps(d + c, mk,
+						      _mm512_add_ps(_mm512_maskz_loadu_ps(mk, d + c),
+								    _mm512_maskz_loadu_ps(mk, g + c)));
+			}
+#else
 			for (int64_t c = c0; c < c1; c++)
 				d[c] += g[c];
+#endif
 		}
 	}
 }
 
-/* Logits of rows [r0, r0+nr) into scratch, then per row: softmax, loss. When
- * scale != 0, scratch becomes scale * (softmax - onehot). Row losses go to
- * rowloss[0..nr) for an in-order sum. */
-static int xent_chunk(double *rowloss, float *scratch, const float *x, const float *W,
-		      const int32_t *targets, int64_t r0, int64_t nr, int64_t E, int64_t V,
-		      float scale)
+/* ---- cross-entropy rows ---- */
+
+void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const int32_t *targets,
+		      int64_t v0, int64_t nr, int64_t V)
 {
-	int rc = st_gemm('N', 'T', nr, V, E, 1.0f, x + r0 * E, E, W, E, 0.0f, scratch, V);
-	if (rc < 0)
-		return rc;
 #pragma omp parallel for schedule(static)
 	for (int64_t r = 0; r < nr; r++) {
-		float *l = scratch + r * V;
+		float *lr = l + r * V;
+		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
+		if (tlogit)
+			tlogit[r] = tg >= 0 && tg < V ? lr[tg] : 0.0f;
 		float mx = -INFINITY;
-		for (int64_t c = 0; c < V; c++)
-			mx = l[c] > mx ? l[c] : mx;
 		double sum = 0;
-		for (int64_t c = 0; c < V; c++)
-			sum += exp((double)(l[c] - mx));
-		double lse = mx + log(sum);
-		int32_t tg = targets[r0 + r];
-		rowloss[r] = lse - (double)l[tg];
-		if (scale != 0.0f) {
-			for (int64_t c = 0; c < V; c++)
-				l[c] = scale * (float)exp((double)l[c] - lse);
-			l[tg] -= scale;
+#if ST_HAVE_AVX512
+		__m512 vmax = _mm512_set1_ps(-INFINITY);
+		for (int64_t c = 0; c < V; c += 16)
+			vmax = _mm512_mask_max_ps(vmax, st_mask16(V - c), vmax,
+						  _mm512_maskz_loadu_ps(st_mask16(V - c), lr + c));
+		mx = _mm512_reduce_max_ps(vmax);
+		__m512 vm = _mm512_set1_ps(mx);
+		__m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+		for (int64_t c = 0; c < V; c += 16) {
+			__mmask16 mk = st_mask16(V - c);
+			__m512 p = st_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, lr + c), vm));
+			p = _mm512_maskz_mov_ps(mk, p);
+			_mm512_mask_storeu_ps(lr + c, mk, p);
+			s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+			s1 = _mm512_add_pd(
+				s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
 		}
+		sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+#else
+		for (int64_t c = 0; c < V; c++)
+			mx = lr[c] > mx ? lr[c] : mx;
+		for (int64_t c = 0; c < V; c++) {
+			lr[c] = expf(lr[c] - mx);
+			sum += lr[c];
+		}
+#endif
+		rmax[r] = mx;
+		rsum[r] = sum;
 	}
-	return 0;
+}
+
+void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
+		       int64_t nr, int64_t V, float scale)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t r = 0; r < nr; r++) {
+		float *lr = l + r * V;
+#if ST_HAVE_AVX512
+		__m512 f = _mm512_set1_ps(rscale[r]);
+		for (int64_t c = 0; c < V; c += 16) {
+			__mmask16 mk = st_mask16(V - c);
+			_mm512_mask_storeu_ps(lr + c, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, lr + c), f));
+		}
+#else
+		for (int64_t c = 0; c < V; c++)
+			lr[c] *= rscale[r];
+#endif
+		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
+		if (tg >= 0 && tg < V)
+			lr[tg] -= scale;
+	}
 }
 
 static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
 		   const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
 		   float *scratch, int64_t chunk_rows)
 {
-	double *rowloss = malloc((size_t)chunk_rows * sizeof(double));
-	if (!rowloss)
+	/* per row: max, sum of exponentials, target logit, gradient factor */
+	size_t per = 2 * sizeof(float) + sizeof(double) + sizeof(float);
+	char *rows = malloc((size_t)chunk_rows * per);
+	if (!rows)
 		return st_fail(ST_ENOMEM, "out of memory (cross-entropy rows)");
+	double *rsum = (double *)rows;
+	float *rmax = (float *)(rsum + chunk_rows), *tlog = rmax + chunk_rows, *rsc = tlog + chunk_rows;
 	int rc = 0;
 	double total = 0;
 	for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
 		int64_t nr = N - r0 < chunk_rows ? N - r0 : chunk_rows;
-		rc = xent_chunk(rowloss, scratch, x, W, targets, r0, nr, E, V, dx ? scale : 0.0f);
+		rc = st_gemm('N', 'T', nr, V, E, 1.0f, x + r0 * E, E, W, E, 0.0f, scratch, V);
 		if (rc < 0)
 			break;
-		for (int64_t r = 0; r < nr; r++)
-			total += rowloss[r];
+		st_xent_rows_exp(scratch, rmax, rsum, tlog, targets + r0, 0, nr, V);
+		for (int64_t r = 0; r < nr; r++) {
+			total += (double)rmax[r] + log(rsum[r]) - (double)tlog[r];
+			rsc[r] = (float)((double)scale / rsum[r]);
+		}
 		if (!dx)
 			continue;
+		st_xent_rows_grad(scratch, rsc, targets + r0, 0, nr, V, scale);
 		rc = st_gemm('N', 'N', nr, E, V, 1.0f, scratch, V, W, E, 0.0f, dx + r0 * E, E);
 		if (rc == 0)
 			rc = st_gemm('T', 'N', V, E, nr, 1.0f, scratch, V, x + r0 * E, E, 1.0f, dW, E);
 		if (rc < 0)
 			break;
 	}
-	free(rowloss);
+	free(rows);
 	if (rc == 0)
 		*loss_sum += total;
 	return rc;

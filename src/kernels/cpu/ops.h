@@ -41,10 +41,13 @@ void st_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
 		      int64_t nh, int64_t D);
 
 /*
- * Causal grouped-query attention, softmax(q k^T / sqrt(D)) v.
+ * Causal grouped-query attention, softmax(q k^T / sqrt(D)) v, tiled
+ * flash-style (attention.c): blocks of 64 queries x 64 keys, online softmax
+ * in forward, tiles recomputed in backward; no (T,T) buffer exists, only one
+ * 64x64 score tile (two in backward) per thread plus transposed copies of k
+ * (and v) of the size of k.
  * q (B,T,H,D), k and v (B,T,K,D), out (B,T,H,D), lse (B,H,T) saved for
  * backward. Query head h reads kv head h / (H/K) (indexed, not copied).
- * No (T,T) matrix is kept: backward recomputes the scores row by row.
  */
 void st_attention_forward(float *out, float *lse, const float *q, const float *k,
 			  const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
@@ -52,6 +55,11 @@ void st_attention_forward(float *out, float *lse, const float *q, const float *k
 void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
 			   const float *lse, const float *q, const float *k, const float *v,
 			   int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+
+/* Backward work partition, for tests: 0 automatic (default), 1 one task per
+ * (batch, kv head), 2 separate dq and dk/dv passes. All give bit-identical
+ * results; the automatic choice depends on B*K and the thread count. */
+void st_attention_set_partition(int mode);
 
 /* act(n) = silu(gate) * up, elementwise over n values. */
 void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n);
@@ -65,6 +73,28 @@ void st_embedding_forward(float *x, const float *emb, const int32_t *tokens, int
 /* demb[tokens[t]] += dx[t], in token order. */
 void st_embedding_backward(float *demb, const float *dx, const int32_t *tokens, int64_t N,
 			   int64_t C);
+
+/*
+ * Cross-entropy over rows of logits, in two passes that read each logit once
+ * and compute one exponential per logit; the building blocks of
+ * st_lm_head_xent, exposed for a vocabulary-parallel output layer where each
+ * process holds columns [v0, v0+V) of the vocabulary.
+ *
+ * st_xent_rows_exp: for each row r < nr of l (nr, V): rmax[r] = max_c l,
+ * l = exp(l - rmax[r]) in place, rsum[r] = sum of those (double, fixed
+ * order), tlogit[r] = the target's logit (before the exponential) when
+ * targets[r] - v0 is a local column, else 0. targets/tlogit may be NULL.
+ * A vocabulary-parallel caller then combines: M = max over processes of
+ * rmax, S = sum of rsum * exp(rmax - M), target logit = sum of tlogit;
+ * loss_r = M + log S - target logit.
+ * st_xent_rows_grad: l *= rscale[r] per row, then l[r][targets[r]-v0] -=
+ * scale where that column is local. With rscale[r] = scale * exp(rmax[r] - M)
+ * / S, l becomes scale * (softmax - onehot), the gradient of scale * loss.
+ */
+void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const int32_t *targets,
+		      int64_t v0, int64_t nr, int64_t V);
+void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
+		       int64_t nr, int64_t V, float scale);
 
 /*
  * Output layer and cross-entropy, fused and chunked over rows so the (N,V)

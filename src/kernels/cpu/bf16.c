@@ -1,0 +1,104 @@
+#include "kernels/cpu/bf16.h"
+
+#include <cpuid.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+/* Elements per parallel block; below two blocks the loop stays serial. */
+#define CONV_BLOCK 32768
+
+#ifdef __AVX512F__
+/* The same arithmetic as st_f32_to_bf16, 16 lanes at a time. Not the
+ * VCVTNEPS2BF16 instruction: it treats subnormal inputs as zero. */
+static inline __m256i f32_to_bf16_16(__m512 x)
+{
+	__m512i u = _mm512_castps_si512(x);
+	__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+	__m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+	r = _mm512_srli_epi32(r, 16);
+	__mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+	__m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+	r = _mm512_mask_mov_epi32(r, nan, q);
+	return _mm512_cvtepi32_epi16(r);
+}
+#endif
+
+static void to_bf16_range(uint16_t *dst, const float *src, int64_t n)
+{
+	int64_t i = 0;
+#ifdef __AVX512F__
+	for (; i + 16 <= n; i += 16)
+		_mm256_storeu_si256((__m256i *)(dst + i), f32_to_bf16_16(_mm512_loadu_ps(src + i)));
+	if (i < n) {
+		__mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+		__m256i h = f32_to_bf16_16(_mm512_maskz_loadu_ps(m, src + i));
+		_mm256_mask_storeu_epi16(dst + i, m, h);
+		i = n;
+	}
+#endif
+	for (; i < n; i++)
+		dst[i] = st_f32_to_bf16(src[i]);
+}
+
+static void to_f32_range(float *dst, const uint16_t *src, int64_t n)
+{
+	int64_t i = 0;
+#ifdef __AVX512F__
+	for (; i + 16 <= n; i += 16) {
+		__m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
+		_mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+	}
+#endif
+	for (; i < n; i++)
+		dst[i] = st_bf16_to_f32(src[i]);
+}
+
+void st_f32_to_bf16_array(uint16_t *dst, const float *src, int64_t n)
+{
+	int64_t nb = (n + CONV_BLOCK - 1) / CONV_BLOCK;
+#pragma omp parallel for schedule(static) if (nb > 1)
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t i0 = b * CONV_BLOCK, len = n - i0 < CONV_BLOCK ? n - i0 : CONV_BLOCK;
+		to_bf16_range(dst + i0, src + i0, len);
+	}
+}
+
+void st_bf16_to_f32_array(float *dst, const uint16_t *src, int64_t n)
+{
+	int64_t nb = (n + CONV_BLOCK - 1) / CONV_BLOCK;
+#pragma omp parallel for schedule(static) if (nb > 1)
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t i0 = b * CONV_BLOCK, len = n - i0 < CONV_BLOCK ? n - i0 : CONV_BLOCK;
+		to_f32_range(dst + i0, src + i0, len);
+	}
+}
+
+static int cpuid_has_avx512_bf16(void)
+{
+	unsigned a, b, c, d;
+	if (!__get_cpuid_count(7, 1, &a, &b, &c, &d))
+		return 0;
+	return (a >> 5) & 1;
+}
+
+static int onednn_has_bf16(void)
+{
+	unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+	unsigned bf16 = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+	return (isa & bf16) == bf16;
+}
+
+int st_cpu_has_bf16(void) { return cpuid_has_avx512_bf16() && onednn_has_bf16(); }
+
+const char *st_cpu_bf16_message(void)
+{
+	if (!cpuid_has_avx512_bf16())
+		return "this CPU has no AVX512_BF16 instructions; bf16 matrix products would be emulated";
+	if (!onednn_has_bf16())
+		return "oneDNN will not use AVX512_BF16 here (DNNL_MAX_CPU_ISA, or the OS does not "
+		       "enable AVX-512 state)";
+	return "";
+}

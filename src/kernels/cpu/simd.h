@@ -1,0 +1,49 @@
+/*
+ * simd.h - private vector helpers for the CPU kernels (AVX-512 builds).
+ *
+ * st_exp16: e^x for 16 floats, Cody-Waite range reduction and Cephes' expf
+ * polynomial, then scalef: about 1 ulp over the whole range, 0 for x below
+ * about -104 (and -Inf), +Inf above about 88.7, NaN kept. Deterministic: a
+ * fixed sequence of IEEE operations.
+ */
+#ifndef ST_KERNELS_SIMD_H
+#define ST_KERNELS_SIMD_H
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define ST_HAVE_AVX512 1
+
+static inline __m512 st_exp16(__m512 x)
+{
+	/* max/min with x second: a NaN in x comes through */
+	x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+	x = _mm512_min_ps(_mm512_set1_ps(88.8f), x);
+	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+	r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+	__m512 p = _mm512_set1_ps(1.9875691500e-4f);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+	p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+	return _mm512_scalef_ps(p, n);
+}
+
+/* Keep a loaded vector in a register: without this GCC folds the load into
+ * every FMA that uses it, one load per use, and the micro-kernels become
+ * load-bound. */
+#define ST_KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
+
+/* Mask of the first n lanes (n in 0..16). */
+static inline __mmask16 st_mask16(int64_t n)
+{
+	return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+#else
+#define ST_HAVE_AVX512 0
+#endif
+
+#endif
