@@ -139,6 +139,34 @@ static void test_attention(void)
 		CHECK_NEAR(y[d], c.v[d], 1e-6);
 }
 
+/* Tiled path: head_dim 16 (AVX-512 micro-kernels), T = 70 (a full and a
+ * partial 64-row tile, so off-diagonal and diagonal tiles both count). */
+enum { TB = 1, TT = 70, TH = 2, TK = 1, TD = 16 };
+#define TQN (TB * TT * TH * TD)
+#define TKN (TB * TT * TK * TD)
+typedef struct { float q[TQN], k[TKN], v[TKN], r[TQN]; } tattn_ctx;
+static double tattn_loss(void *p)
+{
+	tattn_ctx *c = p;
+	static float y[TQN], lse[TB * TH * TT];
+	st_attention_forward(y, lse, c->q, c->k, c->v, TB, TT, TH, TK, TD);
+	return dotd(y, c->r, TQN);
+}
+static void test_attention_tiled(void)
+{
+	static tattn_ctx c;
+	fill(c.q, TQN, 30, 1.0);
+	fill(c.k, TKN, 31, 1.0);
+	fill(c.v, TKN, 32, 1.0);
+	fill(c.r, TQN, 33, 1.0);
+	static float y[TQN], lse[TB * TH * TT], dq[TQN], dk[TKN], dv[TKN];
+	st_attention_forward(y, lse, c.q, c.k, c.v, TB, TT, TH, TK, TD);
+	st_attention_backward(dq, dk, dv, c.r, y, lse, c.q, c.k, c.v, TB, TT, TH, TK, TD);
+	check_grad("attention (tiled) dq", c.q, dq, TQN, tattn_loss, &c);
+	check_grad("attention (tiled) dk", c.k, dk, TKN, tattn_loss, &c);
+	check_grad("attention (tiled) dv", c.v, dv, TKN, tattn_loss, &c);
+}
+
 /* ---- swiglu ---- */
 enum { SN = 50 };
 typedef struct { float g[SN], u[SN], r[SN]; } swiglu_ctx;
@@ -210,15 +238,64 @@ static void test_xent(int64_t chunk)
 	check_grad("lm head + xent dW", c.W, dW, XV * XE, xent_loss, &c);
 }
 
+/* ---- cross-entropy rows split over a vocabulary (as tensor parallelism) ---- */
+static void test_xent_rows_split(void)
+{
+	enum { R = 5, V = 23, V0 = 9 };
+	float l[R * V], a[R * V], b[R * V - R * V0];
+	int32_t tg[R] = {0, 8, 9, 22, 15};
+	fill(l, R * V, 40, 3.0);
+	/* whole vocabulary */
+	float mx[R], tl[R], sc[R];
+	double sm[R];
+	memcpy(a, l, sizeof(l));
+	st_xent_rows_exp(a, mx, sm, tl, tg, 0, R, V);
+	for (int r = 0; r < R; r++)
+		sc[r] = (float)(0.5 / sm[r]);
+	st_xent_rows_grad(a, sc, tg, 0, R, V, 0.5f);
+	/* two pieces: columns [0, V0) and [V0, V), combined as the header says */
+	float p0[R * V0], m0[R], m1[R], t0[R], t1[R], s0[R], s1[R];
+	double u0[R], u1[R];
+	for (int r = 0; r < R; r++) {
+		memcpy(p0 + r * V0, l + r * V, V0 * sizeof(float));
+		memcpy(b + r * (V - V0), l + r * V + V0, (V - V0) * sizeof(float));
+	}
+	st_xent_rows_exp(p0, m0, u0, t0, tg, 0, R, V0);
+	st_xent_rows_exp(b, m1, u1, t1, tg, V0, R, V - V0);
+	for (int r = 0; r < R; r++) {
+		float M = fmaxf(m0[r], m1[r]);
+		double S = u0[r] * exp((double)m0[r] - M) + u1[r] * exp((double)m1[r] - M);
+		double lw = mx[r] + log(sm[r]) - tl[r], lp = M + log(S) - (t0[r] + t1[r]);
+		CHECK_NEAR(lp, lw, 1e-6);
+		s0[r] = (float)(0.5 * exp((double)m0[r] - M) / S);
+		s1[r] = (float)(0.5 * exp((double)m1[r] - M) / S);
+	}
+	st_xent_rows_grad(p0, s0, tg, 0, R, V0, 0.5f);
+	st_xent_rows_grad(b, s1, tg, V0, R, V - V0, 0.5f);
+	double worst = 0, sum = 0;
+	for (int r = 0; r < R; r++) {
+		for (int c = 0; c < V; c++) {
+			float g = c < V0 ? p0[r * V0 + c] : b[r * (V - V0) + c - V0];
+			worst = fmax(worst, fabs(g - a[r * V + c]));
+			sum += a[r * V + c];
+		}
+	}
+	CHECK_MSG(worst < 1e-6, "split cross-entropy gradient differs by %.2e", worst);
+	CHECK_NEAR(sum + 1.0, 1.0, 1e-6); /* softmax - onehot sums to 0 per row */
+	printf("%-28s max abs diff %.2e\n", "xent rows split in 2", worst);
+}
+
 int main(void)
 {
 	test_rmsnorm();
 	test_rope(0);
 	test_rope(1);
 	test_attention();
+	test_attention_tiled();
 	test_swiglu();
 	test_embedding();
 	test_xent(XN);
 	test_xent(3); /* chunked rows give the same gradients */
+	test_xent_rows_split();
 	return check_result();
 }

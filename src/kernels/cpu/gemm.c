@@ -226,6 +226,10 @@ int st_gemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alp
 		return gemm_any(DT_F32, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	if (M <= 0 || N <= 0)
 		return 0;
+	if (K <= 0) { /* sgemm refuses K = 0 */
+		scale_only(DT_F32, M, N, beta, C, ldc);
+		return 0;
+	}
 	dnnl_status_t s = dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	if (s != dnnl_success)
 		return st_fail(ST_EINTERNAL, "oneDNN sgemm(%c%c, %lld x %lld x %lld) failed: status %d",

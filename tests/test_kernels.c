@@ -1,0 +1,510 @@
+/*
+ * Kernel checks beyond finite differences (test_ops.c):
+ *  - every kernel, and one whole training step through the st_llama API, gives
+ *    bit-identical results at 1, 2 and 3 threads (fixed partitions);
+ *  - the two backward partitions of attention are bit-identical, and the
+ *    tiled attention matches a plain float64 reference at sizes that leave
+ *    partial tiles and use both the AVX-512 and the plain code paths;
+ *  - st_gemm (both fp32 back ends) and the bf16 products against a float64
+ *    reference: transposes, leading dimensions, alpha, beta, K = 0;
+ *  - fp32 <-> bf16 conversion on edge cases (ties, NaN, Inf, subnormals,
+ *    overflow), array versions equal to the scalar rule at every length.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "check.h"
+#include "kernels/cpu/bf16.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
+#include "model/llama.h"
+
+static float *randn(int64_t n, uint64_t stream, double std)
+{
+	float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float)(std * st_rng_normal(99, stream, (uint64_t)i));
+	return x;
+}
+
+static float *copyf(const float *x, int64_t n)
+{
+	float *y = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+	memcpy(y, x, (size_t)n * sizeof(float));
+	return y;
+}
+
+static int same(const void *a, const void *b, int64_t bytes) { return memcmp(a, b, (size_t)bytes) == 0; }
+
+/* ---- every kernel at 1, 2 and 3 threads ---- */
+
+typedef struct outs {
+	float *rms, *rstd, *drms_x, *drms_w, *rope, *att, *lse, *dq, *dk, *dv, *act, *dg, *du, *demb,
+		*dx, *dW, *gemm;
+	uint16_t *bf;
+	double loss;
+} outs;
+
+enum { KB = 2, KT = 150, KH = 4, KK = 2, KD = 32, KE = 48, KM = 80, KV = 301, KN = KB * KT };
+
+static void run_kernels(outs *o, int threads)
+{
+	omp_set_num_threads(threads);
+	int64_t nq = (int64_t)KN * KH * KD, nk = (int64_t)KN * KK * KD;
+	float *x = randn(KN * KE, 1, 1.0), *w = randn(KE, 2, 1.0), *g = randn(KN * KE, 3, 1.0);
+	o->rms = malloc(KN * KE * sizeof(float));
+	o->rstd = malloc(KN * sizeof(float));
+	st_rmsnorm_forward(o->rms, o->rstd, x, w, KN, KE, 1e-5f);
+	o->drms_x = copyf(g, KN * KE);
+	o->drms_w = calloc(KE, sizeof(float));
+	st_rmsnorm_backward(o->drms_x, o->drms_w, g, x, w, o->rstd, KN, KE);
+
+	float *cs = malloc(KT * KD / 2 * sizeof(float)), *sn = malloc(KT * KD / 2 * sizeof(float));
+	st_rope_tables(cs, sn, KT, KD, 500000.0, NULL);
+	o->rope = randn(nq, 4, 1.0);
+	st_rope_forward(o->rope, cs, sn, KB, KT, KH, KD);
+	st_rope_backward(o->rope, cs, sn, KB, KT, KH, KD);
+
+	float *q = randn(nq, 5, 1.0), *k = randn(nk, 6, 1.0), *v = randn(nk, 7, 1.0);
+	float *dout = randn(nq, 8, 1.0);
+	o->att = malloc((size_t)nq * sizeof(float));
+	o->lse = malloc(KB * KH * KT * sizeof(float));
+	o->dq = malloc((size_t)nq * sizeof(float));
+	o->dk = malloc((size_t)nk * sizeof(float));
+	o->dv = malloc((size_t)nk * sizeof(float));
+	st_attention_forward(o->att, o->lse, q, k, v, KB, KT, KH, KK, KD);
+	st_attention_backward(o->dq, o->dk, o->dv, dout, o->att, o->lse, q, k, v, KB, KT, KH, KK, KD);
+
+	int64_t ne = KN * KM;
+	float *gate = randn(ne, 9, 2.0), *up = randn(ne, 10, 1.0), *da = randn(ne, 11, 1.0);
+	o->act = malloc((size_t)ne * sizeof(float));
+	o->dg = malloc((size_t)ne * sizeof(float));
+	o->du = malloc((size_t)ne * sizeof(float));
+	st_swiglu_forward(o->act, gate, up, ne);
+	st_swiglu_backward(o->dg, o->du, da, gate, up, ne);
+
+	int32_t *tok = malloc(KN * sizeof(int32_t));
+	for (int i = 0; i < KN; i++)
+		tok[i] = (int32_t)st_rng_below(3, 0, (uint64_t)i, KV);
+	o->demb = calloc((size_t)KV * KE, sizeof(float));
+	st_embedding_backward(o->demb, g, tok, KN, KE);
+
+	float *W = randn(KV * KE, 12, 0.3), *scratch = malloc(64 * KV * sizeof(float));
+	o->dx = malloc(KN * KE * sizeof(float));
+	o->dW = calloc((size_t)KV * KE, sizeof(float));
+	o->loss = 0;
+	CHECK(st_lm_head_xent(&o->loss, o->dx, o->dW, x, W, tok, KN, KE, KV, 1.0f / KN, scratch, 64) == 0);
+
+	o->gemm = malloc(KN * KM * sizeof(float));
+	CHECK(st_gemm('N', 'T', KN, KM, KE, 1.0f, x, KE, gate, KE, 0.0f, o->gemm, KM) == 0);
+	o->bf = malloc((size_t)ne * sizeof(uint16_t));
+	st_f32_to_bf16_array(o->bf, gate, ne);
+
+	free(x), free(w), free(g), free(cs), free(sn), free(q), free(k), free(v), free(dout);
+	free(gate), free(up), free(da), free(tok), free(W), free(scratch);
+}
+
+static void free_outs(outs *o)
+{
+	float **f[] = {&o->rms, &o->rstd, &o->drms_x, &o->drms_w, &o->rope, &o->att, &o->lse,
+		       &o->dq, &o->dk, &o->dv, &o->act, &o->dg, &o->du, &o->demb, &o->dx, &o->dW,
+		       &o->gemm};
+	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+		free(*f[i]);
+	free(o->bf);
+}
+
+static void test_thread_counts(void)
+{
+	int64_t nq = (int64_t)KN * KH * KD, nk = (int64_t)KN * KK * KD, ne = KN * KM;
+	outs r[3];
+	for (int t = 0; t < 3; t++)
+		run_kernels(&r[t], t + 1);
+	for (int t = 1; t < 3; t++) {
+		outs *a = &r[0], *b = &r[t];
+#define SAME(f, n) CHECK_MSG(same(a->f, b->f, (n) * (int64_t)sizeof(*a->f)), "%s differs at %d threads", #f, t + 1)
+		SAME(rms, KN * KE);
+		SAME(rstd, KN);
+		SAME(drms_x, KN * KE);
+		SAME(drms_w, KE);
+		SAME(rope, nq);
+		SAME(att, nq);
+		SAME(lse, KB * KH * KT);
+		SAME(dq, nq);
+		SAME(dk, nk);
+		SAME(dv, nk);
+		SAME(act, ne);
+		SAME(dg, ne);
+		SAME(du, ne);
+		SAME(demb, KV * KE);
+		SAME(dx, KN * KE);
+		SAME(dW, KV * KE);
+		SAME(gemm, KN * KM);
+		SAME(bf, ne);
+#undef SAME
+		CHECK_MSG(a->loss == b->loss, "loss %.17g vs %.17g at %d threads", a->loss, b->loss, t + 1);
+	}
+	for (int t = 0; t < 3; t++)
+		free_outs(&r[t]);
+	omp_set_num_threads(omp_get_num_procs());
+}
+
+/* ---- attention: partitions and a float64 reference ---- */
+
+static void attention_ref(double *out, double *dq, double *dk, double *dv, const float *q,
+			  const float *k, const float *v, const float *dout, int64_t B, int64_t T,
+			  int64_t H, int64_t K, int64_t D)
+{
+	int64_t group = H / K;
+	double scale = 1.0 / sqrt((double)D);
+	double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double));
+	memset(dq, 0, (size_t)(B * T * H * D) * sizeof(double));
+	memset(dk, 0, (size_t)(B * T * K * D) * sizeof(double));
+	memset(dv, 0, (size_t)(B * T * K * D) * sizeof(double));
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t h = 0; h < H; h++)
+			for (int64_t i = 0; i < T; i++) {
+				int64_t kh = h / group;
+				const float *qi = q + ((b * T + i) * H + h) * D;
+				double mx = -INFINITY, sum = 0;
+				for (int64_t j = 0; j <= i; j++) {
+					const float *kj = k + ((b * T + j) * K + kh) * D;
+					double s = 0;
+					for (int64_t d = 0; d < D; d++)
+						s += (double)qi[d] * kj[d];
+					p[j] = s * scale;
+					mx = fmax(mx, p[j]);
+				}
+				for (int64_t j = 0; j <= i; j++)
+					sum += (p[j] = exp(p[j] - mx));
+				double *oi = out + ((b * T + i) * H + h) * D;
+				const float *gi = dout + ((b * T + i) * H + h) * D;
+				for (int64_t d = 0; d < D; d++)
+					oi[d] = 0;
+				for (int64_t j = 0; j <= i; j++) {
+					p[j] /= sum;
+					const float *vj = v + ((b * T + j) * K + kh) * D;
+					for (int64_t d = 0; d < D; d++)
+						oi[d] += p[j] * vj[d];
+				}
+				double di = 0;
+				for (int64_t d = 0; d < D; d++)
+					di += gi[d] * oi[d];
+				for (int64_t j = 0; j <= i; j++) {
+					int64_t kr = ((b * T + j) * K + kh) * D;
+					double g = 0;
+					for (int64_t d = 0; d < D; d++)
+						g += (double)gi[d] * v[kr + d];
+					dp[j] = p[j] * (g - di) * scale;
+					for (int64_t d = 0; d < D; d++) {
+						dq[((b * T + i) * H + h) * D + d] += dp[j] * k[kr + d];
+						dk[kr + d] += dp[j] * qi[d];
+						dv[kr + d] += p[j] * gi[d];
+					}
+				}
+			}
+	free(p);
+	free(dp);
+}
+
+static double max_rel(const float *x, const double *ref, int64_t n)
+{
+	double m = 0, s = 0;
+	for (int64_t i = 0; i < n; i++) {
+		m = fmax(m, fabs(x[i] - ref[i]));
+		s = fmax(s, fabs(ref[i]));
+	}
+	return s > 0 ? m / s : m;
+}
+
+static void test_attention_shape(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
+{
+	int64_t nq = B * T * H * D, nk = B * T * K * D;
+	float *q = randn(nq, 20, 1.0), *k = randn(nk, 21, 1.0), *v = randn(nk, 22, 1.0);
+	float *g = randn(nq, 23, 1.0);
+	float *o = malloc((size_t)nq * sizeof(float)), *lse = malloc((size_t)(B * H * T) * sizeof(float));
+	float *dq[2], *dk[2], *dv[2];
+	st_attention_forward(o, lse, q, k, v, B, T, H, K, D);
+	for (int p = 0; p < 2; p++) {
+		dq[p] = malloc((size_t)nq * sizeof(float));
+		dk[p] = malloc((size_t)nk * sizeof(float));
+		dv[p] = malloc((size_t)nk * sizeof(float));
+		st_attention_set_partition(p + 1);
+		st_attention_backward(dq[p], dk[p], dv[p], g, o, lse, q, k, v, B, T, H, K, D);
+	}
+	st_attention_set_partition(0);
+	CHECK_MSG(same(dq[0], dq[1], nq * 4) && same(dk[0], dk[1], nk * 4) && same(dv[0], dv[1], nk * 4),
+		  "attention backward partitions differ (B%lld T%lld H%lld K%lld D%lld)", (long long)B,
+		  (long long)T, (long long)H, (long long)K, (long long)D);
+	double *ro = malloc((size_t)nq * sizeof(double)), *rq = malloc((size_t)nq * sizeof(double));
+	double *rk = malloc((size_t)nk * sizeof(double)), *rv = malloc((size_t)nk * sizeof(double));
+	attention_ref(ro, rq, rk, rv, q, k, v, g, B, T, H, K, D);
+	double e[4] = {max_rel(o, ro, nq), max_rel(dq[0], rq, nq), max_rel(dk[0], rk, nk),
+		       max_rel(dv[0], rv, nk)};
+	for (int i = 0; i < 4; i++)
+		CHECK_MSG(e[i] < 2e-5, "attention B%lld T%lld H%lld K%lld D%lld: %s error %.2e",
+			  (long long)B, (long long)T, (long long)H, (long long)K, (long long)D,
+			  (const char *[]){"out", "dq", "dk", "dv"}[i], e[i]);
+	printf("attention B%lld T%-3lld H%lld K%lld D%-3lld vs float64: out %.1e dq %.1e dk %.1e dv %.1e\n",
+	       (long long)B, (long long)T, (long long)H, (long long)K, (long long)D, e[0], e[1], e[2], e[3]);
+	free(q), free(k), free(v), free(g), free(o), free(lse), free(ro), free(rq), free(rk), free(rv);
+	for (int p = 0; p < 2; p++)
+		free(dq[p]), free(dk[p]), free(dv[p]);
+}
+
+/* ---- gemm ---- */
+
+/* C = alpha op(A) op(B) + beta C0 in float64; absC (optional) = the same
+ * with absolute values, the scale of rounding errors. */
+static void gemm_ref(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+		     int64_t lda, const float *B, int64_t ldb, float beta, const float *C0, double *C,
+		     double *absC, int64_t ldc)
+{
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t j = 0; j < N; j++) {
+			double s = 0, sa = 0;
+			for (int64_t p = 0; p < K; p++) {
+				double a = ta == 'N' ? A[i * lda + p] : A[p * lda + i];
+				double b = tb == 'N' ? B[p * ldb + j] : B[j * ldb + p];
+				s += a * b;
+				sa += fabs(a * b);
+			}
+			double c0 = beta != 0 ? beta * (double)C0[i * ldc + j] : 0.0;
+			C[i * ldc + j] = alpha * s + c0;
+			if (absC)
+				absC[i * ldc + j] = fabs(alpha) * sa + fabs(c0);
+		}
+}
+
+static void bf16_round(float *x, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] = st_bf16_to_f32(st_f32_to_bf16(x[i]));
+}
+
+/* One call shape through fp32 (both back ends) and bf16 (fp32 and bf16 C). */
+static void gemm_case(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t pad, float alpha,
+		      float beta)
+{
+	int64_t lda = (ta == 'N' ? K : M) + pad, ldb = (tb == 'N' ? N : K) + pad, ldc = N + pad;
+	int64_t na = (ta == 'N' ? M : K) * lda, nb = (tb == 'N' ? K : N) * ldb, nc = M * ldc;
+	float *A = randn(na, 30, 1.0), *B = randn(nb, 31, 1.0), *C0 = randn(nc, 32, 1.0);
+	double *ref = malloc((size_t)nc * sizeof(double)), *ref_abs = malloc((size_t)nc * sizeof(double));
+	gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ref, ref_abs, ldc);
+	double scale = sqrt((double)(K > 0 ? K : 1)) + 1.0;
+	for (int be = 0; be < 2; be++) {
+		st_gemm_set_f32_backend(be ? ST_GEMM_MATMUL : ST_GEMM_SGEMM);
+		float *C = copyf(C0, nc);
+		CHECK(st_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0);
+		double err = 0;
+		for (int64_t i = 0; i < M; i++)
+			for (int64_t j = 0; j < N; j++)
+				err = fmax(err, fabs(C[i * ldc + j] - ref[i * ldc + j]) / scale);
+		CHECK_MSG(err < 1e-5, "%s gemm %c%c %lldx%lldx%lld beta %g: error %.2e",
+			  be ? "matmul" : "sgemm", ta, tb, (long long)M, (long long)N, (long long)K,
+			  (double)beta, err);
+		for (int64_t i = 0; i < M; i++) /* padding columns untouched */
+			for (int64_t j = N; j < ldc; j++)
+				CHECK(C[i * ldc + j] == C0[i * ldc + j]);
+		free(C);
+	}
+	st_gemm_set_f32_backend(ST_GEMM_SGEMM);
+
+	/* bf16: against the float64 product of the bf16-rounded inputs (only fp32
+	 * accumulation error), and of the fp32 inputs (bf16 rounding error). */
+	uint16_t *Ah = malloc((size_t)na * 2), *Bh = malloc((size_t)nb * 2);
+	st_f32_to_bf16_array(Ah, A, na);
+	st_f32_to_bf16_array(Bh, B, nb);
+	float *Ar = copyf(A, na), *Br = copyf(B, nb);
+	bf16_round(Ar, na);
+	bf16_round(Br, nb);
+	double *refr = malloc((size_t)nc * sizeof(double));
+	gemm_ref(ta, tb, M, N, K, alpha, Ar, lda, Br, ldb, beta, C0, refr, NULL, ldc);
+	float *C = copyf(C0, nc);
+	int rc = st_gemm_bf16(ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, C, ldc);
+	CHECK_MSG(rc == 0, "st_gemm_bf16 failed");
+	/* err_bf: relative to sum |a b|, bounded by about 2 * 2^-9 (two roundings) */
+	double err_acc = 0, err_bf = 0;
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t j = 0; j < N; j++) {
+			int64_t e = i * ldc + j;
+			err_acc = fmax(err_acc, fabs(C[e] - refr[e]) / scale);
+			err_bf = fmax(err_bf, fabs(C[e] - ref[e]) / (ref_abs[e] + 1e-30));
+		}
+	CHECK_MSG(rc || (err_acc < 1e-5 && err_bf < 4.0 / 512),
+		  "bf16 gemm %c%c %lldx%lldx%lld: accumulation error %.2e, vs fp32 %.2e", ta, tb,
+		  (long long)M, (long long)N, (long long)K, err_acc, err_bf);
+	/* bf16 C: the fp32 result rounded once (beta 0), or near it */
+	uint16_t *Ch = malloc((size_t)nc * 2);
+	st_f32_to_bf16_array(Ch, C0, nc);
+	rc = st_gemm_bf16_out(ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, Ch, ldc);
+	CHECK_MSG(rc == 0, "st_gemm_bf16_out failed");
+	double err_h = 0;
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t j = 0; j < N; j++)
+			err_h = fmax(err_h, fabs(st_bf16_to_f32(Ch[i * ldc + j]) - refr[i * ldc + j]) /
+						    (fabs(refr[i * ldc + j]) + scale));
+	CHECK_MSG(rc || err_h < 1e-2, "bf16-out gemm error %.2e", err_h);
+	free(A), free(B), free(C0), free(ref), free(ref_abs), free(Ah), free(Bh), free(Ar), free(Br), free(refr);
+	free(C), free(Ch);
+}
+
+static void test_gemm(void)
+{
+	const char *tt[] = {"NN", "NT", "TN", "TT"};
+	for (int t = 0; t < 4; t++) {
+		gemm_case(tt[t][0], tt[t][1], 37, 29, 53, 0, 1.0f, 0.0f);
+		gemm_case(tt[t][0], tt[t][1], 37, 29, 53, 3, 1.0f, 1.0f);
+		gemm_case(tt[t][0], tt[t][1], 16, 70, 9, 5, 0.5f, -2.0f);
+	}
+	gemm_case('N', 'T', 130, 96, 200, 0, 1.0f, 1.0f);
+	gemm_case('T', 'N', 64, 48, 1, 0, 1.0f, 1.0f);
+	gemm_case('N', 'N', 5, 7, 0, 0, 1.0f, 0.5f); /* K = 0: C = beta C */
+	gemm_case('N', 'N', 5, 7, 0, 0, 1.0f, 0.0f);
+	CHECK(st_gemm('N', 'N', 0, 5, 5, 1.0f, NULL, 5, NULL, 5, 0.0f, NULL, 5) == 0); /* empty */
+	const char *impl = st_gemm_impl(1, 'N', 'T', 64, 64, 64, 64, 64, 64, 0.0f);
+	printf("bf16 matmul implementation: %s (%s)\n", impl,
+	       st_cpu_has_bf16() ? "AVX512_BF16" : st_cpu_bf16_message());
+	CHECK(impl[0] != 0);
+	st_gemm_cache_clear();
+	/* a cleared cache recreates primitives */
+	gemm_case('N', 'T', 8, 8, 8, 0, 1.0f, 0.0f);
+}
+
+/* ---- bf16 conversions ---- */
+
+static uint32_t bits(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static float from_bits(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static void test_bf16_conversion(void)
+{
+	struct { uint32_t in; uint16_t out; } cases[] = {
+		{0x3f800000, 0x3f80}, /* 1 */
+		{0x3f808000, 0x3f80}, /* tie, even stays: 1 + 2^-8 -> 1 */
+		{0x3f818000, 0x3f82}, /* tie, odd rounds up */
+		{0x3f808001, 0x3f81}, /* above the tie */
+		{0x3f807fff, 0x3f80}, /* below the tie */
+		{0x80000000, 0x8000}, /* -0 */
+		{0x7f800000, 0x7f80}, /* +Inf */
+		{0xff800000, 0xff80}, /* -Inf */
+		{0x7f7fffff, 0x7f80}, /* FLT_MAX rounds to Inf */
+		{0x7f7f7fff, 0x7f7f}, /* largest that stays finite */
+		{0x00000001, 0x0000}, /* smallest subnormal rounds to 0 */
+		{0x00008000, 0x0000}, /* subnormal tie, even */
+		{0x00018000, 0x0002}, /* subnormal tie, odd up */
+		{0x00400000, 0x0040}, /* subnormal kept (no flush to zero) */
+		{0x807fffff, 0x8080}, /* negative subnormal rounds up to -FLT_MIN */
+		{0x7fc00000, 0x7fc0}, /* quiet NaN */
+		{0x7f800001, 0x7fc0}, /* signalling NaN with low payload: stays NaN */
+		{0xff800001, 0xffc0}, /* negative NaN keeps its sign */
+		{0x7fffffff, 0x7fff}, /* NaN that rounding would carry into the sign */
+	};
+	int n = (int)(sizeof(cases) / sizeof(cases[0]));
+	float in[64];
+	uint16_t out[64];
+	for (int i = 0; i < n; i++) {
+		uint16_t h = st_f32_to_bf16(from_bits(cases[i].in));
+		CHECK_MSG(h == cases[i].out, "bf16(0x%08x) = 0x%04x, want 0x%04x", cases[i].in, h,
+			  cases[i].out);
+		in[i] = from_bits(cases[i].in);
+	}
+	st_f32_to_bf16_array(out, in, n); /* vector path with a masked tail */
+	for (int i = 0; i < n; i++)
+		CHECK_MSG(out[i] == cases[i].out, "array bf16(0x%08x) = 0x%04x", cases[i].in, out[i]);
+	/* every bf16 value converts back exactly and round-trips */
+	for (uint32_t h = 0; h < 65536; h++) {
+		float f = st_bf16_to_f32((uint16_t)h);
+		CHECK(bits(f) == h << 16);
+		if (!isnan(f))
+			CHECK(st_f32_to_bf16(f) == h);
+	}
+	/* arrays of every length up to 100 (and a large one) equal the scalar rule */
+	int64_t big = 3 * 32768 + 17;
+	float *x = randn(big, 40, 100.0);
+	for (int64_t i = 0; i < big; i += 97)
+		x[i] = from_bits((uint32_t)st_rng_below(41, 0, (uint64_t)i, 0xffffffffu)); /* any bits */
+	uint16_t *h = malloc((size_t)big * 2);
+	float *back = malloc((size_t)big * sizeof(float));
+	for (int64_t len = 0; len <= 100; len++) {
+		memset(h, 0xab, 202);
+		st_f32_to_bf16_array(h, x, len);
+		for (int64_t i = 0; i < len; i++)
+			CHECK(h[i] == st_f32_to_bf16(x[i]));
+		CHECK(h[len] == 0xabab); /* nothing written past the end */
+	}
+	st_f32_to_bf16_array(h, x, big);
+	st_bf16_to_f32_array(back, h, big);
+	int64_t bad = 0;
+	for (int64_t i = 0; i < big; i++)
+		bad += h[i] != st_f32_to_bf16(x[i]) || bits(back[i]) != (uint32_t)h[i] << 16;
+	CHECK_MSG(bad == 0, "%lld array conversions differ from the scalar rule", (long long)bad);
+	free(x), free(h), free(back);
+}
+
+/* ---- one model step at 1 and 2 threads ---- */
+
+static void model_step(int threads, double *loss, float **grads, int64_t *n)
+{
+	omp_set_num_threads(threads);
+	/* head_dim 16 (vector attention), T = 70 (two query tiles, one partial) */
+	st_llama_shape s = {.V = 101, .E = 64, .L = 2, .H = 4, .K = 2, .D = 16, .M = 96,
+			    .eps = 1e-5f, .theta = 10000.0};
+	enum { B = 2, T = 70 };
+	st_llama m = ST_LLAMA_INIT;
+	CHECK(st_llama_init(&m, &s) == 0);
+	st_llama_init_weights(&m, 5);
+	CHECK(st_llama_alloc_acts(&m, B, T, ST_REMAT_NONE) == 0);
+	int32_t tok[B * (T + 1)];
+	for (int i = 0; i < B * (T + 1); i++)
+		tok[i] = (int32_t)st_rng_below(8, 0, (uint64_t)i, (uint64_t)s.V);
+	st_llama_zero_grads(&m);
+	*loss = 0;
+	CHECK(st_llama_forward_backward(&m, tok, 1.0f / (B * T), loss) == 0);
+	*n = m.nparams;
+	*grads = copyf(m.grads, m.nparams);
+	st_llama_release(&m);
+}
+
+static void test_model_threads(void)
+{
+	double l1, l2;
+	float *g1, *g2;
+	int64_t n1, n2;
+	model_step(1, &l1, &g1, &n1);
+	model_step(2, &l2, &g2, &n2);
+	CHECK(n1 == n2);
+	CHECK_MSG(l1 == l2, "model loss %.17g (1 thread) vs %.17g (2 threads)", l1, l2);
+	CHECK_MSG(same(g1, g2, n1 * 4), "model gradients differ between 1 and 2 threads");
+	free(g1), free(g2);
+	omp_set_num_threads(omp_get_num_procs());
+}
+
+int main(void)
+{
+	test_bf16_conversion();
+	test_gemm();
+	test_attention_shape(1, 1, 1, 1, 16);
+	test_attention_shape(2, 70, 4, 2, 16);
+	test_attention_shape(1, 130, 2, 1, 64);
+	test_attention_shape(1, 64, 2, 2, 48);
+	test_attention_shape(1, 100, 4, 1, 128);
+	test_attention_shape(2, 33, 4, 4, 8); /* plain loops */
+	test_attention_shape(1, 65, 3, 3, 20);
+	test_thread_counts();
+	test_model_threads();
+	return check_result();
+}
