@@ -54,9 +54,10 @@ typedef struct st_group_env {
 int st_group_env_read(st_group_env *e);
 
 typedef struct st_group_opts {
-	int timeout_ms;   /* failure detection bound; 0 = default 5000 */
+	int timeout_ms;   /* failure detection bound; 0 = SLICETRAIN_COMM_TIMEOUT_MS, else 5000 */
 	int use_shm;      /* 1 (default when 0 is not forced by -1): shared memory inside a host and slice */
 	const st_group_env *env; /* NULL: st_group_env_read() */
+	int join_timeout_ms; /* how long join waits for the others; 0 = SLICETRAIN_JOIN_TIMEOUT_MS, else 300000 */
 } st_group_opts;
 
 int st_group_join(st_group **out, const st_group_opts *opts);
@@ -64,8 +65,17 @@ int st_group_rank(const st_group *g);
 int st_group_size(const st_group *g);
 int st_group_slice(const st_group *g, int rank);   /* slice of any rank */
 int st_group_num_slices(const st_group *g);
-/* Leave: close transports, release shared memory, stop the store if hosted. */
+/* Leave: close transports, release shared memory, stop the store if hosted.
+ * Communicators still open are freed too (their pointers become invalid).
+ * Never blocks on peers; fine after a failure, and on NULL. */
 void st_group_leave(st_group *g);
+/* 0 while the group is healthy, else the error every call now returns
+ * (ST_EPEER naming the failed rank, or ST_EINTR after st_group_abort). */
+int st_group_status(const st_group *g);
+/* Make every pending and later collective of this group return ST_EINTR at
+ * once, and tell the peers (theirs return ST_EPEER). Async-signal-safe:
+ * may be called from a signal handler or another thread. */
+void st_group_abort(st_group *g);
 
 /* A communicator over members ranks[0..n-1] (distinct global ranks; every
  * member calls with the same list). The caller's position in the list is its

@@ -1,0 +1,857 @@
+/*
+ * Communicators and collectives.
+ *
+ * Members are partitioned into local groups: members on the same host and
+ * in the same slice (when shared memory is on), ordered by their first
+ * member's position in the communicator. Inside a local group data moves
+ * through a shared memory segment (a memfd made by the group's first
+ * member and passed to the others over the control socket); between local
+ * groups over TCP (one connection per pair that exchanges data).
+ *
+ * Every collective is one engine run over "segments": segment i belongs to
+ * member i (reduce-scatter: counts[i] elements of the concatenated input;
+ * allreduce: a balanced split of the buffer; allgather/broadcast: the
+ * member's contribution). The data is processed in windows; window w covers
+ * the same fraction w/nw of every segment, so all members work on every
+ * window. In each window:
+ *   1. each member copies into its shared memory slot the pieces that
+ *      another member of its local group reduces;
+ *   2. segment i is reduced inside each local group g by its handler
+ *      hnd[g][i] (i itself in its own group; a counterpart elsewhere),
+ *      reading the others' slots: the group partial, in member order;
+ *   3. handlers send their partials to i over TCP; i adds the partials of
+ *      all groups in group order (the final value, computed once);
+ *   4. (allreduce, allgather) i sends the final piece back to the
+ *      handlers; each local group copies it out of its handler's slot.
+ * So each element's sum is ((m_a + m_b + ...) + (m_c + ...) + ...): left to
+ * right inside each local group, then left to right over the groups, and
+ * every member ends with the very bits computed by the segment's owner.
+ * With one local group this is plain m_0 + m_1 + ... + m_{n-1}; with
+ * singleton groups (all TCP) too. Two members in shared memory each reduce
+ * half of each window directly from the other's slot and their own buffer.
+ *
+ * Synchronization inside a local group: each member has a sequence counter
+ * in the segment; a post increments it, a wait spins briefly, then yields,
+ * then sleeps on the futex, and checks the group's failure state all along.
+ * Slots are double-buffered (window parity).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "dist/dist_int.h"
+
+enum { M_AR, M_RS, M_AG };
+enum { SHM_MAGIC = 0x5354534d };
+enum { HDR_BYTES = 4096, LINE = 64 };
+
+typedef struct shm_hdr {
+	uint64_t magic, key, window;
+	uint32_t n, nlocal;
+} shm_hdr;
+
+typedef struct shm_line {
+	_Atomic uint32_t seq;     /* posts made by this member */
+	_Atomic uint32_t waiters; /* members sleeping on seq */
+} shm_line;
+
+struct st_comm {
+	st_group *g;
+	st_comm *next, *prev;
+	int n, me;
+	int *ranks;   /* global rank by position */
+	int *grp;     /* local group of each position */
+	int *lidx;    /* index inside its local group */
+	int ngrp;     /* G */
+	int *gsize;   /* L of each group */
+	int *gmem;    /* gmem[h * n + k]: k-th member of group h */
+	int *hnd;     /* hnd[h * n + i]: member of group h that handles segment i */
+	int *dfd;     /* data connection by position, -1 */
+	int my_g, L;
+	int spin, yields; /* wait strategy: short when the local group oversubscribes the CPUs */
+	size_t W;     /* window bytes */
+	uint8_t *shm; /* mapping: header, lines, slots */
+	size_t shm_len;
+	uint8_t *slots;
+	uint32_t seq, last_done[2];
+	uint64_t nwin;
+	uint8_t *scratch; /* (G-1) windows: partials received for my segment */
+	int64_t *cnt, *off, *lo, *len, *wofs; /* per position, per call / window */
+	struct xop *ops;
+	struct pollfd *pf;
+};
+
+/* ---- reductions ---- */
+
+typedef float vf __attribute__((vector_size(64)));
+typedef double vd __attribute__((vector_size(64)));
+typedef uint64_t vu __attribute__((vector_size(64)));
+
+static size_t dt_size(int dt) { return dt == ST_C_F32 ? 4 : 8; }
+
+/* d[i] = a[i] op b[i] for n elements; d may be a or b. */
+static void combine(void *d, const void *a, const void *b, size_t n, int dt, int op)
+{
+	uint8_t *D = d;
+	const uint8_t *A = a, *B = b;
+	size_t i = 0;
+	if (op == ST_SUM && dt == ST_C_F32) {
+		for (; i + 16 <= n; i += 16) {
+			vf x, y;
+			memcpy(&x, A + i * 4, 64);
+			memcpy(&y, B + i * 4, 64);
+			x += y;
+			memcpy(D + i * 4, &x, 64);
+		}
+		for (; i < n; i++) {
+			float x, y;
+			memcpy(&x, A + i * 4, 4);
+			memcpy(&y, B + i * 4, 4);
+			x += y;
+			memcpy(D + i * 4, &x, 4);
+		}
+	} else if (op == ST_SUM && dt == ST_C_F64) {
+		for (; i + 8 <= n; i += 8) {
+			vd x, y;
+			memcpy(&x, A + i * 8, 64);
+			memcpy(&y, B + i * 8, 64);
+			x += y;
+			memcpy(D + i * 8, &x, 64);
+		}
+		for (; i < n; i++) {
+			double x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			x += y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	} else if (op == ST_SUM) { /* i64, wrapping */
+		for (; i + 8 <= n; i += 8) {
+			vu x, y;
+			memcpy(&x, A + i * 8, 64);
+			memcpy(&y, B + i * 8, 64);
+			x += y;
+			memcpy(D + i * 8, &x, 64);
+		}
+		for (; i < n; i++) {
+			uint64_t x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			x += y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	} else if (dt == ST_C_F32) { /* max: NaN wins */
+		for (; i < n; i++) {
+			float x, y;
+			memcpy(&x, A + i * 4, 4);
+			memcpy(&y, B + i * 4, 4);
+			if (y > x || y != y)
+				x = y;
+			memcpy(D + i * 4, &x, 4);
+		}
+	} else if (dt == ST_C_F64) {
+		for (; i < n; i++) {
+			double x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			if (y > x || y != y)
+				x = y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	} else {
+		for (; i < n; i++) {
+			int64_t x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			if (y > x)
+				x = y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	}
+}
+
+/* d1 (and d2 if not NULL) = ((src[0] op src[1]) op src[2]) ... for n
+ * elements. An output may be one of the inputs (never partially overlapping). */
+static void reduce(void *d1, void *d2, const void *const *src, int k, size_t n, int dt, int op)
+{
+	size_t esz = dt_size(dt), bytes = n * esz;
+	if (k == 1) {
+		if (d1 != src[0])
+			memcpy(d1, src[0], bytes);
+		if (d2 && d2 != src[0])
+			memcpy(d2, src[0], bytes);
+		return;
+	}
+	if (k == 2 && !d2) {
+		combine(d1, src[0], src[1], n, dt, op);
+		return;
+	}
+	enum { BLK = 8192 };
+	_Alignas(64) uint8_t acc[BLK];
+	for (size_t o = 0; o < bytes; o += BLK) {
+		size_t b = bytes - o < BLK ? bytes - o : BLK, e = b / esz;
+		combine(acc, (const uint8_t *)src[0] + o, (const uint8_t *)src[1] + o, e, dt, op);
+		for (int q = 2; q < k; q++)
+			combine(acc, acc, (const uint8_t *)src[q] + o, e, dt, op);
+		memcpy((uint8_t *)d1 + o, acc, b);
+		if (d2)
+			memcpy((uint8_t *)d2 + o, acc, b);
+	}
+}
+
+/* ---- shared memory synchronization ---- */
+
+static shm_line *line(st_comm *c, int l) { return (shm_line *)(c->shm + HDR_BYTES + (size_t)l * LINE); }
+
+static void post(st_comm *c)
+{
+	shm_line *m = line(c, c->lidx[c->me]);
+	c->seq++;
+	atomic_store(&m->seq, c->seq);
+	if (atomic_load(&m->waiters))
+		syscall(SYS_futex, &m->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+static int reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
+
+/* Wait until every other member of my local group has posted target times. */
+static int wait_locals(st_comm *c, uint32_t target)
+{
+	st_group *g = c->g;
+	int h = c->my_g;
+	for (int k = 0; k < c->L; k++) {
+		int x = c->gmem[h * c->n + k];
+		if (x == c->me)
+			continue;
+		shm_line *m = line(c, k);
+		if (reached(atomic_load_explicit(&m->seq, memory_order_acquire), target))
+			continue;
+		for (int i = 0; i < c->spin; i++) {
+			cpu_relax();
+			if (reached(atomic_load_explicit(&m->seq, memory_order_acquire), target))
+				goto next;
+		}
+		for (int i = 0;; i++) {
+			if (atomic_load(&g->fail) || atomic_load(&g->peers[c->ranks[x]].left)) {
+				/* what it posted before leaving still counts */
+				if (reached(atomic_load(&m->seq), target))
+					break;
+				return st_group_need(g, c->ranks[x]);
+			}
+			if (i < c->yields) {
+				sched_yield();
+			} else {
+				atomic_fetch_add(&m->waiters, 1);
+				uint32_t v = atomic_load(&m->seq);
+				if (!reached(v, target)) {
+					struct timespec ts = { 0, 10 * 1000000 };
+					syscall(SYS_futex, &m->seq, FUTEX_WAIT, v, &ts, NULL, 0);
+				}
+				atomic_fetch_sub(&m->waiters, 1);
+			}
+			if (reached(atomic_load_explicit(&m->seq, memory_order_acquire), target))
+				break;
+		}
+	next:;
+	}
+	return 0;
+}
+
+/* ---- TCP exchanges ---- */
+
+typedef struct xop {
+	int peer, send, prev;
+	uint8_t *p;
+	size_t len, done;
+} xop;
+
+/* Progress all transfers at once (full duplex); per peer and direction in list order. */
+static int xchg(st_comm *c, xop *ops, int nops)
+{
+	st_group *g = c->g;
+	int left = 0;
+	for (int a = 0; a < nops; a++) {
+		ops[a].done = 0;
+		ops[a].prev = -1;
+		for (int b = a - 1; b >= 0; b--)
+			if (ops[b].peer == ops[a].peer && ops[b].send == ops[a].send) {
+				ops[a].prev = b;
+				break;
+			}
+		left += ops[a].len > 0;
+	}
+	while (left > 0) {
+		int progress = 0;
+		for (int a = 0; a < nops; a++) {
+			xop *o = &ops[a];
+			if (o->done == o->len || (o->prev >= 0 && ops[o->prev].done < ops[o->prev].len))
+				continue;
+			int fd = c->dfd[o->peer];
+			ssize_t r = o->send ? send(fd, o->p + o->done, o->len - o->done, MSG_DONTWAIT | MSG_NOSIGNAL)
+					    : recv(fd, o->p + o->done, o->len - o->done, MSG_DONTWAIT);
+			if (r > 0) {
+				o->done += (size_t)r;
+				progress = 1;
+				left -= o->done == o->len;
+				continue;
+			}
+			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+				continue;
+			/* end of stream or reset: the peer is gone */
+			st_group_fail(g, atomic_load(&g->peers[c->ranks[o->peer]].left) ? R_LEFT : R_EXIT,
+				      c->ranks[o->peer], g->rank);
+			return st_group_check(g);
+		}
+		if (progress || left == 0)
+			continue;
+		if (atomic_load(&g->fail))
+			return st_group_check(g);
+		int np = 0;
+		for (int a = 0; a < nops; a++) {
+			xop *o = &ops[a];
+			if (o->done == o->len || (o->prev >= 0 && ops[o->prev].done < ops[o->prev].len))
+				continue;
+			c->pf[np++] = (struct pollfd){ .fd = c->dfd[o->peer], .events = o->send ? POLLOUT : POLLIN };
+		}
+		c->pf[np++] = (struct pollfd){ .fd = g->fail_fd, .events = POLLIN };
+		if (poll(c->pf, (nfds_t)np, 1000) < 0 && errno != EINTR)
+			return st_fail(ST_EIO, "collective: poll: %s", strerror(errno));
+	}
+	return 0;
+}
+
+/* ---- the engine ---- */
+
+typedef struct job {
+	int mode, dt, op;
+	size_t esz;
+	const uint8_t *in;
+	uint8_t *out;
+	int64_t total;
+} job;
+
+static const uint8_t *in_ptr(st_comm *c, const job *j, int i)
+{
+	if (j->mode == M_AG)
+		return j->in + (size_t)c->lo[c->me] * j->esz;
+	return j->in + (size_t)(c->off[i] + c->lo[i]) * j->esz;
+}
+
+static uint8_t *out_ptr(st_comm *c, const job *j, int i)
+{
+	if (j->mode == M_RS)
+		return j->out + (size_t)c->lo[c->me] * j->esz;
+	return j->out + (size_t)(c->off[i] + c->lo[i]) * j->esz;
+}
+
+static uint8_t *slot(st_comm *c, const job *j, int x, int par, int i)
+{
+	return c->slots + ((size_t)c->lidx[x] * 2 + (size_t)par) * c->W + (size_t)c->wofs[i] * j->esz;
+}
+
+static int handler(const st_comm *c, int h, int i) { return c->hnd[h * c->n + i]; }
+
+static void add_op(st_comm *c, int *nops, int peer, int send, const void *p, int64_t len, size_t esz)
+{
+	c->ops[*nops] = (xop){ .peer = peer, .send = send, .p = (uint8_t *)p, .len = (size_t)len * esz };
+	(*nops)++;
+}
+
+static int window_reduce(st_comm *c, const job *j, int par)
+{
+	const int n = c->n, me = c->me, G = c->ngrp, L = c->L, my_g = c->my_g;
+	const size_t esz = j->esz;
+	const void *src[G > L ? G : L];
+	int r;
+	if (L > 1) {
+		for (int i = 0; i < n; i++)
+			if (c->len[i] && handler(c, my_g, i) != me)
+				memcpy(slot(c, j, me, par, i), in_ptr(c, j, i), (size_t)c->len[i] * esz);
+		post(c);
+		if ((r = wait_locals(c, c->seq)) < 0)
+			return r;
+	}
+	/* group partials of the segments I handle */
+	for (int i = 0; i < n; i++) {
+		if (!c->len[i] || handler(c, my_g, i) != me)
+			continue;
+		for (int k = 0; k < L; k++) {
+			int x = c->gmem[my_g * n + k];
+			src[k] = x == me ? (const void *)in_ptr(c, j, i) : (const void *)slot(c, j, x, par, i);
+		}
+		if (G == 1)
+			reduce(out_ptr(c, j, me), j->mode == M_AR && L > 1 ? slot(c, j, me, par, me) : NULL, src, L,
+			       (size_t)c->len[i], j->dt, j->op);
+		else if (L > 1)
+			reduce(slot(c, j, me, par, i), NULL, src, L, (size_t)c->len[i], j->dt, j->op);
+	}
+	if (G == 1)
+		return 0;
+	/* partials to the owners; the others' partials of my segment */
+	int nops = 0;
+	for (int i = 0; i < n; i++)
+		if (c->len[i] && handler(c, my_g, i) == me && c->grp[i] != my_g)
+			add_op(c, &nops, i, 1, L > 1 ? (const void *)slot(c, j, me, par, i) : (const void *)in_ptr(c, j, i),
+			       c->len[i], esz);
+	if (c->len[me])
+		for (int h = 0, k = 0; h < G; h++)
+			if (h != my_g)
+				add_op(c, &nops, handler(c, h, me), 0, c->scratch + (size_t)k++ * c->W, c->len[me], esz);
+	if ((r = xchg(c, c->ops, nops)) < 0)
+		return r;
+	if (c->len[me]) {
+		for (int h = 0, k = 0; h < G; h++)
+			src[h] = h == my_g ? (L > 1 ? (const void *)slot(c, j, me, par, me) : (const void *)in_ptr(c, j, me))
+					   : (const void *)(c->scratch + (size_t)k++ * c->W);
+		reduce(out_ptr(c, j, me), j->mode == M_AR && L > 1 ? slot(c, j, me, par, me) : NULL, src, G,
+		       (size_t)c->len[me], j->dt, j->op);
+	}
+	if (j->mode != M_AR)
+		return 0;
+	/* final pieces back to the handlers */
+	nops = 0;
+	if (c->len[me])
+		for (int h = 0; h < G; h++)
+			if (h != my_g)
+				add_op(c, &nops, handler(c, h, me), 1, out_ptr(c, j, me), c->len[me], esz);
+	for (int i = 0; i < n; i++)
+		if (c->len[i] && handler(c, my_g, i) == me && c->grp[i] != my_g)
+			add_op(c, &nops, i, 0, L > 1 ? slot(c, j, me, par, i) : out_ptr(c, j, i), c->len[i], esz);
+	return xchg(c, c->ops, nops);
+}
+
+static int window_gather(st_comm *c, const job *j, int par)
+{
+	const int n = c->n, me = c->me, G = c->ngrp, L = c->L, my_g = c->my_g;
+	const size_t esz = j->esz;
+	int r;
+	if (c->len[me]) {
+		size_t b = (size_t)c->len[me] * esz;
+		if (L > 1)
+			memcpy(slot(c, j, me, par, me), in_ptr(c, j, me), b);
+		if (out_ptr(c, j, me) != in_ptr(c, j, me))
+			memmove(out_ptr(c, j, me), in_ptr(c, j, me), b);
+	}
+	if (G > 1) {
+		int nops = 0;
+		if (c->len[me])
+			for (int h = 0; h < G; h++)
+				if (h != my_g)
+					add_op(c, &nops, handler(c, h, me), 1, in_ptr(c, j, me), c->len[me], esz);
+		for (int i = 0; i < n; i++)
+			if (c->len[i] && handler(c, my_g, i) == me && c->grp[i] != my_g)
+				add_op(c, &nops, i, 0, L > 1 ? slot(c, j, me, par, i) : out_ptr(c, j, i), c->len[i], esz);
+		if ((r = xchg(c, c->ops, nops)) < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int run(st_comm *c, const job *j, const int64_t *cnt)
+{
+	const int n = c->n;
+	int r;
+	if ((r = st_group_check(c->g)) < 0)
+		return r;
+	int64_t total = 0;
+	for (int i = 0; i < n; i++) {
+		c->cnt[i] = cnt[i];
+		c->off[i] = total;
+		total += cnt[i];
+	}
+	if (total == 0)
+		return 0;
+	int64_t wel = (int64_t)(c->W / j->esz) - n;
+	if (wel < 1)
+		return st_fail(ST_EINVAL, "collective: %d members do not fit a %zu-byte window", n, c->W);
+	int64_t nw = (total + wel - 1) / wel;
+	for (int64_t w = 0; w < nw; w++) {
+		int64_t acc = 0;
+		for (int i = 0; i < n; i++) {
+			int64_t a = (int64_t)((__int128)c->cnt[i] * w / nw);
+			int64_t b = (int64_t)((__int128)c->cnt[i] * (w + 1) / nw);
+			c->lo[i] = a;
+			c->len[i] = b - a;
+			c->wofs[i] = acc;
+			acc += b - a;
+		}
+		int par = (int)(c->nwin++ & 1);
+		if (c->L > 1 && (r = wait_locals(c, c->last_done[par])) < 0)
+			return r;
+		r = j->mode == M_AG ? window_gather(c, j, par) : window_reduce(c, j, par);
+		if (r < 0)
+			return r;
+		if (c->L > 1 && j->mode != M_RS) {
+			/* the finals are in the handlers' slots */
+			post(c);
+			if ((r = wait_locals(c, c->seq)) < 0)
+				return r;
+			for (int i = 0; i < n; i++) {
+				if (!c->len[i] || i == c->me)
+					continue;
+				int y = handler(c, c->my_g, i);
+				memcpy(out_ptr(c, j, i), slot(c, j, y, par, i), (size_t)c->len[i] * j->esz);
+			}
+		}
+		if (c->L > 1) {
+			post(c);
+			c->last_done[par] = c->seq;
+		}
+	}
+	return 0;
+}
+
+/* ---- API ---- */
+
+static int check_dt(int dt, int op)
+{
+	if (dt != ST_C_F32 && dt != ST_C_F64 && dt != ST_C_I64)
+		return st_fail(ST_EINVAL, "collective: unknown data type %d", dt);
+	if (op != ST_SUM && op != ST_MAX)
+		return st_fail(ST_EINVAL, "collective: unknown reduction %d", op);
+	return 0;
+}
+
+int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, enum st_redop op)
+{
+	int r = check_dt(dt, op);
+	if (r < 0)
+		return r;
+	if (count < 0 || (count > 0 && !buf))
+		return st_fail(ST_EINVAL, "allreduce: bad buffer or count %lld", (long long)count);
+	if (c->n == 1 || count == 0)
+		return c->n == 1 ? 0 : st_group_check(c->g);
+	job j = { .mode = M_AR, .dt = dt, .op = op, .esz = dt_size(dt), .in = buf, .out = buf };
+	for (int i = 0; i < c->n; i++)
+		c->cnt[i] = count * (i + 1) / c->n - count * i / c->n;
+	return run(c, &j, c->cnt);
+}
+
+int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t *counts, enum st_dtype_c dt)
+{
+	int r = check_dt(dt, ST_SUM);
+	if (r < 0)
+		return r;
+	int64_t total = 0;
+	for (int i = 0; i < c->n; i++) {
+		if (counts[i] < 0)
+			return st_fail(ST_EINVAL, "reduce_scatter: counts[%d] = %lld is negative", i, (long long)counts[i]);
+		total += counts[i];
+	}
+	if ((total > 0 && !in) || (counts[c->me] > 0 && !out))
+		return st_fail(ST_EINVAL, "reduce_scatter: NULL buffer");
+	size_t esz = dt_size(dt);
+	if (c->n == 1) {
+		if (out != in && counts[0])
+			memmove(out, in, (size_t)counts[0] * esz);
+		return 0;
+	}
+	job j = { .mode = M_RS, .dt = dt, .op = ST_SUM, .esz = esz, .in = in, .out = out };
+	return run(c, &j, counts);
+}
+
+int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *counts, enum st_dtype_c dt)
+{
+	int r = check_dt(dt, ST_SUM);
+	if (r < 0)
+		return r;
+	int64_t total = 0;
+	for (int i = 0; i < c->n; i++) {
+		if (counts[i] < 0)
+			return st_fail(ST_EINVAL, "allgather: counts[%d] = %lld is negative", i, (long long)counts[i]);
+		total += counts[i];
+	}
+	if ((total > 0 && !out) || (counts[c->me] > 0 && !in))
+		return st_fail(ST_EINVAL, "allgather: NULL buffer");
+	size_t esz = dt_size(dt);
+	if (c->n == 1) {
+		if (out != in && counts[0])
+			memmove(out, in, (size_t)counts[0] * esz);
+		return 0;
+	}
+	job j = { .mode = M_AG, .dt = dt, .op = ST_SUM, .esz = esz, .in = in, .out = out };
+	return run(c, &j, counts);
+}
+
+int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root)
+{
+	if (root < 0 || root >= c->n)
+		return st_fail(ST_EINVAL, "broadcast: root %d is not a member (size %d)", root, c->n);
+	if (bytes > 0 && !buf)
+		return st_fail(ST_EINVAL, "broadcast: NULL buffer");
+	if (c->n == 1 || bytes == 0)
+		return c->n == 1 ? 0 : st_group_check(c->g);
+	for (int i = 0; i < c->n; i++)
+		c->cnt[i] = i == root ? (int64_t)bytes : 0;
+	/* bytes move as 1-byte elements; nothing is reduced */
+	job j = { .mode = M_AG, .dt = ST_C_F32, .op = ST_SUM, .esz = 1, .in = buf, .out = buf };
+	return run(c, &j, c->cnt);
+}
+
+int st_comm_barrier(st_comm *c)
+{
+	int64_t one = 1;
+	return st_comm_allreduce(c, &one, 1, ST_C_I64, ST_SUM);
+}
+
+int st_comm_rank(const st_comm *c) { return c->me; }
+int st_comm_size(const st_comm *c) { return c->n; }
+st_comm *st_comm_next(st_comm *c) { return c->next; }
+
+/* ---- create / free ---- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+void st_comm_destroy(st_comm *c)
+{
+	if (!c)
+		return;
+	if (c->dfd)
+		for (int i = 0; i < c->n; i++)
+			if (c->dfd[i] >= 0)
+				close(c->dfd[i]);
+	if (c->shm)
+		munmap(c->shm, c->shm_len);
+	free(c->scratch);
+	free(c->ranks);
+	free(c->grp);
+	free(c->lidx);
+	free(c->gsize);
+	free(c->gmem);
+	free(c->hnd);
+	free(c->dfd);
+	free(c->cnt);
+	free(c->off);
+	free(c->lo);
+	free(c->len);
+	free(c->wofs);
+	free(c->ops);
+	free(c->pf);
+	free(c);
+}
+
+void st_comm_free(st_comm *c)
+{
+	if (!c)
+		return;
+	st_group *g = c->g;
+	pthread_mutex_lock(&g->mu);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		g->comms = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	pthread_mutex_unlock(&g->mu);
+	st_comm_destroy(c);
+}
+
+static int setup_shm(st_comm *c, uint64_t key)
+{
+	st_group *g = c->g;
+	int leader = c->gmem[c->my_g * c->n + 0];
+	size_t lines = ((size_t)c->L * LINE + 4095) & ~(size_t)4095;
+	c->shm_len = HDR_BYTES + lines + (size_t)c->L * 2 * c->W;
+	int fd = -1, r;
+	if (leader == c->me) {
+		fd = memfd_create("slicetrain-comm", MFD_CLOEXEC);
+		if (fd < 0)
+			return st_fail(ST_EIO, "comm: memfd_create: %s", strerror(errno));
+		if (ftruncate(fd, (off_t)c->shm_len) < 0) {
+			r = st_fail(ST_EIO, "comm: cannot size shared memory (%zu bytes): %s", c->shm_len, strerror(errno));
+			close(fd);
+			return r;
+		}
+	} else {
+		if ((r = st_group_take_mail(g, F_FD, key, c->ranks[leader], &fd)) < 0)
+			return r;
+		struct stat st;
+		if (fstat(fd, &st) < 0 || (size_t)st.st_size != c->shm_len) {
+			close(fd);
+			return st_fail(ST_EPEER, "comm: shared memory from rank %d has the wrong size", c->ranks[leader]);
+		}
+	}
+	void *p = mmap(NULL, c->shm_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	if (p == MAP_FAILED) {
+		r = st_fail(ST_EIO, "comm: cannot map %zu bytes of shared memory: %s", c->shm_len, strerror(errno));
+		close(fd);
+		return r;
+	}
+	c->shm = p;
+	c->slots = c->shm + HDR_BYTES + lines;
+	shm_hdr *h = (shm_hdr *)c->shm;
+	if (leader == c->me) {
+		h->key = key;
+		h->window = c->W;
+		h->n = (uint32_t)c->n;
+		h->nlocal = (uint32_t)c->L;
+		h->magic = SHM_MAGIC;
+		for (int k = 1; k < c->L; k++) {
+			int x = c->gmem[c->my_g * c->n + k];
+			if ((r = st_group_send_fd(g, c->ranks[x], key, fd)) < 0) {
+				close(fd);
+				return r;
+			}
+		}
+	} else if (h->magic != SHM_MAGIC || h->key != key || h->window != c->W || h->n != (uint32_t)c->n ||
+		   h->nlocal != (uint32_t)c->L) {
+		close(fd);
+		return st_fail(ST_EPEER, "comm: shared memory from rank %d does not match this communicator",
+			       c->ranks[leader]);
+	}
+	close(fd);
+	return 0;
+}
+
+int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
+{
+	int r, me = -1;
+	*out = NULL;
+	if (n < 1 || n > g->size || !ranks)
+		return st_fail(ST_EINVAL, "comm: %d members for a group of %d", n, g->size);
+	for (int i = 0; i < n; i++) {
+		if (ranks[i] < 0 || ranks[i] >= g->size)
+			return st_fail(ST_EINVAL, "comm: member %d is rank %d, outside the group of %d", i, ranks[i], g->size);
+		for (int k = 0; k < i; k++)
+			if (ranks[k] == ranks[i])
+				return st_fail(ST_EINVAL, "comm: rank %d is listed twice", ranks[i]);
+		if (ranks[i] == g->rank)
+			me = i;
+	}
+	if (me < 0)
+		return st_fail(ST_EINVAL, "comm: this process (rank %d) is not a member", g->rank);
+	if ((r = st_group_check(g)) < 0)
+		return r;
+	st_comm *c = calloc(1, sizeof(*c));
+	if (!c)
+		return st_fail(ST_ENOMEM, "comm: out of memory");
+	c->g = g;
+	c->n = n;
+	c->me = me;
+	c->W = (size_t)g->window_bytes;
+	size_t nn = (size_t)n;
+	c->ranks = malloc(sizeof(int) * nn);
+	c->grp = malloc(sizeof(int) * nn);
+	c->lidx = malloc(sizeof(int) * nn);
+	c->gsize = calloc(nn, sizeof(int));
+	c->gmem = malloc(sizeof(int) * nn * nn);
+	c->hnd = malloc(sizeof(int) * nn * nn);
+	c->dfd = malloc(sizeof(int) * nn);
+	c->cnt = malloc(sizeof(int64_t) * nn);
+	c->off = malloc(sizeof(int64_t) * nn);
+	c->lo = malloc(sizeof(int64_t) * nn);
+	c->len = malloc(sizeof(int64_t) * nn);
+	c->wofs = malloc(sizeof(int64_t) * nn);
+	c->ops = malloc(sizeof(xop) * 2 * nn);
+	c->pf = malloc(sizeof(struct pollfd) * (2 * nn + 1));
+	if (!c->ranks || !c->grp || !c->lidx || !c->gsize || !c->gmem || !c->hnd || !c->dfd || !c->cnt || !c->off ||
+	    !c->lo || !c->len || !c->wofs || !c->ops || !c->pf) {
+		st_comm_destroy(c);
+		return st_fail(ST_ENOMEM, "comm: out of memory");
+	}
+	memcpy(c->ranks, ranks, sizeof(int) * nn);
+	/* local groups: same host and slice, in order of first appearance */
+	for (int i = 0; i < n; i++) {
+		c->dfd[i] = -1;
+		const st_peer *pi = &g->peers[ranks[i]];
+		c->grp[i] = -1;
+		if (g->use_shm)
+			for (int k = 0; k < i; k++) {
+				const st_peer *pk = &g->peers[ranks[k]];
+				if (pk->host == pi->host && pk->slice == pi->slice) {
+					c->grp[i] = c->grp[k];
+					break;
+				}
+			}
+		if (c->grp[i] < 0)
+			c->grp[i] = c->ngrp++;
+		int h = c->grp[i];
+		c->lidx[i] = c->gsize[h];
+		c->gmem[h * n + c->gsize[h]++] = i;
+	}
+	c->my_g = c->grp[me];
+	c->L = c->gsize[c->my_g];
+	/* Spinning pays while every local member has a CPU; otherwise it steals
+	 * the time slice of the member we wait for. */
+	cpu_set_t cs;
+	int ncpu = sched_getaffinity(0, sizeof(cs), &cs) == 0 ? CPU_COUNT(&cs) : 1;
+	int on_host = 0;
+	for (int p = 0; p < g->size; p++)
+		on_host += g->peers[p].host == g->peers[g->rank].host;
+	c->spin = on_host <= ncpu ? 4000 : 20;
+	c->yields = on_host <= ncpu ? 50 : 2;
+	for (int h = 0; h < c->ngrp; h++)
+		for (int i = 0; i < n; i++)
+			c->hnd[h * n + i] = c->grp[i] == h ? i : c->gmem[h * n + c->lidx[i] % c->gsize[h]];
+
+	uint64_t lh = fnv(0xcbf29ce484222325ull, &g->nonce, sizeof(g->nonce));
+	lh = fnv(lh, &n, sizeof(n));
+	lh = fnv(lh, ranks, sizeof(int) * nn);
+	uint64_t seq = st_group_next_comm_seq(g, lh);
+	uint64_t key = fnv(lh, &seq, sizeof(seq)) | 1;
+
+	if (n > 1 && c->ngrp > 1) {
+		c->scratch = aligned_alloc(64, (size_t)(c->ngrp - 1) * c->W);
+		if (!c->scratch) {
+			st_comm_destroy(c);
+			return st_fail(ST_ENOMEM, "comm: out of memory for %d x %zu bytes", c->ngrp - 1, c->W);
+		}
+		/* connect first (completes against the listen backlog), then accept */
+		for (int pass = 0; pass < 2; pass++)
+			for (int x = 0; x < n; x++) {
+				if (c->grp[x] == c->my_g)
+					continue;
+				if (handler(c, c->grp[x], me) != x && handler(c, c->my_g, x) != me)
+					continue;
+				int connect_ = g->rank < ranks[x];
+				if (pass == 0 && connect_)
+					r = st_group_connect_data(g, ranks[x], key, &c->dfd[x]);
+				else if (pass == 1 && !connect_)
+					r = st_group_take_mail(g, F_HELLO_DATA, key, ranks[x], &c->dfd[x]);
+				else
+					continue;
+				if (r < 0) {
+					st_comm_destroy(c);
+					return r;
+				}
+			}
+	}
+	if (n > 1 && c->L > 1 && (r = setup_shm(c, key)) < 0) {
+		st_comm_destroy(c);
+		return r;
+	}
+	pthread_mutex_lock(&g->mu);
+	c->next = g->comms;
+	if (g->comms)
+		g->comms->prev = c;
+	g->comms = c;
+	pthread_mutex_unlock(&g->mu);
+	*out = c;
+	return 0;
+}

@@ -1,0 +1,156 @@
+/*
+ * dist_int.h - internals shared by the files of src/dist (not an API).
+ *
+ * net.c    socket helpers: host:port parsing, listen, connect, deadlines
+ * store.c  the rendezvous store (store.h)
+ * env.c    st_group_env_read
+ * group.c  join/leave, the monitor thread (heartbeats, accepts, mailbox)
+ * comm.c   communicators and collectives
+ */
+#ifndef ST_DIST_INT_H
+#define ST_DIST_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dist/comm.h"
+#include "dist/store.h"
+
+/* ---- time and sockets (net.c) ---- */
+
+int64_t st_mono_ns(void);
+/* "host:port" or "[v6]:port" -> host, port (1..65535). 0 or -1 (no message). */
+int st_split_hostport(const char *s, char *host, size_t hostcap, int *port);
+/* Strict decimal integer in [lo, hi]: no sign, spaces or trailing characters. 0 or -1. */
+int st_parse_long(const char *s, long lo, long hi, long *out);
+/* Listen on the wildcard address (IPv6 dual stack, else IPv4). port 0 picks one.
+ * 0, or -errno. */
+int st_tcp_listen(int port, int backlog, int *fd, int *bound_port);
+/* Connect to host:port, trying every address, until deadline (CLOCK_MONOTONIC
+ * ns). The socket is blocking, CLOEXEC, TCP_NODELAY. 0, or -errno. */
+int st_tcp_connect(const char *host, int port, int64_t deadline, int *fd);
+/* Blocking-style full transfers on any socket, bounded by deadline.
+ * 0, or -errno (-ETIMEDOUT, -ECONNRESET for end of stream). */
+int st_send_full(int fd, const void *p, size_t n, int64_t deadline);
+int st_recv_full(int fd, void *p, size_t n, int64_t deadline);
+int st_set_nonblock(int fd, int on);
+/* Large buffers (SO_SNDBUFFORCE when allowed) and TCP_NODELAY on a data socket. */
+void st_sock_tune(int fd);
+
+/* ---- frames on control sockets and in hellos: 32 bytes, host byte order ---- */
+
+enum { ST_FRAME_MAGIC = 0x53544331u /* "STC1" */ };
+enum {
+	F_HELLO_CTRL = 1, /* first frame of a control connection */
+	F_HELLO_DATA = 2, /* first frame of a communicator's data connection; key = comm key */
+	F_HB = 3,         /* heartbeat */
+	F_BYE = 4,        /* leaving normally */
+	F_ABORT = 5,      /* my group failed: aux = reason, key = failed rank */
+	F_FD = 6,         /* carries a memfd (SCM_RIGHTS); key = comm key */
+};
+typedef struct st_frame {
+	uint32_t magic, type;
+	int32_t rank;   /* sender */
+	uint32_t aux;
+	uint64_t nonce; /* group nonce */
+	uint64_t key;
+} st_frame;
+
+/* ---- failure state ---- */
+
+enum {
+	R_NONE = 0,
+	R_EXIT,   /* closed its connection: exited, killed or crashed */
+	R_HB,     /* stopped answering heartbeats (stopped, hung, partitioned) */
+	R_LEFT,   /* called st_group_leave */
+	R_ABORT,  /* called st_group_abort */
+	R_JOIN,   /* did not join in time */
+};
+
+/* ---- the group ---- */
+
+typedef struct st_peer {
+	int slice, host, pid, port;
+	char addr[64];    /* numeric address of its TCP listener */
+	char uname[64];   /* abstract unix socket name (without the leading NUL) */
+	int ctrl_fd;      /* -1 until connected, and after it closed */
+	int ctrl_unix;    /* ctrl_fd is a unix seqpacket socket (same host) */
+	int closed;       /* its control connection ended */
+	atomic_int left;  /* said BYE: gone on purpose; only waits that need it fail */
+	int64_t last_rx;  /* monotonic ns of the last frame received (monitor only) */
+	uint8_t rx[sizeof(st_frame)]; /* partial frame on a TCP control socket */
+	int rxn;
+	uint8_t tx[8 * sizeof(st_frame)]; /* unsent bytes on a TCP control socket (under mu) */
+	int txn;
+} st_peer;
+
+typedef struct st_mail {
+	struct st_mail *next;
+	int kind;     /* F_HELLO_DATA (a connection) or F_FD (a memfd) */
+	int from;     /* sender's rank */
+	uint64_t key;
+	int fd;
+} st_mail;
+
+typedef struct st_pending {   /* accepted connection waiting for its hello */
+	struct st_pending *next;
+	int fd, is_unix, n;
+	int64_t deadline;
+	uint8_t buf[sizeof(st_frame)];
+} st_pending;
+
+typedef struct st_ckey {      /* how often a member list was made a communicator */
+	struct st_ckey *next;
+	uint64_t hash;
+	uint64_t count;
+} st_ckey;
+
+struct st_group {
+	int rank, size, num_slices, per_slice;
+	int timeout_ms, hb_ms, dead_ms, join_timeout_ms, use_shm;
+	int64_t window_bytes;
+	uint64_t nonce;
+	st_peer *peers;
+	int nhosts;
+	int tcp_lfd, unix_lfd;
+	int fail_fd;   /* eventfd: becomes readable when the group fails or is aborted */
+	int mon_fd;    /* eventfd: wakes the monitor */
+	pthread_t mon;
+	int mon_running;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	st_mail *mail;           /* under mu */
+	st_pending *pend;        /* monitor only */
+	int nconnected;          /* control connections established (under mu) */
+	st_ckey *ckeys;          /* under mu */
+	st_comm *comms;          /* open communicators (under mu) */
+	/* (reporter+1) << 32 | (failed rank+1) << 8 | reason; 0 while healthy */
+	_Atomic uint64_t fail;
+	atomic_int stop;
+	st_store_server *store;
+};
+
+/* Record a failure (first one wins), wake everything. Thread-safe and
+ * async-signal-safe. */
+void st_group_fail(st_group *g, int reason, int failed_rank, int reporter);
+/* 0, or the group's error (ST_EPEER or ST_EINTR) with its message. */
+int st_group_check(st_group *g);
+/* A wait needs rank; fails the group if that rank left or died. 0 if usable. */
+int st_group_need(st_group *g, int rank);
+/* Take a mail (connection or fd) of kind/key/from, waiting while the group is
+ * healthy; bounded by the sender's liveness. 0 with *fd, or the group error. */
+int st_group_take_mail(st_group *g, int kind, uint64_t key, int from, int *fd);
+/* Send a frame with an fd over the unix control socket to rank to. */
+int st_group_send_fd(st_group *g, int to, uint64_t key, int fd);
+/* Open a data connection to rank to for communicator key. */
+int st_group_connect_data(st_group *g, int to, uint64_t key, int *fd);
+/* Communicator bookkeeping (comm.c <-> group.c). */
+uint64_t st_group_next_comm_seq(st_group *g, uint64_t list_hash);
+void st_group_add_comm(st_group *g, st_comm *c);
+void st_group_del_comm(st_group *g, st_comm *c);
+void st_comm_destroy(st_comm *c); /* free without touching the group's list */
+st_comm *st_comm_next(st_comm *c);
+
+#endif

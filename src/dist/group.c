@@ -1,0 +1,1056 @@
+/*
+ * The worker group: bootstrap through the store, one control connection per
+ * pair of processes, and a monitor thread that keeps them alive.
+ *
+ * Control connections: a unix seqpacket socket (abstract name, so nothing
+ * is left in the file system) between processes of the same host, TCP
+ * otherwise. The higher rank connects to the lower. They carry 32-byte
+ * frames: heartbeats, BYE, ABORT, and memfds for communicators' shared
+ * memory (SCM_RIGHTS). Data connections of communicators are separate TCP
+ * connections (comm.c), accepted here by the monitor and handed over
+ * through a mailbox.
+ *
+ * Liveness is independent of collective traffic: the monitor sends a
+ * heartbeat to every peer each hb_ms and declares a peer dead when nothing
+ * came from it for dead_ms (< timeout_ms), or at once when its connection
+ * closes (process exited or was killed). The first failure is recorded in
+ * g->fail, wakes every waiter through g->fail_fd, and is forwarded to all
+ * peers as an ABORT frame, so a failure anywhere fails the whole group.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "dist/dist_int.h"
+
+enum { EP_MAGIC = 0x53544550u, CFG_MAGIC = 0x53544346u };
+
+typedef struct ep_wire {
+	uint32_t magic;
+	int32_t rank, pid, slice, port;
+	char addr[64];
+	char uname[64];
+	char hostkey[320];
+} ep_wire;
+
+typedef struct cfg_wire {
+	uint32_t magic;
+	int32_t world, num_slices, use_shm;
+	int64_t window_bytes;
+	uint64_t nonce;
+} cfg_wire;
+
+static uint64_t rand64(void)
+{
+	uint64_t x = 0;
+	if (getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x))
+		x = (uint64_t)st_mono_ns() * 0x9E3779B97F4A7C15ull ^ ((uint64_t)getpid() << 32);
+	return x ? x : 1;
+}
+
+static void poke(int efd)
+{
+	uint64_t one = 1;
+	if (efd >= 0 && write(efd, &one, sizeof(one)) < 0) {
+		/* only fails when the counter would overflow: it is readable then anyway */
+	}
+}
+
+/* ---- failure state ---- */
+
+void st_group_fail(st_group *g, int reason, int failed_rank, int reporter)
+{
+	uint64_t v = ((uint64_t)(uint32_t)(reporter + 1) << 32) | ((uint64_t)(uint32_t)(failed_rank + 1) << 8) |
+		     (uint64_t)reason;
+	uint64_t zero = 0;
+	if (atomic_compare_exchange_strong(&g->fail, &zero, v)) {
+		poke(g->fail_fd);
+		poke(g->mon_fd);
+	}
+}
+
+int st_group_check(st_group *g)
+{
+	uint64_t v = atomic_load(&g->fail);
+	if (!v)
+		return 0;
+	int reason = (int)(v & 0xff);
+	int failed = (int)((v >> 8) & 0xffffff) - 1;
+	int reporter = (int)(v >> 32) - 1;
+	if (reason == R_ABORT && failed == g->rank)
+		return st_fail(ST_EINTR, "collectives of rank %d aborted (st_group_abort)", g->rank);
+	char what[96];
+	switch (reason) {
+	case R_EXIT: snprintf(what, sizeof(what), "exited or closed its connection"); break;
+	case R_HB: snprintf(what, sizeof(what), "stopped answering (no heartbeat for %d ms)", g->dead_ms); break;
+	case R_LEFT: snprintf(what, sizeof(what), "left the group"); break;
+	case R_ABORT: snprintf(what, sizeof(what), "aborted its collectives"); break;
+	case R_JOIN: snprintf(what, sizeof(what), "did not join within %d ms", g->join_timeout_ms); break;
+	default: snprintf(what, sizeof(what), "failed"); break;
+	}
+	if (reporter == g->rank || reporter < 0)
+		return st_fail(ST_EPEER, "worker group: rank %d %s", failed, what);
+	return st_fail(ST_EPEER, "worker group: rank %d %s (reported by rank %d)", failed, what, reporter);
+}
+
+int st_group_need(st_group *g, int rank)
+{
+	if (atomic_load(&g->peers[rank].left))
+		st_group_fail(g, R_LEFT, rank, g->rank);
+	return st_group_check(g);
+}
+
+int st_group_status(const st_group *g) { return st_group_check((st_group *)g); }
+
+void st_group_abort(st_group *g)
+{
+	if (g)
+		st_group_fail(g, R_ABORT, g->rank, g->rank);
+}
+
+/* ---- frames ---- */
+
+static st_frame frame(const st_group *g, uint32_t type, uint32_t aux, uint64_t key)
+{
+	st_frame f = { .magic = ST_FRAME_MAGIC, .type = type, .rank = g->rank, .aux = aux, .nonce = g->nonce, .key = key };
+	return f;
+}
+
+/* Queue (TCP) or send (unix) a frame to peer p without blocking; caller holds mu. */
+static void ctrl_send_locked(st_group *g, int p, const st_frame *f)
+{
+	st_peer *q = &g->peers[p];
+	if (q->ctrl_fd < 0)
+		return;
+	if (q->ctrl_unix) {
+		/* a full socket means the peer stopped reading: heartbeats can go */
+		if (send(q->ctrl_fd, f, sizeof(*f), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+		}
+		return;
+	}
+	if (q->txn + (int)sizeof(*f) <= (int)sizeof(q->tx)) {
+		memcpy(q->tx + q->txn, f, sizeof(*f));
+		q->txn += (int)sizeof(*f);
+	}
+	while (q->txn > 0) {
+		ssize_t w = send(q->ctrl_fd, q->tx, (size_t)q->txn, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w <= 0)
+			break;
+		memmove(q->tx, q->tx + w, (size_t)(q->txn - w));
+		q->txn -= (int)w;
+	}
+}
+
+static void mail_add(st_group *g, int kind, int from, uint64_t key, int fd)
+{
+	st_mail *m = calloc(1, sizeof(*m));
+	if (!m) {
+		close(fd);
+		return;
+	}
+	m->kind = kind;
+	m->from = from;
+	m->key = key;
+	m->fd = fd;
+	pthread_mutex_lock(&g->mu);
+	st_mail **pp = &g->mail;
+	while (*pp)
+		pp = &(*pp)->next;
+	*pp = m;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Wait on g->cv for up to ms; caller holds mu. */
+static void cv_wait_ms(st_group *g, int ms)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_nsec += (long)ms * 1000000;
+	ts.tv_sec += ts.tv_nsec / 1000000000;
+	ts.tv_nsec %= 1000000000;
+	pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+}
+
+int st_group_take_mail(st_group *g, int kind, uint64_t key, int from, int *fd)
+{
+	pthread_mutex_lock(&g->mu);
+	for (;;) {
+		for (st_mail **pp = &g->mail; *pp; pp = &(*pp)->next) {
+			st_mail *m = *pp;
+			if (m->kind == kind && m->key == key && m->from == from) {
+				*pp = m->next;
+				*fd = m->fd;
+				free(m);
+				pthread_mutex_unlock(&g->mu);
+				return 0;
+			}
+		}
+		if (atomic_load(&g->fail) || atomic_load(&g->peers[from].left)) {
+			pthread_mutex_unlock(&g->mu);
+			return st_group_need(g, from);
+		}
+		cv_wait_ms(g, 50);
+	}
+}
+
+int st_group_send_fd(st_group *g, int to, uint64_t key, int fd)
+{
+	st_frame f = frame(g, F_FD, 0, key);
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	for (;;) {
+		struct iovec iov = { .iov_base = &f, .iov_len = sizeof(f) };
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		memset(cbuf, 0, sizeof(cbuf));
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+		pthread_mutex_lock(&g->mu);
+		int cfd = g->peers[to].ctrl_unix ? g->peers[to].ctrl_fd : -1;
+		ssize_t r = cfd >= 0 ? sendmsg(cfd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) : -1;
+		int e = errno;
+		pthread_mutex_unlock(&g->mu);
+		if (r == (ssize_t)sizeof(f))
+			return 0;
+		if (cfd >= 0 && r < 0 && (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)) {
+			if (atomic_load(&g->fail))
+				return st_group_check(g);
+			usleep(1000);
+			continue;
+		}
+		if (!atomic_load(&g->fail))
+			st_group_fail(g, R_EXIT, to, g->rank);
+		return st_group_check(g);
+	}
+}
+
+int st_group_connect_data(st_group *g, int to, uint64_t key, int *fdp)
+{
+	st_peer *q = &g->peers[to];
+	int64_t deadline = st_mono_ns() + (int64_t)g->timeout_ms * 1000000;
+	int fd, r = st_tcp_connect(q->addr, q->port, deadline, &fd);
+	if (r == 0) {
+		st_frame f = frame(g, F_HELLO_DATA, 0, key);
+		r = st_send_full(fd, &f, sizeof(f), deadline);
+		if (r) {
+			close(fd);
+		}
+	}
+	if (r) {
+		if (atomic_load(&g->fail))
+			return st_group_check(g);
+		return st_fail(ST_EPEER, "worker group: cannot connect to rank %d at %s:%d: %s", to, q->addr, q->port,
+			       strerror(-r));
+	}
+	st_sock_tune(fd);
+	st_set_nonblock(fd, 1);
+	*fdp = fd;
+	return 0;
+}
+
+uint64_t st_group_next_comm_seq(st_group *g, uint64_t hash)
+{
+	pthread_mutex_lock(&g->mu);
+	st_ckey *k = g->ckeys;
+	while (k && k->hash != hash)
+		k = k->next;
+	if (!k && (k = calloc(1, sizeof(*k)))) {
+		k->hash = hash;
+		k->next = g->ckeys;
+		g->ckeys = k;
+	}
+	uint64_t n = k ? k->count++ : 0;
+	pthread_mutex_unlock(&g->mu);
+	return n;
+}
+
+/* ---- the monitor ---- */
+
+static void peer_closed(st_group *g, int p)
+{
+	st_peer *q = &g->peers[p];
+	pthread_mutex_lock(&g->mu);
+	if (q->ctrl_fd >= 0)
+		close(q->ctrl_fd);
+	q->ctrl_fd = -1;
+	q->closed = 1;
+	q->txn = 0;
+	pthread_mutex_unlock(&g->mu);
+	if (!atomic_load(&q->left))
+		st_group_fail(g, R_EXIT, p, g->rank);
+}
+
+static void on_frame(st_group *g, int p, const st_frame *f, int fd)
+{
+	if (f->magic != ST_FRAME_MAGIC || f->nonce != g->nonce || f->rank != p) {
+		if (fd >= 0)
+			close(fd);
+		st_warn("worker group: malformed control frame from rank %d; dropping the connection", p);
+		peer_closed(g, p);
+		return;
+	}
+	g->peers[p].last_rx = st_mono_ns();
+	switch (f->type) {
+	case F_HB:
+		break;
+	case F_BYE:
+		/* not a failure by itself: collectives that still need p fail */
+		atomic_store(&g->peers[p].left, 1);
+		break;
+	case F_ABORT:
+		if (f->aux > R_NONE && f->aux <= R_JOIN && f->key < (uint64_t)g->size)
+			st_group_fail(g, (int)f->aux, (int)f->key, p);
+		else
+			st_group_fail(g, R_ABORT, p, p);
+		break;
+	case F_FD:
+		if (fd >= 0) {
+			mail_add(g, F_FD, p, f->key, fd);
+			fd = -1;
+		}
+		break;
+	default:
+		break;
+	}
+	if (fd >= 0)
+		close(fd);
+}
+
+static void read_ctrl(st_group *g, int p)
+{
+	st_peer *q = &g->peers[p];
+	for (;;) {
+		if (q->ctrl_fd < 0)
+			return;
+		if (q->ctrl_unix) {
+			st_frame f;
+			char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+			struct iovec iov = { .iov_base = &f, .iov_len = sizeof(f) };
+			struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+					      .msg_controllen = sizeof(cbuf) };
+			ssize_t r = recvmsg(q->ctrl_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return;
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) {
+				peer_closed(g, p);
+				return;
+			}
+			int fd = -1;
+			for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+				if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+					continue;
+				int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+				for (int i = 0; i < nfd; i++) {
+					int x;
+					memcpy(&x, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+					if (fd < 0)
+						fd = x;
+					else
+						close(x);
+				}
+			}
+			if (r != (ssize_t)sizeof(f) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+				if (fd >= 0)
+					close(fd);
+				st_warn("worker group: malformed control message from rank %d", p);
+				peer_closed(g, p);
+				return;
+			}
+			on_frame(g, p, &f, fd);
+		} else {
+			ssize_t r = recv(q->ctrl_fd, q->rx + q->rxn, sizeof(q->rx) - (size_t)q->rxn, MSG_DONTWAIT);
+			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return;
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) {
+				peer_closed(g, p);
+				return;
+			}
+			q->rxn += (int)r;
+			if (q->rxn == (int)sizeof(st_frame)) {
+				st_frame f;
+				memcpy(&f, q->rx, sizeof(f));
+				q->rxn = 0;
+				on_frame(g, p, &f, -1);
+			}
+		}
+	}
+}
+
+/* A complete hello on an accepted connection. */
+static void on_hello(st_group *g, st_pending *pc)
+{
+	st_frame f;
+	memcpy(&f, pc->buf, sizeof(f));
+	int ok = f.magic == ST_FRAME_MAGIC && f.nonce == g->nonce && f.rank >= 0 && f.rank < g->size &&
+		 f.rank != g->rank;
+	if (ok && f.type == F_HELLO_CTRL && f.rank > g->rank) {
+		pthread_mutex_lock(&g->mu);
+		st_peer *q = &g->peers[f.rank];
+		if (q->ctrl_fd < 0 && !q->closed) {
+			q->ctrl_fd = pc->fd;
+			q->ctrl_unix = pc->is_unix;
+			q->last_rx = st_mono_ns();
+			g->nconnected++;
+			pc->fd = -1;
+			pthread_cond_broadcast(&g->cv);
+		}
+		pthread_mutex_unlock(&g->mu);
+	} else if (ok && f.type == F_HELLO_DATA && !pc->is_unix) {
+		st_sock_tune(pc->fd);
+		mail_add(g, F_HELLO_DATA, f.rank, f.key, pc->fd);
+		pc->fd = -1;
+	}
+	if (pc->fd >= 0) {
+		close(pc->fd);
+		pc->fd = -1;
+	}
+}
+
+static void read_pending(st_group *g, st_pending *pc)
+{
+	for (;;) {
+		ssize_t r = recv(pc->fd, pc->buf + pc->n, sizeof(pc->buf) - (size_t)pc->n, MSG_DONTWAIT);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (r <= 0) {
+			close(pc->fd);
+			pc->fd = -1;
+			return;
+		}
+		pc->n += (int)r;
+		if (pc->n == (int)sizeof(pc->buf)) {
+			on_hello(g, pc);
+			return;
+		}
+	}
+}
+
+static void accept_on(st_group *g, int lfd, int is_unix)
+{
+	for (;;) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		st_pending *pc = calloc(1, sizeof(*pc));
+		if (!pc) {
+			close(fd);
+			continue;
+		}
+		pc->fd = fd;
+		pc->is_unix = is_unix;
+		pc->deadline = st_mono_ns() + (int64_t)10 * 1000000000;
+		pc->next = g->pend;
+		g->pend = pc;
+	}
+}
+
+static void heartbeat(st_group *g, int64_t now)
+{
+	st_frame hb = frame(g, F_HB, 0, 0);
+	pthread_mutex_lock(&g->mu);
+	for (int p = 0; p < g->size; p++) {
+		st_peer *q = &g->peers[p];
+		if (p == g->rank || q->ctrl_fd < 0)
+			continue;
+		ctrl_send_locked(g, p, &hb);
+	}
+	pthread_mutex_unlock(&g->mu);
+	for (int p = 0; p < g->size; p++) {
+		st_peer *q = &g->peers[p];
+		if (p != g->rank && q->ctrl_fd >= 0 && !atomic_load(&q->left) &&
+		    now - q->last_rx > (int64_t)g->dead_ms * 1000000)
+			st_group_fail(g, R_HB, p, g->rank);
+	}
+}
+
+static void *monitor(void *arg)
+{
+	st_group *g = arg;
+	int64_t hb_ns = (int64_t)g->hb_ms * 1000000, next_hb = st_mono_ns();
+	int told = 0; /* the group's failure was forwarded to the peers */
+	int cap = g->size + 8;
+	struct pollfd *pf = malloc(sizeof(*pf) * (size_t)cap);
+	int *who = malloc(sizeof(int) * (size_t)cap); /* pf index -> peer, or -1 */
+	st_pending **pw = malloc(sizeof(*pw) * (size_t)cap);
+	if (!pf || !who || !pw) {
+		st_group_fail(g, R_EXIT, g->rank, g->rank);
+		goto out;
+	}
+	while (!atomic_load(&g->stop)) {
+		int64_t now = st_mono_ns();
+		if (now >= next_hb) {
+			heartbeat(g, now);
+			next_hb = now + hb_ns;
+		}
+		if (!told && atomic_load(&g->fail)) {
+			uint64_t v = atomic_load(&g->fail);
+			st_frame ab = frame(g, F_ABORT, (uint32_t)(v & 0xff), (uint64_t)(((v >> 8) & 0xffffff) - 1));
+			pthread_mutex_lock(&g->mu);
+			for (int p = 0; p < g->size; p++)
+				if (p != g->rank)
+					ctrl_send_locked(g, p, &ab);
+			pthread_mutex_unlock(&g->mu);
+			told = 1;
+		}
+		int npend = 0;
+		for (st_pending *pc = g->pend; pc; pc = pc->next)
+			npend++;
+		int need = 3 + g->size + npend;
+		if (need > cap) {
+			cap = need * 2;
+			struct pollfd *a = realloc(pf, sizeof(*pf) * (size_t)cap);
+			if (a)
+				pf = a;
+			int *b = realloc(who, sizeof(int) * (size_t)cap);
+			if (b)
+				who = b;
+			st_pending **c = realloc(pw, sizeof(*pw) * (size_t)cap);
+			if (c)
+				pw = c;
+			if (!a || !b || !c) {
+				st_group_fail(g, R_EXIT, g->rank, g->rank);
+				break;
+			}
+		}
+		int np = 0;
+		pf[np] = (struct pollfd){ .fd = g->mon_fd, .events = POLLIN };
+		who[np++] = -1;
+		pf[np] = (struct pollfd){ .fd = g->tcp_lfd, .events = POLLIN };
+		who[np++] = -2;
+		pf[np] = (struct pollfd){ .fd = g->unix_lfd, .events = POLLIN };
+		who[np++] = -3;
+		int64_t wake = next_hb;
+		for (st_pending *pc = g->pend; pc; pc = pc->next) {
+			pf[np] = (struct pollfd){ .fd = pc->fd, .events = POLLIN };
+			pw[np] = pc;
+			who[np++] = -4;
+			if (pc->deadline < wake)
+				wake = pc->deadline;
+		}
+		pthread_mutex_lock(&g->mu);
+		for (int p = 0; p < g->size; p++) {
+			st_peer *q = &g->peers[p];
+			if (p == g->rank || q->ctrl_fd < 0)
+				continue;
+			pf[np] = (struct pollfd){ .fd = q->ctrl_fd, .events = (short)(POLLIN | (q->txn ? POLLOUT : 0)) };
+			who[np++] = p;
+		}
+		pthread_mutex_unlock(&g->mu);
+		int ms = (int)((wake - now) / 1000000) + 1;
+		if (ms < 0)
+			ms = 0;
+		int r = poll(pf, (nfds_t)np, ms);
+		if (r < 0 && errno != EINTR)
+			usleep(1000);
+		if (r <= 0)
+			goto timers;
+		for (int i = 0; i < np; i++) {
+			if (!pf[i].revents)
+				continue;
+			if (who[i] == -1) {
+				uint64_t v;
+				if (read(g->mon_fd, &v, sizeof(v)) < 0) {
+				}
+			} else if (who[i] == -2) {
+				accept_on(g, g->tcp_lfd, 0);
+			} else if (who[i] == -3) {
+				accept_on(g, g->unix_lfd, 1);
+			} else if (who[i] == -4) {
+				read_pending(g, pw[i]);
+			} else {
+				int p = who[i];
+				if (pf[i].revents & POLLOUT) {
+					pthread_mutex_lock(&g->mu);
+					if (g->peers[p].txn) {
+						st_peer *q = &g->peers[p];
+						while (q->txn > 0 && q->ctrl_fd >= 0) {
+							ssize_t w = send(q->ctrl_fd, q->tx, (size_t)q->txn, MSG_DONTWAIT | MSG_NOSIGNAL);
+							if (w <= 0)
+								break;
+							memmove(q->tx, q->tx + w, (size_t)(q->txn - w));
+							q->txn -= (int)w;
+						}
+					}
+					pthread_mutex_unlock(&g->mu);
+				}
+				if (pf[i].revents & (POLLIN | POLLHUP | POLLERR))
+					read_ctrl(g, p);
+			}
+		}
+	timers:
+		now = st_mono_ns();
+		for (st_pending **pp = &g->pend; *pp;) {
+			st_pending *pc = *pp;
+			if (pc->fd >= 0 && now > pc->deadline) {
+				close(pc->fd);
+				pc->fd = -1;
+			}
+			if (pc->fd < 0) {
+				*pp = pc->next;
+				free(pc);
+			} else {
+				pp = &pc->next;
+			}
+		}
+	}
+out:
+	free(pf);
+	free(who);
+	free(pw);
+	return NULL;
+}
+
+/* ---- join and leave ---- */
+
+static int env_ms(const char *name, int dflt, int lo, int *out)
+{
+	const char *v = getenv(name);
+	long x;
+	if (!v) {
+		*out = dflt;
+		return 0;
+	}
+	if (st_parse_long(v, lo, 1L << 30, &x) < 0)
+		return st_fail(ST_EINVAL, "%s='%s' is not an integer in [%d, %ld]", name, v, lo, 1L << 30);
+	*out = (int)x;
+	return 0;
+}
+
+static void host_key(char *buf, size_t cap)
+{
+	char hn[256] = "?", boot[64] = "?", ns[64] = "?";
+	if (gethostname(hn, sizeof(hn)) < 0)
+		snprintf(hn, sizeof(hn), "?");
+	hn[sizeof(hn) - 1] = 0;
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+	if (f) {
+		if (!fgets(boot, sizeof(boot), f))
+			snprintf(boot, sizeof(boot), "?");
+		fclose(f);
+		boot[strcspn(boot, "\n")] = 0;
+	}
+	ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+	ns[n > 0 ? n : 0] = 0;
+	snprintf(buf, cap, "%.200s|%.60s|%.50s", hn, boot, ns);
+}
+
+static int validate_env(const st_group_env *e)
+{
+	if (e->world_size < 1 || e->world_size > (1 << 20))
+		return st_fail(ST_EINVAL, "worker group: world size %d out of range", e->world_size);
+	if (e->rank < 0 || e->rank >= e->world_size)
+		return st_fail(ST_EINVAL, "worker group: rank %d out of range for world size %d", e->rank, e->world_size);
+	if (e->num_slices < 1 || e->world_size % e->num_slices)
+		return st_fail(ST_EINVAL, "worker group: %d slices do not divide world size %d", e->num_slices,
+			       e->world_size);
+	if (e->slice_id != e->rank / (e->world_size / e->num_slices))
+		return st_fail(ST_EINVAL, "worker group: slice %d is inconsistent with rank %d (slice-major order)",
+			       e->slice_id, e->rank);
+	return 0;
+}
+
+static int unix_listen(st_group *g, char *name, size_t cap)
+{
+	struct sockaddr_un a;
+	memset(&a, 0, sizeof(a));
+	a.sun_family = AF_UNIX;
+	snprintf(name, cap, "slicetrain.%d.%016llx", (int)getpid(), (unsigned long long)rand64());
+	memcpy(a.sun_path + 1, name, strlen(name));
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name));
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return st_fail(ST_EIO, "worker group: unix socket: %s", strerror(errno));
+	if (bind(fd, (struct sockaddr *)&a, len) < 0 || listen(fd, 4096) < 0) {
+		int e = errno;
+		close(fd);
+		return st_fail(ST_EIO, "worker group: unix socket %s: %s", name, strerror(e));
+	}
+	g->unix_lfd = fd;
+	return 0;
+}
+
+static int unix_connect(const char *name, int *fdp)
+{
+	struct sockaddr_un a;
+	memset(&a, 0, sizeof(a));
+	a.sun_family = AF_UNIX;
+	size_t n = strlen(name);
+	if (n + 2 > sizeof(a.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(a.sun_path + 1, name, n);
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&a, len) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	st_set_nonblock(fd, 1);
+	*fdp = fd;
+	return 0;
+}
+
+static int publish_and_collect(st_group *g, const st_group_env *e, const char *host, int port, int64_t deadline)
+{
+	st_store *s = NULL;
+	char key[64];
+	void *val = NULL;
+	size_t len;
+	int r = st_store_connect(&s, host, port, deadline);
+	if (r < 0)
+		return r;
+	if (g->rank == 0) {
+		cfg_wire cw = { .magic = CFG_MAGIC, .world = g->size, .num_slices = g->num_slices,
+				.use_shm = g->use_shm, .window_bytes = g->window_bytes, .nonce = rand64() };
+		if ((r = st_store_set(s, "cfg", &cw, sizeof(cw))) < 0)
+			goto out;
+	}
+	if ((r = st_store_get(s, "cfg", &val, &len, deadline)) < 0) {
+		if (st_mono_ns() >= deadline)
+			r = st_fail(ST_EPEER, "worker group: rank 0 did not set up the store at %s within %d ms",
+				    e->coordinator, g->join_timeout_ms);
+		goto out;
+	}
+	cfg_wire cw;
+	if (len != sizeof(cw)) {
+		r = st_fail(ST_EPEER, "worker group: the store at %s is not a slicetrain store (or another version)",
+			    e->coordinator);
+		goto out;
+	}
+	memcpy(&cw, val, sizeof(cw));
+	free(val);
+	val = NULL;
+	if (cw.magic != CFG_MAGIC) {
+		r = st_fail(ST_EPEER, "worker group: the store at %s is not a slicetrain store", e->coordinator);
+		goto out;
+	}
+	if (cw.world != g->size || cw.num_slices != g->num_slices) {
+		r = st_fail(ST_EINVAL, "worker group: this process has world size %d in %d slices, rank 0 has %d in %d",
+			    g->size, g->num_slices, cw.world, cw.num_slices);
+		goto out;
+	}
+	g->nonce = cw.nonce;
+	g->window_bytes = cw.window_bytes;
+	g->use_shm = cw.use_shm;
+	snprintf(key, sizeof(key), "claim/%d", g->rank);
+	int64_t claims;
+	if ((r = st_store_add(s, key, 1, &claims)) < 0)
+		goto out;
+	if (claims != 1) {
+		r = st_fail(ST_EINVAL, "worker group: rank %d was claimed by two processes (check the rank variables)",
+			    g->rank);
+		goto out;
+	}
+
+	ep_wire me;
+	memset(&me, 0, sizeof(me));
+	me.magic = EP_MAGIC;
+	me.rank = g->rank;
+	me.pid = (int32_t)getpid();
+	me.slice = e->slice_id;
+	me.port = g->peers[g->rank].port;
+	const char *adv = getenv("SLICETRAIN_ADDR");
+	if (adv && *adv)
+		snprintf(me.addr, sizeof(me.addr), "%s", adv);
+	else if (st_store_local_addr(s, me.addr, sizeof(me.addr)) < 0)
+		snprintf(me.addr, sizeof(me.addr), "127.0.0.1");
+	snprintf(me.uname, sizeof(me.uname), "%s", g->peers[g->rank].uname);
+	host_key(me.hostkey, sizeof(me.hostkey));
+	snprintf(key, sizeof(key), "ep/%d", g->rank);
+	if ((r = st_store_set(s, key, &me, sizeof(me))) < 0)
+		goto out;
+
+	char (*keys)[320] = calloc((size_t)g->size, sizeof(*keys));
+	if (!keys) {
+		r = st_fail(ST_ENOMEM, "worker group: out of memory");
+		goto out;
+	}
+	for (int p = 0; p < g->size; p++) {
+		ep_wire ep;
+		snprintf(key, sizeof(key), "ep/%d", p);
+		if ((r = st_store_get(s, key, &val, &len, deadline)) < 0) {
+			if (st_mono_ns() >= deadline)
+				r = st_fail(ST_EPEER, "worker group: rank %d did not join within %d ms (coordinator %s)", p,
+					    g->join_timeout_ms, e->coordinator);
+			break;
+		}
+		if (len != sizeof(ep)) {
+			r = st_fail(ST_EPEER, "worker group: malformed endpoint of rank %d in the store", p);
+			break;
+		}
+		memcpy(&ep, val, sizeof(ep));
+		free(val);
+		val = NULL;
+		if (ep.magic != EP_MAGIC || ep.rank != p || ep.port < 1 || ep.port > 65535 ||
+		    !memchr(ep.addr, 0, sizeof(ep.addr)) || !memchr(ep.uname, 0, sizeof(ep.uname)) ||
+		    !memchr(ep.hostkey, 0, sizeof(ep.hostkey)) || ep.slice != p / g->per_slice) {
+			r = st_fail(ST_EPEER, "worker group: malformed endpoint of rank %d in the store", p);
+			break;
+		}
+		st_peer *q = &g->peers[p];
+		q->pid = ep.pid;
+		q->slice = ep.slice;
+		q->port = ep.port;
+		memcpy(q->addr, ep.addr, sizeof(q->addr));
+		memcpy(q->uname, ep.uname, sizeof(q->uname));
+		memcpy(keys[p], ep.hostkey, sizeof(keys[p]));
+		q->host = p;
+		for (int k = 0; k < p; k++)
+			if (strcmp(keys[k], keys[p]) == 0) {
+				q->host = g->peers[k].host;
+				break;
+			}
+	}
+	free(keys);
+out:
+	free(val);
+	st_store_close(s);
+	return r;
+}
+
+int st_group_join(st_group **out, const st_group_opts *opts)
+{
+	st_group_env envbuf;
+	const st_group_env *e = opts ? opts->env : NULL;
+	int r;
+	*out = NULL;
+	if (!e) {
+		if ((r = st_group_env_read(&envbuf)) < 0)
+			return r;
+		e = &envbuf;
+	}
+	if ((r = validate_env(e)) < 0)
+		return r;
+	st_group *g = calloc(1, sizeof(*g));
+	if (!g)
+		return st_fail(ST_ENOMEM, "worker group: out of memory");
+	g->rank = e->rank;
+	g->size = e->world_size;
+	g->num_slices = e->num_slices;
+	g->per_slice = e->world_size / e->num_slices;
+	g->tcp_lfd = g->unix_lfd = g->fail_fd = g->mon_fd = -1;
+	g->use_shm = !(opts && opts->use_shm < 0);
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	int win_kb;
+	if (opts && opts->timeout_ms > 0)
+		g->timeout_ms = opts->timeout_ms;
+	else if ((r = env_ms("SLICETRAIN_COMM_TIMEOUT_MS", 5000, 10, &g->timeout_ms)) < 0)
+		goto fail;
+	if (opts && opts->join_timeout_ms > 0)
+		g->join_timeout_ms = opts->join_timeout_ms;
+	else if ((r = env_ms("SLICETRAIN_JOIN_TIMEOUT_MS", 300000, 10, &g->join_timeout_ms)) < 0)
+		goto fail;
+	if ((r = env_ms("SLICETRAIN_COMM_WINDOW_KB", 1024, 64, &win_kb)) < 0)
+		goto fail;
+	g->window_bytes = (int64_t)win_kb * 1024;
+	/* a heartbeat every tenth of the timeout; dead after 8 missed ones, so
+	 * that with the polling delay a stopped peer is declared dead within timeout_ms */
+	g->hb_ms = g->timeout_ms / 10 > 0 ? g->timeout_ms / 10 : 1;
+	g->dead_ms = g->timeout_ms - 2 * g->hb_ms;
+	g->peers = calloc((size_t)g->size, sizeof(st_peer));
+	if (!g->peers) {
+		r = st_fail(ST_ENOMEM, "worker group: out of memory");
+		goto fail;
+	}
+	for (int p = 0; p < g->size; p++) {
+		g->peers[p].ctrl_fd = -1;
+		g->peers[p].slice = p / g->per_slice;
+		g->peers[p].host = 0;
+	}
+	if (g->size == 1) {
+		*out = g;
+		return 0;
+	}
+
+	int64_t t0 = st_mono_ns(), deadline = t0 + (int64_t)g->join_timeout_ms * 1000000;
+	char host[256];
+	int port;
+	if (st_split_hostport(e->coordinator, host, sizeof(host), &port) < 0) {
+		r = st_fail(ST_EINVAL, "worker group: coordinator '%s' is not host:port", e->coordinator);
+		goto fail;
+	}
+	g->fail_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	g->mon_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (g->fail_fd < 0 || g->mon_fd < 0) {
+		r = st_fail(ST_EIO, "worker group: eventfd: %s", strerror(errno));
+		goto fail;
+	}
+	int lport;
+	if ((r = st_tcp_listen(0, 4096, &g->tcp_lfd, &lport)) < 0) {
+		r = st_fail(ST_EIO, "worker group: cannot listen: %s", strerror(-r));
+		goto fail;
+	}
+	st_set_nonblock(g->tcp_lfd, 1);
+	g->peers[g->rank].port = lport;
+	if ((r = unix_listen(g, g->peers[g->rank].uname, sizeof(g->peers[g->rank].uname))) < 0)
+		goto fail;
+	if (g->rank == 0 && (r = st_store_serve(&g->store, port)) < 0) {
+		r = st_fail(ST_EIO, "worker group: rank 0 cannot host the store on the coordinator port %d: %s", port,
+			    st_errmsg());
+		goto fail;
+	}
+	if ((r = publish_and_collect(g, e, host, port, deadline)) < 0)
+		goto fail;
+	int nh = 0;
+	for (int p = 0; p < g->size; p++)
+		if (g->peers[p].host == p)
+			nh++;
+	g->nhosts = nh;
+
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int pe = pthread_create(&g->mon, NULL, monitor, g);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (pe) {
+		r = st_fail(ST_EIO, "worker group: cannot start the monitor thread: %s", strerror(pe));
+		goto fail;
+	}
+	g->mon_running = 1;
+
+	/* control connections to every lower rank */
+	for (int p = 0; p < g->rank; p++) {
+		st_peer *q = &g->peers[p];
+		int fd, unix_ = q->host == g->peers[g->rank].host;
+		int rr = unix_ ? unix_connect(q->uname, &fd) : st_tcp_connect(q->addr, q->port, deadline, &fd);
+		if (rr == 0) {
+			st_frame f = frame(g, F_HELLO_CTRL, 0, 0);
+			rr = st_send_full(fd, &f, sizeof(f), deadline);
+			if (rr)
+				close(fd);
+		}
+		if (rr) {
+			r = st_fail(ST_EPEER, "worker group: cannot connect to rank %d (%s): %s", p,
+				    unix_ ? "same host, unix socket" : q->addr, strerror(-rr));
+			goto fail;
+		}
+		st_set_nonblock(fd, 1);
+		pthread_mutex_lock(&g->mu);
+		q->ctrl_fd = fd;
+		q->ctrl_unix = unix_;
+		q->last_rx = st_mono_ns();
+		g->nconnected++;
+		pthread_mutex_unlock(&g->mu);
+		poke(g->mon_fd);
+	}
+	/* and from every higher one */
+	pthread_mutex_lock(&g->mu);
+	while (g->nconnected < g->size - 1 && !atomic_load(&g->fail) && st_mono_ns() < deadline)
+		cv_wait_ms(g, 50);
+	int missing = -1;
+	for (int p = g->rank + 1; p < g->size && g->nconnected < g->size - 1; p++)
+		if (g->peers[p].ctrl_fd < 0) {
+			missing = p;
+			break;
+		}
+	pthread_mutex_unlock(&g->mu);
+	if ((r = st_group_check(g)) < 0)
+		goto fail;
+	if (missing >= 0) {
+		r = st_fail(ST_EPEER, "worker group: rank %d did not connect within %d ms", missing, g->join_timeout_ms);
+		goto fail;
+	}
+	/* Everybody has read every endpoint before connecting to rank 0, so the
+	 * store is no longer needed: free the coordinator port. */
+	if (g->store) {
+		st_store_server_stop(g->store);
+		g->store = NULL;
+	}
+	(void)t0;
+	*out = g;
+	return 0;
+fail:
+	st_group_leave(g);
+	return r;
+}
+
+int st_group_rank(const st_group *g) { return g->rank; }
+int st_group_size(const st_group *g) { return g->size; }
+int st_group_num_slices(const st_group *g) { return g->num_slices; }
+int st_group_slice(const st_group *g, int rank)
+{
+	return rank >= 0 && rank < g->size ? rank / g->per_slice : -1;
+}
+
+void st_group_leave(st_group *g)
+{
+	if (!g)
+		return;
+	/* communicators still open are released with the group */
+	while (g->comms) {
+		st_comm *c = g->comms;
+		g->comms = st_comm_next(c);
+		st_comm_destroy(c);
+	}
+	if (g->mon_running) {
+		atomic_store(&g->stop, 1);
+		poke(g->mon_fd);
+		pthread_join(g->mon, NULL);
+		g->mon_running = 0;
+	}
+	st_frame bye = frame(g, F_BYE, 0, 0);
+	for (int p = 0; g->peers && p < g->size; p++) {
+		st_peer *q = &g->peers[p];
+		if (q->ctrl_fd < 0)
+			continue;
+		ctrl_send_locked(g, p, &bye);
+		close(q->ctrl_fd);
+		q->ctrl_fd = -1;
+	}
+	while (g->pend) {
+		st_pending *n = g->pend->next;
+		if (g->pend->fd >= 0)
+			close(g->pend->fd);
+		free(g->pend);
+		g->pend = n;
+	}
+	while (g->mail) {
+		st_mail *n = g->mail->next;
+		close(g->mail->fd);
+		free(g->mail);
+		g->mail = n;
+	}
+	while (g->ckeys) {
+		st_ckey *n = g->ckeys->next;
+		free(g->ckeys);
+		g->ckeys = n;
+	}
+	st_store_server_stop(g->store);
+	if (g->tcp_lfd >= 0)
+		close(g->tcp_lfd);
+	if (g->unix_lfd >= 0)
+		close(g->unix_lfd);
+	if (g->fail_fd >= 0)
+		close(g->fail_fd);
+	if (g->mon_fd >= 0)
+		close(g->mon_fd);
+	free(g->peers);
+	pthread_mutex_destroy(&g->mu);
+	pthread_cond_destroy(&g->cv);
+	free(g);
+}

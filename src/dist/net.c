@@ -1,0 +1,237 @@
+/* Socket helpers: parsing, listening, connecting and full transfers with deadlines. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/dist_int.h"
+
+int64_t st_mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int st_parse_long(const char *s, long lo, long hi, long *out)
+{
+	if (!s || !*s || strlen(s) > 18)
+		return -1;
+	long v = 0;
+	for (const char *p = s; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return -1;
+		v = v * 10 + (*p - '0');
+	}
+	if (v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int st_split_hostport(const char *s, char *host, size_t hostcap, int *port)
+{
+	const char *colon, *h = s;
+	size_t hl;
+	if (!s || !*s)
+		return -1;
+	if (s[0] == '[') {
+		const char *end = strchr(s, ']');
+		if (!end || end[1] != ':')
+			return -1;
+		h = s + 1;
+		hl = (size_t)(end - h);
+		colon = end + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (!colon || strchr(s, ':') != colon) /* bare IPv6 needs brackets */
+			return -1;
+		hl = (size_t)(colon - s);
+	}
+	if (hl == 0 || hl >= hostcap)
+		return -1;
+	for (size_t i = 0; i < hl; i++)
+		if ((unsigned char)h[i] <= ' ' || h[i] == '/' || h[i] == '[' || h[i] == ']')
+			return -1;
+	long p;
+	if (st_parse_long(colon + 1, 1, 65535, &p) < 0)
+		return -1;
+	memcpy(host, h, hl);
+	host[hl] = 0;
+	*port = (int)p;
+	return 0;
+}
+
+int st_set_nonblock(int fd, int on)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0)
+		return -errno;
+	fl = on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
+	return fcntl(fd, F_SETFL, fl) < 0 ? -errno : 0;
+}
+
+void st_sock_tune(int fd)
+{
+	int one = 1, big = 8 << 20;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	/* Past net.core.[rw]mem_max only with CAP_NET_ADMIN; otherwise keep the
+	 * kernel's autotuning (an explicit small SO_SNDBUF would disable it). */
+	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big)) == 0)
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big));
+}
+
+int st_tcp_listen(int port, int backlog, int *fdp, int *bound)
+{
+	int one = 1, zero = 0, fd;
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	memset(&ss, 0, sizeof(ss));
+	fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0) {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+		a->sin6_family = AF_INET6;
+		a->sin6_addr = in6addr_any;
+		a->sin6_port = htons((uint16_t)port);
+		sl = sizeof(*a);
+	} else {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		a->sin_family = AF_INET;
+		a->sin_addr.s_addr = htonl(INADDR_ANY);
+		a->sin_port = htons((uint16_t)port);
+		sl = sizeof(*a);
+	}
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, backlog) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	sl = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	*bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+					  : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	*fdp = fd;
+	return 0;
+}
+
+static int wait_fd(int fd, short ev, int64_t deadline)
+{
+	for (;;) {
+		int64_t left = deadline - st_mono_ns();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		struct pollfd p = { .fd = fd, .events = ev };
+		int ms = (int)(left / 1000000) + 1;
+		int r = poll(&p, 1, ms);
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+int st_tcp_connect(const char *host, int port, int64_t deadline, int *fdp)
+{
+	struct addrinfo hints, *res, *ai;
+	char ps[16];
+	int err = -EHOSTUNREACH;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	snprintf(ps, sizeof(ps), "%d", port);
+	int gr = getaddrinfo(host, ps, &hints, &res);
+	if (gr != 0)
+		return gr == EAI_SYSTEM ? -errno : -EHOSTUNREACH;
+	for (ai = res; ai; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+		if (fd < 0) {
+			err = -errno;
+			continue;
+		}
+		int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+		if (r < 0 && errno == EINPROGRESS) {
+			r = wait_fd(fd, POLLOUT, deadline);
+			if (r == 0) {
+				int so = 0;
+				socklen_t sl = sizeof(so);
+				getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+				r = so ? -so : 0;
+			}
+		} else if (r < 0) {
+			r = -errno;
+		}
+		if (r == 0) {
+			int one = 1;
+			st_set_nonblock(fd, 0);
+			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			freeaddrinfo(res);
+			*fdp = fd;
+			return 0;
+		}
+		err = r;
+		close(fd);
+	}
+	freeaddrinfo(res);
+	return err;
+}
+
+int st_send_full(int fd, const void *p, size_t n, int64_t deadline)
+{
+	const char *c = p;
+	while (n > 0) {
+		ssize_t w = send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w > 0) {
+			c += w;
+			n -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int r = wait_fd(fd, POLLOUT, deadline);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int st_recv_full(int fd, void *p, size_t n, int64_t deadline)
+{
+	char *c = p;
+	while (n > 0) {
+		ssize_t r = recv(fd, c, n, MSG_DONTWAIT);
+		if (r > 0) {
+			c += r;
+			n -= (size_t)r;
+			continue;
+		}
+		if (r == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -errno;
+		int w = wait_fd(fd, POLLIN, deadline);
+		if (w < 0)
+			return w;
+	}
+	return 0;
+}
