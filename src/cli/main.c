@@ -15,6 +15,7 @@
 #include "base/err.h"
 #include "ckpt/ckpt_cli.h"
 #include "config/config.h"
+#include "train/plan.h"
 #include "train/train.h"
 
 #define SLICETRAIN_VERSION "0.1.0"
@@ -139,6 +140,12 @@ int main(int argc, char **argv)
 	const char *cmd = argv[1];
 	if (!strcmp(cmd, "train"))
 		return cmd_train(argc - 2, argv + 2);
+	if (!strcmp(cmd, "plan")) {
+		char dir[PATH_MAX];
+		find_config_dir(dir, sizeof(dir));
+		st_config_set_config_dir(dir);
+		return st_cmd_plan(argc - 2, argv + 2);
+	}
 	if (!strcmp(cmd, "export"))
 		return st_ckpt_cmd_export(argc - 2, argv + 2);
 	if (!strcmp(cmd, "ckpt"))

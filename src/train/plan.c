@@ -1,0 +1,306 @@
+#include "train/plan.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/err.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+/* Libraries, oneDNN's JIT code and scratch, stacks: measured 40-60 MiB. */
+#define RUNTIME_BYTES (64ll << 20)
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static const char *remat_name(enum st_remat r)
+{
+	return r == ST_REMAT_FULL ? "full" : r == ST_REMAT_MINIMAL ? "minimal" : "none";
+}
+
+static double machine_memory(void)
+{
+	double pages = (double)sysconf(_SC_PHYS_PAGES), size = (double)sysconf(_SC_PAGESIZE);
+	return pages > 0 && size > 0 ? pages * size : 0;
+}
+
+static int divisible(const char *what, int64_t n, int64_t tp)
+{
+	if (n % tp != 0)
+		return st_fail(ST_EINVAL,
+			       "%s %lld is not divisible by the tensor parallelism %lld "
+			       "(ici_tensor_parallelism x dcn_tensor_parallelism)",
+			       what, (long long)n, (long long)tp);
+	return 0;
+}
+
+int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t devices_per_slice,
+		    double memory_bytes)
+{
+	memset(p, 0, sizeof(*p));
+	if (num_slices < 1 || devices_per_slice < 1)
+		return st_fail(ST_EINVAL, "--num-slices and --devices-per-slice must be at least 1");
+	int rc = st_mesh_resolve(&p->mesh, c, num_slices, devices_per_slice);
+	if (rc < 0)
+		return rc;
+	p->devices = num_slices * devices_per_slice;
+	double b = c->per_device_batch_size;
+	if (b < 1 || b != (double)(int64_t)b)
+		return st_fail(ST_EINVAL, "per_device_batch_size must be a whole number >= 1 for now, got %g", b);
+	int64_t B = (int64_t)b, tp = p->mesh.size[ST_AXIS_TENSOR], F = p->mesh.size[ST_AXIS_FSDP];
+	st_llama_shape_from_config(&p->shape, c);
+	const st_llama_shape *s = &p->shape;
+	if ((rc = divisible("num_query_heads", s->H, tp)) < 0 ||
+	    (rc = divisible("num_kv_heads", s->K, tp)) < 0 || (rc = divisible("mlp_dim", s->M, tp)) < 0 ||
+	    (rc = divisible("vocab_size", s->V, tp)) < 0)
+		return rc;
+	p->local = *s;
+	p->local.H /= tp;
+	p->local.K /= tp;
+	p->local.M /= tp;
+	p->local.V /= tp;
+
+	/* parameters: tensor-parallel parts divided by tp, the rest replicated */
+	int64_t E = s->E, L = s->L, HD = s->H * s->D, KD = s->K * s->D;
+	int64_t layer_tp = 2 * E * HD + 2 * E * KD + 3 * E * s->M, layer_rep = 2 * E;
+	p->params = st_llama_count_params(s);
+	p->layer_piece = layer_tp / tp + layer_rep;
+	p->params_piece = L * p->layer_piece + s->V * E /* embedding */ + E /* final norm */ +
+			  s->V / tp * E /* output layer */;
+	p->params_device = ceil_div(p->params_piece, F);
+	p->weights = 4 * p->params_device;
+	p->grads = 4 * p->params_device;
+	p->optimizer = 8 * p->params_device;
+	p->fsdp_buffer = F > 1 ? 4 * p->layer_piece : 0;
+
+	/* activations: a tensor-parallel group's micro-batch, one device's heads */
+	p->rows = B * tp;
+	p->T = c->max_target_length;
+	p->global_batch = B * p->devices * c->gradient_accumulation_steps;
+	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy);
+
+	/* transient kernel buffers (largest phase: attention backward) + runtime */
+	int64_t N = p->rows * p->T, Tpad = ceil_div(p->T, 64) * 64;
+	int64_t attn = 4 * (2 * p->rows * p->local.K * s->D * Tpad + p->rows * p->local.H * p->T);
+	int64_t norm = 4 * ceil_div(N, 64) * E;
+	p->workspace = (attn > norm ? attn : norm) + 4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
+
+	p->total = p->weights + p->grads + p->optimizer + p->fsdp_buffer + p->activations + p->workspace;
+	p->memory = memory_bytes > 0 ? memory_bytes : machine_memory();
+	p->fits = p->memory <= 0 || (double)p->total <= p->memory;
+	p->flops = st_training_flops(c, (double)B);
+	return 0;
+}
+
+static void line(FILE *out, const char *what, int64_t bytes, const char *note)
+{
+	fprintf(out, "  %-12s %10.3f GiB  %s\n", what, (double)bytes / GIB, note);
+}
+
+void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
+{
+	const st_mesh *m = &p->mesh;
+	const st_llama_shape *l = &p->local;
+	char note[256];
+	fprintf(out, "model: %s, %.3f B parameters (%lld)\n", c->model_name, (double)p->params / 1e9,
+		(long long)p->params);
+	fprintf(out,
+		"mesh: %lld slice%s x %lld devices = %lld: data %lld (ici %lld, dcn %lld), fsdp %lld "
+		"(ici %lld, dcn %lld), tensor %lld (ici %lld, dcn %lld)\n",
+		(long long)m->num_slices, m->num_slices == 1 ? "" : "s", (long long)m->devices_per_slice,
+		(long long)p->devices, (long long)m->size[ST_AXIS_DATA], (long long)m->ici[ST_AXIS_DATA],
+		(long long)m->dcn[ST_AXIS_DATA], (long long)m->size[ST_AXIS_FSDP],
+		(long long)m->ici[ST_AXIS_FSDP], (long long)m->dcn[ST_AXIS_FSDP],
+		(long long)m->size[ST_AXIS_TENSOR], (long long)m->ici[ST_AXIS_TENSOR],
+		(long long)m->dcn[ST_AXIS_TENSOR]);
+	fprintf(out,
+		"batch: %g x %lld tokens per device, %lld sequences per micro-batch of a tensor group, "
+		"global batch %lld sequences (%lld tokens) per step, remat %s, dtype %s\n",
+		c->per_device_batch_size, (long long)p->T, (long long)p->rows, (long long)p->global_batch,
+		(long long)(p->global_batch * p->T), remat_name(c->remat_policy),
+		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (not built yet: planned as float32)" : "float32");
+	fprintf(out, "per device:\n");
+	snprintf(note, sizeof(note), "fp32, %lld parameters: tensor piece %lld / fsdp %lld",
+		 (long long)p->params_device, (long long)p->params_piece,
+		 (long long)m->size[ST_AXIS_FSDP]);
+	line(out, "weights", p->weights, note);
+	line(out, "gradients", p->grads, "fp32, sharded as the weights");
+	line(out, "optimizer", p->optimizer, "AdamW m and v, fp32, sharded as the weights");
+	if (p->fsdp_buffer)
+		line(out, "fsdp buffer", p->fsdp_buffer, "one layer's weights, gathered over fsdp");
+	snprintf(note, sizeof(note),
+		 "remat %s, %lld x %lld rows; per device: %lld heads, %lld kv heads, mlp %lld, vocab %lld",
+		 remat_name(c->remat_policy), (long long)p->rows, (long long)p->T, (long long)l->H,
+		 (long long)l->K, (long long)l->M, (long long)l->V);
+	line(out, "activations", p->activations, note);
+	line(out, "workspace", p->workspace, "attention's K/V transposes, batch, 64 MiB runtime");
+	if (p->memory > 0)
+		snprintf(note, sizeof(note), "of %.1f GiB: %s", p->memory / GIB,
+			 p->fits ? "fits" : "DOES NOT FIT");
+	else
+		snprintf(note, sizeof(note), "(memory size unknown)");
+	line(out, "total", p->total, note);
+	fprintf(out,
+		"FLOPs per device per step: %.2f TFLOP (%.2f weights, %.2f causal attention; MaxText's "
+		"formula), %.2f GFLOP per token\n",
+		p->flops.total / 1e12, p->flops.weights / 1e12, p->flops.attention / 1e12,
+		p->flops.total / 1e9 /
+			((double)p->T * c->per_device_batch_size * (double)c->gradient_accumulation_steps));
+}
+
+void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out)
+{
+	const st_mesh *m = &p->mesh;
+	json_t *o = json_object();
+	if (!o) {
+		fprintf(out, "{}\n");
+		return;
+	}
+#define INT(k, v) json_object_set_new(o, k, json_integer((json_int_t)(v)))
+#define REAL(k, v) json_object_set_new(o, k, json_real(v))
+	json_object_set_new(o, "model", json_string(c->model_name));
+	INT("params", p->params);
+	INT("params_piece", p->params_piece);
+	INT("params_device", p->params_device);
+	INT("devices", p->devices);
+	INT("data", m->size[ST_AXIS_DATA]);
+	INT("fsdp", m->size[ST_AXIS_FSDP]);
+	INT("tensor", m->size[ST_AXIS_TENSOR]);
+	INT("rows", p->rows);
+	INT("seq", p->T);
+	INT("global_batch", p->global_batch);
+	json_object_set_new(o, "remat", json_string(remat_name(c->remat_policy)));
+	INT("weights_bytes", p->weights);
+	INT("grads_bytes", p->grads);
+	INT("optimizer_bytes", p->optimizer);
+	INT("fsdp_buffer_bytes", p->fsdp_buffer);
+	INT("activation_bytes", p->activations);
+	INT("workspace_bytes", p->workspace);
+	INT("total_bytes", p->total);
+	REAL("memory_bytes", p->memory);
+	json_object_set_new(o, "fits", json_boolean(p->fits));
+	REAL("tflops_per_device_step", p->flops.total / 1e12);
+	REAL("tflops_weights", p->flops.weights / 1e12);
+	REAL("tflops_attention", p->flops.attention / 1e12);
+#undef INT
+#undef REAL
+	char *txt = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
+	fprintf(out, "%s\n", txt ? txt : "{}");
+	free(txt);
+	json_decref(o);
+}
+
+static const char plan_usage[] =
+	"usage: slicetrain plan CONFIG.yml [key=value ...] [--num-slices S] [--devices-per-slice D]\n"
+	"                       [--memory GiB] [--json]\n"
+	"\n"
+	"Prints what one device of the run needs, without running it: parameter count,\n"
+	"per-device bytes of weights, gradients, AdamW state and activations under the\n"
+	"config's remat_policy and mesh (the parallelism keys resolved for S slices of D\n"
+	"devices, as MaxText), FLOPs per device per step (MaxText's formula), and whether\n"
+	"it fits in --memory GiB (default: this machine's RAM). The sharding model is\n"
+	"documented in docs/performance.md.\n"
+	"Defaults: S = num_slices when set, else 1; D = the product of the ici_* values\n"
+	"when none is -1, else 1.\n"
+	"\n"
+	"example (the tutorial's 70B run):\n"
+	"  slicetrain plan configs/base.yml model_name=llama3-70b per_device_batch_size=2 \\\n"
+	"      max_target_length=4096 remat_policy=full ici_tensor_parallelism=4 \\\n"
+	"      ici_fsdp_parallelism=4 dcn_fsdp_parallelism=2 dcn_data_parallelism=1 \\\n"
+	"      --num-slices 2 --devices-per-slice 16 --memory 95\n";
+
+static int parse_count(const char *opt, const char *v, int64_t *out)
+{
+	char *end;
+	long long x = v ? strtoll(v, &end, 10) : 0;
+	if (!v || !*v || *end || x < 1)
+		return st_fail(ST_EINVAL, "%s needs a whole number >= 1, got '%s'", opt, v ? v : "");
+	*out = x;
+	return 0;
+}
+
+static int has_suffix(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a >= b && !strcmp(s + a - b, suf);
+}
+
+int st_cmd_plan(int argc, char **argv)
+{
+	if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+		fputs(plan_usage, stdout);
+		return 0;
+	}
+	int64_t slices = 0, dps = 0;
+	double memory = 0;
+	int json = 0, rc = 0;
+	const char *path = NULL;
+	char **kv = calloc((size_t)argc + 1, sizeof(char *));
+	st_config *c = calloc(1, sizeof(*c));
+	if (!kv || !c) {
+		free(kv);
+		free(c);
+		fprintf(stderr, "slicetrain: error: out of memory\n");
+		return 1;
+	}
+	int nkv = 0;
+	for (int i = 0; i < argc && rc == 0; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--num-slices")) {
+			rc = parse_count(a, i + 1 < argc ? argv[++i] : NULL, &slices);
+		} else if (!strcmp(a, "--devices-per-slice")) {
+			rc = parse_count(a, i + 1 < argc ? argv[++i] : NULL, &dps);
+		} else if (!strcmp(a, "--memory")) {
+			const char *v = i + 1 < argc ? argv[++i] : NULL;
+			char *end;
+			memory = v ? strtod(v, &end) : 0;
+			if (!v || !*v || *end || !(memory > 0))
+				rc = st_fail(ST_EINVAL, "--memory needs a size in GiB > 0, got '%s'", v ? v : "");
+			memory *= GIB;
+		} else if (!strcmp(a, "--json")) {
+			json = 1;
+		} else if (a[0] == '-' && a[1] == '-') {
+			rc = st_fail(ST_EINVAL, "unknown option '%s' (see slicetrain plan --help)", a);
+		} else if (!path && !strchr(a, '=') && (has_suffix(a, ".yml") || has_suffix(a, ".yaml"))) {
+			path = a;
+		} else if (strchr(a, '=')) {
+			kv[nkv++] = argv[i];
+		} else {
+			rc = st_fail(ST_EINVAL, "'%s' is neither a CONFIG.yml nor a key=value override", a);
+		}
+	}
+	if (rc == 0 && !path)
+		rc = st_fail(ST_EINVAL, "plan needs a CONFIG.yml (see slicetrain plan --help)");
+	if (rc == 0)
+		rc = st_config_load(c, path, nkv, kv);
+	if (rc == 0) {
+		if (!slices)
+			slices = c->num_slices > 0 ? c->num_slices : 1;
+		if (!dps) {
+			int64_t ici[3] = {c->ici_data_parallelism, c->ici_fsdp_parallelism,
+					  c->ici_tensor_parallelism};
+			dps = 1;
+			for (int i = 0; i < 3; i++)
+				dps *= ici[i] > 0 ? ici[i] : 1;
+			for (int i = 0; i < 3; i++)
+				if (ici[i] == -1)
+					dps = 1;
+		}
+		st_plan p;
+		rc = st_plan_compute(&p, c, slices, dps, memory);
+		if (rc == 0) {
+			if (json)
+				st_plan_print_json(&p, c, stdout);
+			else
+				st_plan_print(&p, c, stdout);
+			fflush(stdout);
+		}
+	}
+	free(kv);
+	free(c);
+	if (rc < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		return st_exit_status(rc);
+	}
+	return 0;
+}

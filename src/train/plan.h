@@ -1,0 +1,80 @@
+/*
+ * plan.h - what a training run needs per device, before running it: the
+ * counterpart of MaxText's ahead-of-time compile check (`slicetrain plan`).
+ *
+ *   st_plan p;
+ *   rc = st_plan_compute(&p, &cfg, num_slices, devices_per_slice);
+ *   st_plan_print(&p, &cfg, stdout);
+ *
+ * Sharding model (docs/performance.md, "slicetrain plan"):
+ *   tensor (tp)  Megatron-style: q/k/v/o heads, the MLP width and the output
+ *                layer's vocabulary are divided by tp; embeddings and norms are
+ *                replicated. Activations use the per-device shape (H/tp, K/tp,
+ *                M/tp, V/tp); a tensor-parallel group works on the rows of its
+ *                tp devices together (per_device_batch_size x tp sequences per
+ *                micro-batch), as MaxText's global batch = per-device batch x
+ *                devices and as src/train/train.c does.
+ *   fsdp         ZeRO-3: weights, gradients and AdamW state (each tensor's tp
+ *                piece) divided by fsdp, plus one layer's gathered weights as
+ *                a working buffer when fsdp > 1.
+ *   data         replicas: divide nothing.
+ * Bytes are fp32 (weight_dtype float32; dtype bfloat16 activations are not
+ * built yet and are planned as fp32). The workspace line adds the largest
+ * transient buffers of the kernels (attention's transposed K and V, the
+ * RMSNorm partial sums) and a fixed 64 MiB for the runtime (libraries,
+ * oneDNN's JIT code and scratch), so the total is comparable with a process's
+ * peak resident memory.
+ */
+#ifndef ST_TRAIN_PLAN_H
+#define ST_TRAIN_PLAN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config/config.h"
+#include "dist/mesh.h"
+#include "model/llama.h"
+#include "train/flops.h"
+
+typedef struct st_plan {
+	st_mesh mesh;
+	int64_t devices;        /* num_slices x devices_per_slice */
+	st_llama_shape shape;   /* the whole model */
+	st_llama_shape local;   /* one device's piece: H, K, M, V divided by tensor */
+	int64_t params;         /* whole model */
+	int64_t params_piece;   /* one tensor-parallel piece (what a tp rank's model holds) */
+	int64_t params_device;  /* after fsdp sharding: this device's share of the piece */
+	int64_t layer_piece;    /* one layer's parameters in a tp piece (fsdp working buffer) */
+	int64_t rows;           /* sequences per micro-batch of a tensor-parallel group */
+	int64_t T;
+	int64_t global_batch;   /* sequences per step, all devices, all micro-batches */
+	/* bytes per device */
+	int64_t weights, grads, optimizer, fsdp_buffer, activations, workspace, total;
+	double memory;          /* bytes the plan is checked against */
+	int fits;
+	st_flops flops;         /* per device per step */
+} st_plan;
+
+/*
+ * Plan the run of config c on num_slices slices of devices_per_slice devices.
+ * memory_bytes: what one device may use (0: this machine's RAM). Returns 0,
+ * or ST_EINVAL with a one-line message (mesh that does not resolve, heads or
+ * widths not divisible by the tensor parallelism, batch not whole).
+ */
+int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t devices_per_slice,
+		    double memory_bytes);
+
+/* Human-readable report. */
+void st_plan_print(const st_plan *p, const st_config *c, FILE *out);
+/* One JSON object (all figures, bytes and FLOPs), one line. */
+void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out);
+
+/*
+ * `slicetrain plan CONFIG.yml [key=value ...] [--num-slices S]
+ * [--devices-per-slice D] [--memory GiB] [--json]`; argv holds the arguments
+ * after "plan". The config directory must be set (st_config_set_config_dir).
+ * Returns the process exit status: 0 (whether or not it fits), 2 bad input.
+ */
+int st_cmd_plan(int argc, char **argv);
+
+#endif

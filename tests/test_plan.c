@@ -1,0 +1,149 @@
+/*
+ * `slicetrain plan`: MaxText's FLOPs figure for llama3-8b (95.5 TFLOPs per
+ * device per step at batch 1 x 2048: 92.2 of weights, 3.3 of causal
+ * attention), the tutorial's meshes, the planned bytes against what the code
+ * allocates for a small model (parameter blocks, st_llama_act_bytes after
+ * st_llama_alloc_acts, per remat policy), and bad input (exit status 2).
+ * Needs ST_ROOT (the repository root; tests/run.sh exports it).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "check.h"
+#include "model/llama.h"
+#include "train/plan.h"
+
+static char root[4096];
+
+static const char *base_yml(void)
+{
+	static char p[4200];
+	snprintf(p, sizeof(p), "%s/configs/base.yml", root);
+	return p;
+}
+
+#define NOV(...) ((int)(sizeof((const char *[]){__VA_ARGS__}) / sizeof(const char *)))
+#define LOAD(c, ...) st_config_load(c, base_yml(), NOV(__VA_ARGS__), (char **)(const char *[]){__VA_ARGS__})
+
+static void test_llama3_8b(void)
+{
+	st_config c;
+	/* the tutorial's 8B mesh: 2 slices x 16, ici fsdp 4 x tensor 4, dcn data auto */
+	CHECK(LOAD(&c, "model_name=llama3-8b", "per_device_batch_size=1", "max_target_length=2048",
+		   "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4", "remat_policy=full") == 0);
+	st_plan p;
+	CHECK(st_plan_compute(&p, &c, 2, 16, 95.0 * (1 << 30)) == 0);
+	CHECK_MSG(p.flops.total / 1e12 > 95.45 && p.flops.total / 1e12 < 95.55, "8B: %.3f TFLOPs",
+		  p.flops.total / 1e12);
+	CHECK_MSG(p.flops.weights / 1e12 > 92.15 && p.flops.weights / 1e12 < 92.25,
+		  "8B weights: %.3f TFLOPs", p.flops.weights / 1e12);
+	CHECK_MSG(p.flops.attention / 1e12 > 3.25 && p.flops.attention / 1e12 < 3.35,
+		  "8B attention: %.3f TFLOPs", p.flops.attention / 1e12);
+	CHECK(p.mesh.size[ST_AXIS_DATA] == 2 && p.mesh.size[ST_AXIS_FSDP] == 4 &&
+	      p.mesh.size[ST_AXIS_TENSOR] == 4 && p.mesh.dcn[ST_AXIS_DATA] == 2);
+	CHECK(p.params == 8030261248ll); /* Llama 3 8B */
+	/* tensor pieces / 4, then fsdp / 4; gradients as weights, AdamW twice */
+	CHECK(p.local.H == 8 && p.local.K == 2 && p.local.M == 14336 / 4 && p.local.V == 128256 / 4);
+	CHECK(p.params_device == (p.params_piece + 3) / 4);
+	CHECK(p.weights == 4 * p.params_device && p.grads == p.weights && p.optimizer == 2 * p.weights);
+	CHECK(p.fsdp_buffer > 0 && p.rows == 4 && p.global_batch == 32);
+	CHECK(p.activations == st_llama_act_bytes_for(&p.local, 4, 2048, ST_REMAT_FULL));
+	CHECK(p.total == p.weights + p.grads + p.optimizer + p.fsdp_buffer + p.activations + p.workspace);
+	CHECK(p.fits);
+	st_plan_print(&p, &c, stdout);
+}
+
+static void test_llama3_70b(void)
+{
+	st_config c;
+	CHECK(LOAD(&c, "model_name=llama3-70b", "per_device_batch_size=2", "max_target_length=4096",
+		   "remat_policy=full", "ici_tensor_parallelism=4", "ici_fsdp_parallelism=4",
+		   "dcn_fsdp_parallelism=2", "dcn_data_parallelism=1") == 0);
+	st_plan p;
+	CHECK(st_plan_compute(&p, &c, 2, 16, 16.0 * (1 << 30)) == 0);
+	CHECK(p.mesh.size[ST_AXIS_DATA] == 1 && p.mesh.size[ST_AXIS_FSDP] == 8 &&
+	      p.mesh.size[ST_AXIS_TENSOR] == 4);
+	CHECK(p.params > 70000000000ll && p.params < 71000000000ll);
+	CHECK(!p.fits); /* not in 16 GiB */
+	/* MaxText's formula at 4096 (my arithmetic: 3548 TFLOPs at batch 2) */
+	CHECK_MSG(p.flops.total / 1e12 > 3540 && p.flops.total / 1e12 < 3556, "70B: %.1f",
+		  p.flops.total / 1e12);
+}
+
+/* Planned bytes = what a single process allocates, for each remat policy. */
+static void test_small_model_bytes(void)
+{
+	const char *remat[] = {"remat_policy=none", "remat_policy=minimal", "remat_policy=full"};
+	for (int i = 0; i < 3; i++) {
+		st_config c;
+		CHECK(LOAD(&c, "model_name=llama3-test", "per_device_batch_size=3",
+			   "max_target_length=40", remat[i]) == 0);
+		st_plan p;
+		CHECK(st_plan_compute(&p, &c, 1, 1, 0) == 0);
+		st_llama m = ST_LLAMA_INIT;
+		st_llama_shape s;
+		st_llama_shape_from_config(&s, &c);
+		CHECK(st_llama_init(&m, &s) == 0);
+		CHECK(st_llama_alloc_acts(&m, 3, 40, c.remat_policy) == 0);
+		CHECK_MSG(p.activations == st_llama_act_bytes(&m), "%s: planned %lld, allocated %lld",
+			  remat[i], (long long)p.activations, (long long)st_llama_act_bytes(&m));
+		CHECK(p.params == m.nparams && p.params_piece == m.nparams && p.params_device == m.nparams);
+		CHECK(p.weights == m.nparams * (int64_t)sizeof(*m.params));
+		CHECK(p.grads == m.nparams * (int64_t)sizeof(*m.grads));
+		CHECK(p.optimizer == 2 * m.nparams * (int64_t)sizeof(float));
+		CHECK(p.fsdp_buffer == 0 && p.rows == 3);
+		st_llama_release(&m);
+	}
+}
+
+static int run_cmd(int n, const char **argv)
+{
+	FILE *saved = stdout;
+	stdout = fopen("/dev/null", "w");
+	int rc = st_cmd_plan(n, (char **)argv);
+	fclose(stdout);
+	stdout = saved;
+	return rc;
+}
+#define CMD(...) run_cmd(NOV(__VA_ARGS__), (const char *[]){__VA_ARGS__})
+
+static void test_bad_input(void)
+{
+	st_config c;
+	st_plan p;
+	/* 32 heads do not split 3 ways */
+	CHECK(LOAD(&c, "model_name=llama3-8b", "ici_tensor_parallelism=3", "ici_fsdp_parallelism=1") == 0);
+	CHECK(st_plan_compute(&p, &c, 1, 3, 0) == ST_EINVAL);
+	CHECK(strstr(st_errmsg(), "not divisible by the tensor parallelism") != NULL);
+	/* a mesh that does not match the devices */
+	CHECK(LOAD(&c, "model_name=llama3-8b", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4") == 0);
+	CHECK(st_plan_compute(&p, &c, 1, 8, 0) == ST_EINVAL);
+	CHECK(strstr(st_errmsg(), "does not match the product") != NULL);
+	/* command line: exit status 2 with one line */
+	CHECK(CMD(base_yml(), "model_name=llama3-test", "--num-slices", "0") == 2);
+	CHECK(CMD(base_yml(), "model_name=llama3-test", "--devices-per-slice") == 2);
+	CHECK(CMD(base_yml(), "model_name=llama3-test", "--memory", "lots") == 2);
+	CHECK(CMD(base_yml(), "model_name=llama3-test", "--frobnicate") == 2);
+	CHECK(CMD(base_yml(), "model_nmae=llama3-test") == 2); /* config errors come through */
+	CHECK(CMD("model_name=llama3-test") == 2);             /* no CONFIG.yml */
+	CHECK(CMD(base_yml(), "model_name=llama3-test", "stray") == 2);
+	CHECK(CMD(base_yml(), "model_name=llama3-test", "--num-slices", "1", "--memory", "0.5",
+		  "--json") == 0);
+	CHECK(CMD("--help") == 0);
+}
+
+int main(void)
+{
+	const char *r = getenv("ST_ROOT");
+	snprintf(root, sizeof(root), "%s", r && *r ? r : ".");
+	char dir[4200];
+	snprintf(dir, sizeof(dir), "%s/configs", root);
+	st_config_set_config_dir(dir);
+	test_llama3_8b();
+	test_llama3_70b();
+	test_small_model_bytes();
+	test_bad_input();
+	return check_result();
+}
