@@ -28,3 +28,9 @@ expect_error() {
 	grep -q 'completed step' "$TMP/out" && fail "$name: trained despite the error"
 	return 0
 }
+
+# A TCP port free right now on loopback.
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# The losses of a metrics file, one per line, full precision.
+metric_losses() { /usr/bin/python3 -c 'import json,sys; [print(repr(json.loads(l)["learning/loss"])) for l in open(sys.argv[1])]' "$1"; }

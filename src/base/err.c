@@ -27,8 +27,14 @@ int st_exit_status(int code)
 	return code == ST_EPEER ? 3 : 1;
 }
 
+static int quiet;
+
+void st_log_quiet(int q) { quiet = q; }
+
 static void vlog(const char *prefix, const char *fmt, va_list ap)
 {
+	if (quiet)
+		return;
 	int saved = errno;
 	char line[2048];
 	vsnprintf(line, sizeof(line), fmt, ap);

@@ -38,6 +38,9 @@ int st_exit_status(int code);
 
 /* Warnings go to stderr, prefixed "slicetrain: warning: ". */
 void st_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* While quiet (per process), st_warn and st_info print nothing: used so that
+ * only rank 0 of a group prints what every rank would print alike. */
+void st_log_quiet(int quiet);
 /* Informational lines go to stderr, prefixed "slicetrain: ". */
 void st_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -14,7 +14,9 @@
 
 #include "base/err.h"
 #include "ckpt/ckpt_cli.h"
+#include "cli/launch.h"
 #include "config/config.h"
+#include "dist/comm.h"
 #include "train/plan.h"
 #include "train/train.h"
 
@@ -27,6 +29,8 @@ static const char usage[] =
 	"  train [CONFIG.yml] [key=value ...]   train a model (MaxText-style config and overrides);\n"
 	"                                       without CONFIG.yml, the embedded default job\n"
 	"                                       (configs/default.yml: llama3-125m, synthetic data)\n"
+	"  launch --num-slices S --devices-per-slice D [--threads-per-device T] -- [CONFIG.yml] [key=value ...]\n"
+	"                                       start a worker group on this machine (docs/distributed.md)\n"
 	"  export CHECKPOINT_DIR OUT_DIR        write a checkpoint as a Hugging Face model directory\n"
 	"  ckpt list|verify DIR                 list checkpoints, or recompute their checksums\n"
 	"  help [command]                       this text, or a command's help\n"
@@ -112,9 +116,17 @@ static int cmd_train(int argc, char **argv)
 		fprintf(stderr, "slicetrain: out of memory\n");
 		return 1;
 	}
-	int rc = st_config_load(c, path, argc, argv);
-	if (rc == 0) {
+	/* every rank loads the same config: only rank 0 prints its warnings and summary */
+	st_group_env env;
+	int rc = st_group_env_read(&env);
+	int lead = rc < 0 || env.rank == 0;
+	st_log_quiet(!lead);
+	if (rc == 0)
+		rc = st_config_load(c, path, argc, argv);
+	if (rc == 0 && lead)
 		st_config_print(c);
+	st_log_quiet(0);
+	if (rc == 0) {
 		st_train_result res;
 		rc = st_train(c, &res);
 		if (rc == ST_EINTR) {
@@ -150,6 +162,8 @@ int main(int argc, char **argv)
 		return st_ckpt_cmd_export(argc - 2, argv + 2);
 	if (!strcmp(cmd, "ckpt"))
 		return st_ckpt_cmd_ckpt(argc - 2, argv + 2);
+	if (!strcmp(cmd, "launch"))
+		return st_cmd_launch(argc - 2, argv + 2);
 	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
 		if (argc > 2 && !strcmp(argv[2], "train"))
 			fputs(train_usage, stdout);

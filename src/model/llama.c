@@ -26,6 +26,9 @@ typedef struct st_llama_acts {
 	/* gradient buffers */
 	float *dx, *dh, *dm1, *dm2, *dctx, *dq, *dk, *dv;
 	float *xent;               /* lm-head chunk (chunk_rows, V) */
+	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
+	float *tp_max;             /* per-row max, chunk_rows */
+	double *tp_sums;           /* per-row sum of exponentials and target logit, 2 x chunk_rows */
 	int64_t chunk_rows;
 	int64_t bytes;
 	int nblocks;
@@ -61,17 +64,23 @@ int64_t st_llama_count_params(const st_llama_shape *s)
 	return 2 * s->V * s->E + s->E + s->L * layer_params(s);
 }
 
+/* rows x cols global (cols 0: 1-D); tp_dim as in st_tensor. */
 static float *add_tensor(st_llama *m, const char *name, enum st_tensor_kind kind, int64_t rows,
-			 int64_t cols, int64_t *off)
+			 int64_t cols, int tp_dim, int64_t *off)
 {
 	st_tensor *t = &m->tensors[m->ntensors++];
 	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->offset = *off;
 	t->kind = kind;
 	t->ndim = cols ? 2 : 1;
-	t->shape[0] = rows;
-	t->shape[1] = cols;
-	t->numel = cols ? rows * cols : rows;
+	t->global_shape[0] = t->shape[0] = rows;
+	t->global_shape[1] = t->shape[1] = cols;
+	t->tp_dim = tp_dim;
+	if (tp_dim >= 0) {
+		t->shape[tp_dim] /= m->tp;
+		t->tp_offset[tp_dim] = t->shape[tp_dim] * m->tp_rank;
+	}
+	t->numel = cols ? t->shape[0] * t->shape[1] : t->shape[0];
 	*off += t->numel;
 	return (float *)(intptr_t)t->offset; /* turned into pointers by bind_views */
 }
@@ -97,11 +106,27 @@ static void bind(st_llama_view *v, const st_llama_view *offs, float *base, int64
 #undef B
 }
 
-int st_llama_init(st_llama *m, const st_llama_shape *s)
+int st_llama_init(st_llama *m, const st_llama_shape *s) { return st_llama_init_tp(m, s, 1, 0, NULL); }
+
+int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, st_comm *tp_comm)
 {
 	memset(m, 0, sizeof(*m));
+	if (tp < 1 || s->H % tp || s->K % tp || s->M % tp || s->V % tp)
+		return st_fail(ST_EINVAL,
+			       "tensor parallelism %d must divide the query heads (%lld), kv heads (%lld), "
+			       "mlp_dim (%lld) and vocab_size (%lld)",
+			       tp, (long long)s->H, (long long)s->K, (long long)s->M, (long long)s->V);
 	m->s = *s;
-	m->nparams = st_llama_count_params(s);
+	m->ls = *s;
+	m->ls.H /= tp;
+	m->ls.K /= tp;
+	m->ls.M /= tp;
+	m->ls.V /= tp;
+	m->tp = tp;
+	m->tp_rank = tp_rank;
+	m->tp_comm = tp > 1 ? tp_comm : NULL;
+	/* this process's piece: replicated embedding, norms; the rest split by tp */
+	m->nparams = s->V * s->E + s->E + m->ls.V * s->E + s->L * layer_params(&m->ls);
 	int64_t L = s->L, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
 	m->tensors = calloc((size_t)(3 + 9 * L), sizeof(st_tensor));
 	st_llama_view offs = {0};
@@ -117,25 +142,25 @@ int st_llama_init(st_llama *m, const st_llama_shape *s)
 	}
 	int64_t off = 0;
 	char n[80];
-	offs.embed = add_tensor(m, "model.embed_tokens.weight", ST_T_EMBED, s->V, E, &off);
+	offs.embed = add_tensor(m, "model.embed_tokens.weight", ST_T_EMBED, s->V, E, -1, &off);
 	for (int64_t l = 0; l < L; l++) {
 		st_layer_view *lv = &offs.layers[l];
-#define T(field, suffix, kind, r, c)                                                      \
+#define T(field, suffix, kind, r, c, dim)                                                 \
 	snprintf(n, sizeof(n), "model.layers.%lld.%s", (long long)l, suffix);            \
-	lv->field = add_tensor(m, n, kind, r, c, &off)
-		T(ln1, "input_layernorm.weight", ST_T_NORM, E, 0);
-		T(wq, "self_attn.q_proj.weight", ST_T_LINEAR, HD, E);
-		T(wk, "self_attn.k_proj.weight", ST_T_LINEAR, KD, E);
-		T(wv, "self_attn.v_proj.weight", ST_T_LINEAR, KD, E);
-		T(wo, "self_attn.o_proj.weight", ST_T_LINEAR, E, HD);
-		T(ln2, "post_attention_layernorm.weight", ST_T_NORM, E, 0);
-		T(wg, "mlp.gate_proj.weight", ST_T_LINEAR, M, E);
-		T(wu, "mlp.up_proj.weight", ST_T_LINEAR, M, E);
-		T(wd, "mlp.down_proj.weight", ST_T_LINEAR, E, M);
+	lv->field = add_tensor(m, n, kind, r, c, dim, &off)
+		T(ln1, "input_layernorm.weight", ST_T_NORM, E, 0, -1);
+		T(wq, "self_attn.q_proj.weight", ST_T_LINEAR, HD, E, 0);
+		T(wk, "self_attn.k_proj.weight", ST_T_LINEAR, KD, E, 0);
+		T(wv, "self_attn.v_proj.weight", ST_T_LINEAR, KD, E, 0);
+		T(wo, "self_attn.o_proj.weight", ST_T_LINEAR, E, HD, 1);
+		T(ln2, "post_attention_layernorm.weight", ST_T_NORM, E, 0, -1);
+		T(wg, "mlp.gate_proj.weight", ST_T_LINEAR, M, E, 0);
+		T(wu, "mlp.up_proj.weight", ST_T_LINEAR, M, E, 0);
+		T(wd, "mlp.down_proj.weight", ST_T_LINEAR, E, M, 1);
 #undef T
 	}
-	offs.norm = add_tensor(m, "model.norm.weight", ST_T_NORM, E, 0, &off);
-	offs.lm_head = add_tensor(m, "lm_head.weight", ST_T_LINEAR, s->V, E, &off);
+	offs.norm = add_tensor(m, "model.norm.weight", ST_T_NORM, E, 0, -1, &off);
+	offs.lm_head = add_tensor(m, "lm_head.weight", ST_T_LINEAR, s->V, E, 0, &off);
 	if (off != m->nparams)
 		ST_BUG("parameter table covers %lld of %lld", (long long)off, (long long)m->nparams);
 	bind(&m->p, &offs, m->params, L);
@@ -149,10 +174,14 @@ void st_llama_init_weights(st_llama *m, uint64_t seed)
 	for (int i = 0; i < m->ntensors; i++) {
 		const st_tensor *t = &m->tensors[i];
 		float *w = m->params + t->offset;
-		double std = t->kind == ST_T_EMBED ? 1.0 : t->kind == ST_T_LINEAR ? 1.0 / sqrt((double)t->shape[1]) : 0;
+		int64_t gcols = t->ndim == 2 ? t->global_shape[1] : 1, cols = t->ndim == 2 ? t->shape[1] : 1;
+		double std = t->kind == ST_T_EMBED ? 1.0 : t->kind == ST_T_LINEAR ? 1.0 / sqrt((double)gcols) : 0;
 #pragma omp parallel for schedule(static)
-		for (int64_t j = 0; j < t->numel; j++)
-			w[j] = t->kind == ST_T_NORM ? 1.0f : (float)(std * st_rng_normal(seed, (uint64_t)i, (uint64_t)j));
+		for (int64_t j = 0; j < t->numel; j++) {
+			/* the element's index in the global tensor */
+			int64_t g = (j / cols + t->tp_offset[0]) * gcols + j % cols + t->tp_offset[1];
+			w[j] = t->kind == ST_T_NORM ? 1.0f : (float)(std * st_rng_normal(seed, (uint64_t)i, (uint64_t)g));
+		}
 	}
 }
 
@@ -275,7 +304,7 @@ int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, en
 
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 {
-	const st_llama_shape *s = &m->s;
+	const st_llama_shape *s = &m->ls;
 	acts_free(m->acts);
 	st_llama_acts *a = m->acts = calloc(1, sizeof(*a));
 	if (!a)
@@ -318,6 +347,10 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	    !(a->dk = acts_alloc(a, N * KD)) || !(a->dv = acts_alloc(a, N * KD)) ||
 	    !(a->xent = acts_alloc(a, a->chunk_rows * s->V)))
 		goto oom;
+	if (m->tp_comm && (!(a->tp_tmp = acts_alloc(a, N * E)) ||
+			   !(a->tp_max = acts_alloc(a, a->chunk_rows)) ||
+			   !(a->tp_sums = (double *)acts_alloc(a, 4 * a->chunk_rows))))
+		goto oom;
 	a->inputs = (int32_t *)acts_alloc(a, N);
 	a->targets = (int32_t *)acts_alloc(a, N);
 	if (!a->inputs || !a->targets)
@@ -342,11 +375,36 @@ int64_t st_llama_act_bytes(const st_llama *m) { return m->acts ? m->acts->bytes 
 			return rc_;                                                      \
 	} while (0)
 
+/* Sum over the tensor-parallel group, in place (nothing to do without one). */
+static int tp_sum(st_llama *m, float *buf, int64_t n)
+{
+	return m->tp_comm ? st_comm_allreduce(m->tp_comm, buf, n, ST_C_F32, ST_SUM) : 0;
+}
+
+/* out(N,E) = res + a(N,k) W^T, W (E,k): a residual add of a row-parallel
+ * product. Under tensor parallelism each process holds k/tp of the inner
+ * dimension, so the partial products are summed over the group first. */
+static int residual_product(st_llama *m, float *out, const float *res, const float *a,
+			    const float *W, int64_t k)
+{
+	st_llama_acts *ac = m->acts;
+	int64_t N = ac->N, E = m->s.E;
+	if (!m->tp_comm) {
+		memcpy(out, res, (size_t)(N * E) * sizeof(float));
+		return st_gemm('N', 'T', N, E, k, 1, a, k, W, k, 1, out, E);
+	}
+	TRY(st_gemm('N', 'T', N, E, k, 1, a, k, W, k, 0, ac->tp_tmp, E));
+	TRY(tp_sum(m, ac->tp_tmp, N * E));
+	for (int64_t i = 0; i < N * E; i++)
+		out[i] = res[i] + ac->tp_tmp[i];
+	return 0;
+}
+
 /* One layer. do_mm: run the matrix products (else q, k, v, xmid, gate, up are
  * already there, kept by the remat policy). out: write the layer output. */
 static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm, float *out)
 {
-	const st_llama_shape *s = &m->s;
+	const st_llama_shape *s = &m->ls;
 	st_llama_acts *a = m->acts;
 	const st_layer_view *w = &m->p.layers[l];
 	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
@@ -361,27 +419,23 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm,
 		st_rope_forward(A->k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
 	}
 	st_attention_forward(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
-	if (do_mm) {
-		memcpy(A->xmid, x, (size_t)(N * E) * sizeof(float));
-		TRY(st_gemm('N', 'T', N, E, HD, 1, A->ctx, HD, w->wo, HD, 1, A->xmid, E));
-	}
+	if (do_mm)
+		TRY(residual_product(m, A->xmid, x, A->ctx, w->wo, HD));
 	st_rmsnorm_forward(A->h2, A->rstd2, A->xmid, w->ln2, N, E, s->eps);
 	if (do_mm) {
 		TRY(st_gemm('N', 'T', N, M, E, 1, A->h2, E, w->wg, E, 0, A->gate, M));
 		TRY(st_gemm('N', 'T', N, M, E, 1, A->h2, E, w->wu, E, 0, A->up, M));
 	}
 	st_swiglu_forward(A->act, A->gate, A->up, N * M);
-	if (out) {
-		memcpy(out, A->xmid, (size_t)(N * E) * sizeof(float));
-		TRY(st_gemm('N', 'T', N, E, M, 1, A->act, M, w->wd, M, 1, out, E));
-	}
+	if (out)
+		TRY(residual_product(m, out, A->xmid, A->act, w->wd, M));
 	return 0;
 }
 
 /* a->dx holds d/d(layer output) on entry and d/d(layer input) on return. */
 static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
 {
-	const st_llama_shape *s = &m->s;
+	const st_llama_shape *s = &m->ls;
 	st_llama_acts *a = m->acts;
 	const st_layer_view *w = &m->p.layers[l];
 	const st_layer_view *g = &m->g.layers[l];
@@ -396,6 +450,7 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
 	TRY(st_gemm('N', 'N', N, E, M, 1, a->dm1, M, w->wu, E, 1, a->dh, E));
 	TRY(st_gemm('T', 'N', M, E, N, 1, a->dm2, M, A->h2, E, 1, g->wg, E));
 	TRY(st_gemm('T', 'N', M, E, N, 1, a->dm1, M, A->h2, E, 1, g->wu, E));
+	TRY(tp_sum(m, a->dh, N * E));
 	st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E);
 
 	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
@@ -411,8 +466,79 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
 	TRY(st_gemm('T', 'N', HD, E, N, 1, a->dq, HD, A->h1, E, 1, g->wq, E));
 	TRY(st_gemm('T', 'N', KD, E, N, 1, a->dk, KD, A->h1, E, 1, g->wk, E));
 	TRY(st_gemm('T', 'N', KD, E, N, 1, a->dv, KD, A->h1, E, 1, g->wv, E));
+	TRY(tp_sum(m, a->dh, N * E));
 	st_rmsnorm_backward(dx, g->ln1, a->dh, a->xs[l], w->ln1, A->rstd1, N, E);
 	return 0;
+}
+
+/*
+ * Vocabulary-parallel output layer and cross-entropy: this process holds
+ * rows [v0, v0+Vl) of lm_head. Per chunk of rows: local logits, the row max
+ * and the sum of exponentials combined over the group, the target's logit
+ * from the process that holds it. dx (N,E) = summed partial products;
+ * dW += local. Same contract as st_lm_head_xent (dx NULL: loss only).
+ */
+static int lm_head_xent_tp(st_llama *m, double *loss_sum, float *dx, float *dW, float scale)
+{
+	st_llama_acts *a = m->acts;
+	int64_t N = a->N, E = m->s.E, Vl = m->ls.V, v0 = Vl * m->tp_rank, R = a->chunk_rows;
+	const float *x = a->hf, *W = m->p.lm_head;
+	float *rmax = a->tp_max;
+	double *rsum = a->tp_sums, *rtgt = rsum + R;
+	double total = 0;
+	for (int64_t r0 = 0; r0 < N; r0 += R) {
+		int64_t nr = N - r0 < R ? N - r0 : R;
+		float *l = a->xent;
+		TRY(st_gemm('N', 'T', nr, Vl, E, 1, x + r0 * E, E, W, E, 0, l, Vl));
+		for (int64_t r = 0; r < nr; r++) {
+			float mx = -INFINITY;
+			for (int64_t c = 0; c < Vl; c++)
+				mx = l[r * Vl + c] > mx ? l[r * Vl + c] : mx;
+			rmax[r] = mx;
+		}
+		TRY(st_comm_allreduce(m->tp_comm, rmax, nr, ST_C_F32, ST_MAX));
+#pragma omp parallel for schedule(static)
+		for (int64_t r = 0; r < nr; r++) {
+			double sum = 0;
+			for (int64_t c = 0; c < Vl; c++)
+				sum += exp((double)(l[r * Vl + c] - rmax[r]));
+			rsum[r] = sum;
+			int64_t tg = a->targets[r0 + r] - v0;
+			rtgt[r] = tg >= 0 && tg < Vl ? (double)l[r * Vl + tg] : 0.0;
+		}
+		TRY(st_comm_allreduce(m->tp_comm, rsum, 2 * R, ST_C_F64, ST_SUM)); /* rsum and rtgt */
+		for (int64_t r = 0; r < nr; r++)
+			total += rmax[r] + log(rsum[r]) - rtgt[r];
+		if (!dx)
+			continue;
+#pragma omp parallel for schedule(static)
+		for (int64_t r = 0; r < nr; r++) {
+			double lse = rmax[r] + log(rsum[r]);
+			for (int64_t c = 0; c < Vl; c++)
+				l[r * Vl + c] = scale * (float)exp((double)l[r * Vl + c] - lse);
+			int64_t tg = a->targets[r0 + r] - v0;
+			if (tg >= 0 && tg < Vl)
+				l[r * Vl + tg] -= scale;
+		}
+		TRY(st_gemm('N', 'N', nr, E, Vl, 1, l, Vl, W, E, 0, dx + r0 * E, E));
+		TRY(st_gemm('T', 'N', Vl, E, nr, 1, l, Vl, x + r0 * E, E, 1, dW, E));
+	}
+	if (dx)
+		TRY(tp_sum(m, dx, N * E));
+	*loss_sum += total;
+	return 0;
+}
+
+static int lm_head(st_llama *m, double *loss_sum, float *dx, float scale)
+{
+	st_llama_acts *a = m->acts;
+	if (m->tp_comm)
+		return lm_head_xent_tp(m, loss_sum, dx, dx ? m->g.lm_head : NULL, scale);
+	if (!dx)
+		return st_lm_head_loss(loss_sum, a->hf, m->p.lm_head, a->targets, a->N, m->s.E, m->s.V,
+				       a->xent, a->chunk_rows);
+	return st_lm_head_xent(loss_sum, dx, m->g.lm_head, a->hf, m->p.lm_head, a->targets, a->N,
+			       m->s.E, m->s.V, scale, a->xent, a->chunk_rows);
 }
 
 static void split_tokens(st_llama_acts *a, const int32_t *tokens)
@@ -440,9 +566,7 @@ static int forward(st_llama *m, const int32_t *tokens)
 int st_llama_forward_loss(st_llama *m, const int32_t *tokens, double *loss_sum)
 {
 	TRY(forward(m, tokens));
-	st_llama_acts *a = m->acts;
-	return st_lm_head_loss(loss_sum, a->hf, m->p.lm_head, a->targets, a->N, m->s.E, m->s.V,
-			       a->xent, a->chunk_rows);
+	return lm_head(m, loss_sum, NULL, 0.0f);
 }
 
 int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_scale,
@@ -450,16 +574,14 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 {
 	TRY(forward(m, tokens));
 	st_llama_acts *a = m->acts;
-	const st_llama_shape *s = &m->s;
-	int64_t N = a->N, E = s->E;
+	int64_t N = a->N, E = m->s.E;
 
 	/* loss and its gradient at the final norm's output, chunked over rows */
-	TRY(st_lm_head_xent(loss_sum, a->dh, m->g.lm_head, a->hf, m->p.lm_head, a->targets, N, E,
-			    s->V, loss_scale, a->xent, a->chunk_rows));
+	TRY(lm_head(m, loss_sum, a->dh, loss_scale));
 	memset(a->dx, 0, (size_t)(N * E) * sizeof(float));
-	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, a->xs[s->L], m->p.norm, a->rstdf, N, E);
+	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, a->xs[m->s.L], m->p.norm, a->rstdf, N, E);
 
-	for (int64_t l = s->L - 1; l >= 0; l--) {
+	for (int64_t l = m->s.L - 1; l >= 0; l--) {
 		const layer_acts *A = &a->layer[l];
 		if (a->policy == ST_REMAT_FULL)
 			TRY(layer_forward(m, l, A, 1, NULL));

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "dist/comm.h"
 #include "kernels/cpu/ops.h"
 
 typedef struct st_llama_shape {
@@ -39,11 +40,21 @@ typedef struct st_llama_shape {
 
 enum st_tensor_kind { ST_T_EMBED, ST_T_NORM, ST_T_LINEAR };
 
+/*
+ * One tensor as this process holds it. Under tensor parallelism a process
+ * holds a piece of the whole tensor: tp_dim is the dimension split across the
+ * tensor-parallel group (0: rows, e.g. q_proj and lm_head; 1: columns, o_proj
+ * and down_proj; -1: replicated, embeddings and norms), tp_offset the piece's
+ * corner in the global tensor. shape and numel are the piece's.
+ */
 typedef struct st_tensor {
 	char name[80];
-	int64_t offset, numel;
+	int64_t offset, numel;   /* within the process's parameter block */
 	int ndim;
-	int64_t shape[2];
+	int64_t shape[2];        /* piece shape (1-D: shape[1] == 0) */
+	int64_t global_shape[2];
+	int64_t tp_offset[2];
+	int tp_dim;
 	enum st_tensor_kind kind;
 } st_tensor;
 
@@ -59,7 +70,10 @@ typedef struct st_llama_view {
 struct st_llama_acts;
 
 typedef struct st_llama {
-	st_llama_shape s;
+	st_llama_shape s;  /* global shape */
+	st_llama_shape ls; /* this process's shape: H, K, M and V (output layer) divided by tp */
+	int tp, tp_rank;   /* tensor-parallel group size and position */
+	st_comm *tp_comm;  /* NULL when tp == 1 */
 	int64_t nparams;
 	float *params, *grads;
 	st_llama_view p, g;
@@ -74,8 +88,15 @@ void st_llama_shape_from_config(st_llama_shape *s, const st_config *c);
 /* Number of parameters of a shape. */
 int64_t st_llama_count_params(const st_llama_shape *s);
 int st_llama_init(st_llama *m, const st_llama_shape *s);
+/* Megatron-style tensor parallelism over a group of tp processes: q/k/v,
+ * gate/up and the output layer split by rows (heads, mlp, vocab), o and down
+ * by columns; activations all-reduced after o and down (and their gradients
+ * before the norms' backward); a vocabulary-parallel cross-entropy. H, K, M
+ * and V must divide by tp (ST_EINVAL otherwise). */
+int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, st_comm *tp_comm);
 /* Embedding ~ N(0,1); linear weights ~ N(0, 1/fan_in); norms = 1. Each element
- * is a function of (seed, tensor index, element index) only. */
+ * is a function of (seed, tensor index, element index in the global tensor)
+ * only, so every mesh starts from the same weights. */
 void st_llama_init_weights(st_llama *m, uint64_t seed);
 /* Activation buffers for micro-batches of B x T under a remat policy. */
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy);

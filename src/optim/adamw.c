@@ -22,7 +22,9 @@ double st_lr_at(const st_config *c, int64_t step)
 
 #define NORM_BLOCK 4096
 
-double st_global_norm(const float *g, int64_t n)
+double st_global_norm(const float *g, int64_t n) { return sqrt(st_sum_squares(g, n)); }
+
+double st_sum_squares(const float *g, int64_t n)
 {
 	int64_t nb = (n + NORM_BLOCK - 1) / NORM_BLOCK;
 	double *part = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(double));
@@ -40,7 +42,7 @@ double st_global_norm(const float *g, int64_t n)
 	for (int64_t b = 0; b < nb; b++)
 		s += part[b];
 	free(part);
-	return sqrt(s);
+	return s;
 }
 
 void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, const st_adamw *h)

@@ -20,7 +20,10 @@
 /* Learning rate used at (0-based) step `step`. */
 double st_lr_at(const st_config *c, int64_t step);
 
-/* sqrt(sum g^2) in double, summed in fixed-size blocks in a fixed order. */
+/* sum g^2 in double, summed in fixed-size blocks in a fixed order (the
+ * result does not depend on the thread count). */
+double st_sum_squares(const float *g, int64_t n);
+/* sqrt(st_sum_squares(g, n)). */
 double st_global_norm(const float *g, int64_t n);
 
 typedef struct st_adamw {

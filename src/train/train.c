@@ -13,10 +13,12 @@
 
 #include "base/err.h"
 #include "data/data.h"
+#include "dist/comm.h"
 #include "dist/mesh.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/flops.h"
+#include "train/parallel.h"
 
 static volatile sig_atomic_t stop_signal;
 
@@ -31,14 +33,24 @@ static double now_s(void)
 
 typedef struct trainer {
 	const st_config *c;
+	st_group *group;
+	st_par par;
 	st_llama model;
+	st_shard shard;   /* this process's part of weights, gradients, AdamW moments */
 	st_dataset *data;
-	float *m, *v;     /* AdamW moments */
-	int32_t *tokens;  /* one micro-batch, B x (T+1) */
-	int64_t B, T, G;  /* per-device rows, sequence, global rows per step */
+	int32_t *tokens;  /* one micro-batch of this batch shard: rows x (T+1) */
+	int64_t B, T;     /* per_device_batch_size, sequence length */
+	int64_t rows;     /* rows per micro-batch of a batch shard: B x tensor */
+	int64_t G;        /* global rows per step: B x devices x accumulation */
+	int lead;         /* this process prints the log line and writes metrics */
 	FILE *metrics;
 	st_flops flops;
 } trainer;
+
+static const char *remat_name(enum st_remat r)
+{
+	return r == ST_REMAT_FULL ? "full" : r == ST_REMAT_MINIMAL ? "minimal" : "none";
+}
 
 /* Shape and cost, printed before any large allocation so that a model too big
  * for this machine still shows what it would be. */
@@ -51,8 +63,7 @@ static void print_header(const trainer *t)
 		100 * t->flops.attention / t->flops.total);
 	st_info("batch %lld x %lld tokens per device, gradient accumulation %lld, remat %s, %d threads",
 		(long long)t->B, (long long)t->T, (long long)c->gradient_accumulation_steps,
-		c->remat_policy == ST_REMAT_FULL ? "full" : c->remat_policy == ST_REMAT_MINIMAL ? "minimal" : "none",
-		omp_get_max_threads());
+		remat_name(c->remat_policy), omp_get_max_threads());
 }
 
 /* Weights, gradients and two AdamW moments, in fp32. */
@@ -95,24 +106,30 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 		      double *lr_out)
 {
 	const st_config *c = t->c;
+	const st_par *p = &t->par;
 	int64_t accum = c->gradient_accumulation_steps;
 	float scale = (float)(1.0 / ((double)t->G * (double)t->T));
 	double loss_sum = 0;
+	int rc;
 	st_llama_zero_grads(&t->model);
 	for (int64_t a = 0; a < accum; a++) {
-		int64_t first = step * t->G + a * t->B;
-		int rc = st_dataset_read(t->data, first, t->B, t->tokens);
-		if (rc < 0)
+		/* this shard's rows of micro-batch a, by global sample index */
+		int64_t first = step * t->G + a * (t->G / accum) + p->dp_index * t->rows;
+		if ((rc = st_dataset_read(t->data, first, t->rows, t->tokens)) < 0)
 			return rc;
-		rc = st_llama_forward_backward(&t->model, t->tokens, scale, &loss_sum);
-		if (rc < 0)
+		if ((rc = st_llama_forward_backward(&t->model, t->tokens, scale, &loss_sum)) < 0)
 			return rc;
 	}
+	if ((rc = st_comm_allreduce(p->batch, &loss_sum, 1, ST_C_F64, ST_SUM)) < 0)
+		return rc;
 	double loss = loss_sum / ((double)t->G * (double)t->T);
 	if (!isfinite(loss))
 		return st_fail(ST_EINVAL, "loss is %f at step %lld; stopping (as MaxText's abort_on_nan_loss)",
 			       loss, (long long)step);
-	double gnorm = st_global_norm(t->model.grads, t->model.nparams);
+	double gnorm;
+	if ((rc = st_shard_reduce_grads(&t->shard, &t->model, p)) < 0 ||
+	    (rc = st_shard_grad_norm(&t->shard, &t->model, p, &gnorm)) < 0)
+		return rc;
 	st_adamw h = {
 		.lr = st_lr_at(c, step), .b1 = c->adam_b1, .b2 = c->adam_b2, .eps = c->adam_eps,
 		.wd = c->adam_weight_decay, .t = step + 1, .grad_scale = 1.0f,
@@ -120,7 +137,9 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	double clip = c->gradient_clipping_threshold;
 	if (clip > 0 && gnorm > clip)
 		h.grad_scale = (float)(clip / gnorm);
-	st_adamw_update(t->model.params, t->model.grads, t->m, t->v, t->model.nparams, &h);
+	st_adamw_update(t->shard.p, t->shard.g, t->shard.m, t->shard.v, t->shard.n, &h);
+	if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) < 0)
+		return rc;
 	*loss_out = loss;
 	*gnorm_out = gnorm;
 	*lr_out = h.lr;
@@ -130,12 +149,22 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 static void trainer_release(trainer *t)
 {
 	st_llama_release(&t->model);
+	st_shard_release(&t->shard);
 	st_dataset_free(t->data);
-	free(t->m);
-	free(t->v);
 	free(t->tokens);
 	if (t->metrics)
 		fclose(t->metrics);
+	st_par_release(&t->par);
+	st_group_leave(t->group);
+}
+
+/* Every process stops after the same step: a signal seen by any stops all. */
+static int agree_stop(trainer *t, int *sig)
+{
+	int64_t v = stop_signal;
+	int rc = st_comm_allreduce(t->par.world_comm, &v, 1, ST_C_I64, ST_MAX);
+	*sig = (int)v;
+	return rc;
 }
 
 int st_train(const st_config *c, st_train_result *res)
@@ -143,40 +172,48 @@ int st_train(const st_config *c, st_train_result *res)
 	trainer t = {.c = c};
 	int rc;
 	memset(res, 0, sizeof(*res));
-	st_mesh mesh; /* one process is one device until the distributed runtime */
-	if ((rc = st_mesh_resolve(&mesh, c, 1, 1)) < 0)
+	if ((rc = st_group_join(&t.group, NULL)) < 0)
 		return rc;
+	if ((rc = st_par_init(&t.par, c, t.group)) < 0)
+		goto out;
+	const st_par *p = &t.par;
+	t.lead = p->rank == 0;
 	t.B = (int64_t)c->per_device_batch_size;
 	t.T = c->max_target_length;
-	t.G = t.B * c->gradient_accumulation_steps; /* one device for now */
+	t.rows = t.B * p->mesh.size[ST_AXIS_TENSOR];
+	t.G = t.B * p->world * c->gradient_accumulation_steps;
 	t.flops = st_training_flops(c, (double)t.B);
 
 	st_llama_shape shape;
 	st_llama_shape_from_config(&shape, c);
-	int64_t nparams = st_llama_count_params(&shape);
-	print_header(&t);
-	if ((rc = check_memory(nparams, c->model_name)) < 0)
+	if (t.lead) {
+		char mesh[512];
+		st_par_describe(p, mesh, sizeof(mesh));
+		st_info("mesh: %s", mesh);
+		print_header(&t);
+	}
+	if ((rc = check_memory(st_llama_count_params(&shape), c->model_name)) < 0)
 		goto out;
-	if ((rc = st_llama_init(&t.model, &shape)) < 0)
+	if ((rc = st_llama_init_tp(&t.model, &shape, (int)p->mesh.size[ST_AXIS_TENSOR],
+				   p->coord[ST_AXIS_TENSOR], p->tp)) < 0)
 		goto out;
 	st_llama_init_weights(&t.model, (uint64_t)c->init_weights_seed);
-	if ((rc = st_llama_alloc_acts(&t.model, t.B, t.T, c->remat_policy)) < 0)
+	if ((rc = st_shard_init(&t.shard, &t.model, p)) < 0 ||
+	    (rc = st_llama_alloc_acts(&t.model, t.rows, t.T, c->remat_policy)) < 0 ||
+	    (rc = st_dataset_open(&t.data, c, t.G)) < 0)
 		goto out;
-	if ((rc = st_dataset_open(&t.data, c, t.G)) < 0)
-		goto out;
-	t.m = calloc((size_t)t.model.nparams, sizeof(float));
-	t.v = calloc((size_t)t.model.nparams, sizeof(float));
-	t.tokens = malloc((size_t)(t.B * (t.T + 1)) * sizeof(int32_t));
-	if (!t.m || !t.v || !t.tokens) {
-		rc = st_fail(ST_ENOMEM, "out of memory for optimizer state");
+	t.tokens = malloc((size_t)(t.rows * (t.T + 1)) * sizeof(int32_t));
+	if (!t.tokens) {
+		rc = st_fail(ST_ENOMEM, "out of memory for the batch");
 		goto out;
 	}
-	if (c->metrics_file[0] && !(t.metrics = fopen(c->metrics_file, "w"))) {
+	if (t.lead && c->metrics_file[0] && !(t.metrics = fopen(c->metrics_file, "w"))) {
 		rc = st_fail(ST_EIO, "cannot open metrics_file '%s': %s", c->metrics_file, strerror(errno));
 		goto out;
 	}
-	st_info("activations %.1f MiB (remat %s)", (double)st_llama_act_bytes(&t.model) / (1 << 20),
-		c->remat_policy == ST_REMAT_FULL ? "full" : c->remat_policy == ST_REMAT_MINIMAL ? "minimal" : "none");
+	if (t.lead)
+		st_info("activations %.1f MiB (remat %s)", (double)st_llama_act_bytes(&t.model) / (1 << 20),
+			remat_name(c->remat_policy));
 
 	struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
 	sigemptyset(&sa.sa_mask);
@@ -186,15 +223,18 @@ int st_train(const st_config *c, st_train_result *res)
 	int64_t total_weights = t.G * t.T;
 	for (int64_t step = 0; step < c->steps; step++) {
 		double t0 = now_s(), loss = 0, gnorm = 0, lr = 0;
+		int sig = 0;
 		if ((rc = train_step(&t, step, &loss, &gnorm, &lr)) < 0)
 			break;
 		double secs = now_s() - t0;
 		double tflops = t.flops.total / secs / 1e12;
 		double tokens = (double)(t.T * t.B * c->gradient_accumulation_steps) / secs;
-		printf("completed step: %lld, seconds: %.3f, TFLOP/s/device: %.3f, Tokens/s/device: %.3f, "
-		       "total_weights: %lld, loss: %.3f\n",
-		       (long long)step, secs, tflops, tokens, (long long)total_weights, loss);
-		fflush(stdout);
+		if (t.lead) {
+			printf("completed step: %lld, seconds: %.3f, TFLOP/s/device: %.3f, Tokens/s/device: %.3f, "
+			       "total_weights: %lld, loss: %.3f\n",
+			       (long long)step, secs, tflops, tokens, (long long)total_weights, loss);
+			fflush(stdout);
+		}
 		if (t.metrics &&
 		    (rc = write_metrics(&t, step, loss, total_weights, secs, tflops, tokens, lr, gnorm)) < 0)
 			break;
@@ -202,10 +242,11 @@ int st_train(const st_config *c, st_train_result *res)
 			res->first_loss = loss;
 		res->last_loss = loss;
 		res->steps_done = step + 1;
-		if (stop_signal && step + 1 < c->steps) {
-			res->stop_signal = stop_signal;
-			rc = st_fail(ST_EINTR, "stopped by signal %d after step %lld", (int)stop_signal,
-				     (long long)step);
+		if ((rc = agree_stop(&t, &sig)) < 0)
+			break;
+		if (sig && step + 1 < c->steps) {
+			res->stop_signal = sig;
+			rc = st_fail(ST_EINTR, "stopped by signal %d after step %lld", sig, (long long)step);
 			break;
 		}
 	}

@@ -1,0 +1,338 @@
+#include "cli/launch.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char launch_usage[] =
+	"usage: slicetrain launch --num-slices S --devices-per-slice D [--threads-per-device T]\n"
+	"                         [--port P] -- [CONFIG.yml] [key=value ...]\n"
+	"\n"
+	"Starts S x D training processes on this machine (one per device, slice-major\n"
+	"ranks): shared memory inside a slice, TCP between slices. Rank 0's output is\n"
+	"printed as is, other ranks' lines prefixed with [rank N]. Exits non-zero if any\n"
+	"rank fails, after stopping the others.\n";
+
+typedef struct worker {
+	pid_t pid;
+	int out_fd, err_fd; /* read ends; -1 when closed */
+	char obuf[4096], ebuf[4096];
+	size_t olen, elen;
+	int status, done;
+} worker;
+
+static volatile sig_atomic_t got_signal;
+static void on_signal(int sig) { got_signal = sig; }
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+/* A port free right now on loopback (the kernel picks it). */
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -1;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	int port = -1;
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+static void setenv_int(const char *k, long v)
+{
+	char b[32];
+	snprintf(b, sizeof(b), "%ld", v);
+	setenv(k, b, 1);
+}
+
+/* Print complete lines from buf; keep a partial last line. */
+static void flush_lines(FILE *f, int rank, char *buf, size_t *len, int final)
+{
+	size_t start = 0;
+	for (size_t i = 0; i < *len; i++) {
+		if (buf[i] != '\n')
+			continue;
+		if (rank)
+			fprintf(f, "[rank %d] ", rank);
+		fwrite(buf + start, 1, i + 1 - start, f);
+		start = i + 1;
+	}
+	if (final || (start == 0 && *len == 4096)) { /* no newline in a full buffer: print it */
+		if (*len > start) {
+			if (rank)
+				fprintf(f, "[rank %d] ", rank);
+			fwrite(buf + start, 1, *len - start, f);
+			fputc('\n', f);
+		}
+		start = *len;
+	}
+	memmove(buf, buf + start, *len - start);
+	*len -= start;
+	fflush(f);
+}
+
+static void drain(worker *w, int rank, int which)
+{
+	int *fd = which ? &w->err_fd : &w->out_fd;
+	char *buf = which ? w->ebuf : w->obuf;
+	size_t *len = which ? &w->elen : &w->olen;
+	FILE *f = which ? stderr : stdout;
+	ssize_t n = read(*fd, buf + *len, 4096 - *len);
+	if (n > 0) {
+		*len += (size_t)n;
+		flush_lines(f, rank, buf, len, 0);
+	} else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+		flush_lines(f, rank, buf, len, 1);
+		close(*fd);
+		*fd = -1;
+	}
+}
+
+static pid_t spawn(int rank, int argc, char **argv, const char *exe, int *out_fd, int *err_fd,
+		   int threads, int pin)
+{
+	int po[2], pe[2];
+	if (pipe(po) < 0)
+		return -1;
+	if (pipe(pe) < 0) {
+		close(po[0]);
+		close(po[1]);
+		return -1;
+	}
+	pid_t launcher = getpid();
+	pid_t pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != launcher)
+			_exit(1);
+		dup2(po[1], 1);
+		dup2(pe[1], 2);
+		close(po[0]);
+		close(po[1]);
+		close(pe[0]);
+		close(pe[1]);
+		setenv_int("SLICETRAIN_RANK", rank);
+		setenv_int("OMP_NUM_THREADS", threads);
+		if (pin) { /* enough cores: give each device its own */
+			long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+			cpu_set_t set;
+			CPU_ZERO(&set);
+			for (int t = 0; t < threads; t++)
+				CPU_SET((rank * threads + t) % ncpu, &set);
+			sched_setaffinity(0, sizeof(set), &set);
+		}
+		char **args = calloc((size_t)argc + 3, sizeof(char *));
+		if (!args)
+			_exit(1);
+		args[0] = (char *)"slicetrain";
+		args[1] = (char *)"train";
+		for (int i = 0; i < argc; i++)
+			args[i + 2] = argv[i];
+		execv(exe, args);
+		fprintf(stderr, "slicetrain launch: cannot run %s: %s\n", exe, strerror(errno));
+		_exit(127);
+	}
+	close(po[1]);
+	close(pe[1]);
+	if (pid < 0) {
+		close(po[0]);
+		close(pe[0]);
+		return -1;
+	}
+	*out_fd = po[0];
+	*err_fd = pe[0];
+	return pid;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int exit_code(int status)
+{
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	if (WIFSIGNALED(status))
+		return 128 + WTERMSIG(status);
+	return 1;
+}
+
+int st_cmd_launch(int argc, char **argv)
+{
+	int slices = 0, dps = 0, threads = 1, port = 0, i;
+	for (i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--")) {
+			i++;
+			break;
+		}
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			fputs(launch_usage, stdout);
+			return 0;
+		}
+		int *dst = !strcmp(a, "--num-slices") ? &slices : !strcmp(a, "--devices-per-slice") ? &dps :
+			   !strcmp(a, "--threads-per-device") ? &threads : !strcmp(a, "--port") ? &port : NULL;
+		if (!dst) {
+			fprintf(stderr, "slicetrain launch: unknown option '%s'\n%s", a, launch_usage);
+			return 2;
+		}
+		if (i + 1 >= argc || parse_int(argv[i + 1], dst == &port ? 1 : 1, dst == &port ? 65535 : 4096, dst) < 0) {
+			fprintf(stderr, "slicetrain launch: %s needs a positive integer%s\n", a,
+				dst == &port ? " (1..65535)" : " (1..4096)");
+			return 2;
+		}
+		i++;
+	}
+	if (slices < 1 || dps < 1) {
+		fprintf(stderr, "slicetrain launch: --num-slices and --devices-per-slice are required\n%s",
+			launch_usage);
+		return 2;
+	}
+	int world = slices * dps;
+	if (!port && (port = free_port()) < 0) {
+		fprintf(stderr, "slicetrain launch: cannot find a free port: %s\n", strerror(errno));
+		return 1;
+	}
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0) {
+		fprintf(stderr, "slicetrain launch: cannot find my own binary: %s\n", strerror(errno));
+		return 1;
+	}
+	exe[n] = 0;
+	char coord[64];
+	snprintf(coord, sizeof(coord), "127.0.0.1:%d", port);
+	setenv("SLICETRAIN_COORDINATOR", coord, 1);
+	setenv_int("SLICETRAIN_WORLD_SIZE", world);
+	setenv_int("SLICETRAIN_NUM_SLICES", slices);
+	int pin = (long)world * threads <= sysconf(_SC_NPROCESSORS_ONLN);
+
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	worker *w = calloc((size_t)world, sizeof(worker));
+	if (!w)
+		return 1;
+	int rc = 0, started = 0;
+	for (int r = 0; r < world; r++) {
+		w[r].out_fd = w[r].err_fd = -1;
+		w[r].pid = spawn(r, argc - i, argv + i, exe, &w[r].out_fd, &w[r].err_fd, threads, pin);
+		if (w[r].pid < 0) {
+			fprintf(stderr, "slicetrain launch: cannot start rank %d: %s\n", r, strerror(errno));
+			rc = 1;
+			break;
+		}
+		started++;
+	}
+	fprintf(stderr, "slicetrain launch: %d rank%s (%d slice%s x %d), %d thread%s each, coordinator %s\n",
+		started, started == 1 ? "" : "s", slices, slices == 1 ? "" : "s", dps, threads,
+		threads == 1 ? "" : "s", coord);
+
+	int alive = started, first_fail = -1;
+	double stop_at = 0; /* when SIGKILL follows SIGTERM */
+	int stopping = rc != 0;
+	if (stopping) {
+		for (int r = 0; r < started; r++)
+			kill(w[r].pid, SIGTERM);
+		stop_at = now_s() + 10;
+	}
+	struct pollfd *pfd = calloc((size_t)(2 * world), sizeof(struct pollfd));
+	for (;;) {
+		int np = 0;
+		for (int r = 0; r < started; r++)
+			for (int k = 0; k < 2; k++) {
+				int fd = k ? w[r].err_fd : w[r].out_fd;
+				if (fd >= 0)
+					pfd[np++] = (struct pollfd){.fd = fd, .events = POLLIN};
+			}
+		if (alive == 0 && np == 0)
+			break;
+		int pr = poll(pfd, (nfds_t)np, 100);
+		if (pr > 0) {
+			for (int j = 0; j < np; j++) {
+				if (!(pfd[j].revents & (POLLIN | POLLHUP | POLLERR)))
+					continue;
+				for (int r = 0; r < started; r++) {
+					if (pfd[j].fd == w[r].out_fd)
+						drain(&w[r], r, 0);
+					else if (pfd[j].fd == w[r].err_fd)
+						drain(&w[r], r, 1);
+				}
+			}
+		}
+		int st;
+		pid_t pid;
+		while (alive > 0 && (pid = waitpid(-1, &st, WNOHANG)) > 0) {
+			for (int r = 0; r < started; r++) {
+				if (w[r].pid != pid || w[r].done)
+					continue;
+				w[r].done = 1;
+				w[r].status = st;
+				alive--;
+				if (exit_code(st) != 0 && first_fail < 0 && !stopping) {
+					first_fail = r;
+					fprintf(stderr, "slicetrain launch: rank %d exited with status %d; stopping the others\n",
+						r, exit_code(st));
+				}
+			}
+		}
+		if ((first_fail >= 0 || got_signal) && !stopping) {
+			stopping = 1;
+			if (got_signal && first_fail < 0)
+				fprintf(stderr, "slicetrain launch: signal %d: stopping the workers\n", (int)got_signal);
+			for (int r = 0; r < started; r++)
+				if (!w[r].done)
+					kill(w[r].pid, SIGTERM);
+			stop_at = now_s() + 10;
+		}
+		if (stopping && alive > 0 && now_s() > stop_at) {
+			for (int r = 0; r < started; r++)
+				if (!w[r].done)
+					kill(w[r].pid, SIGKILL);
+			stop_at = now_s() + 1e9;
+		}
+	}
+	free(pfd);
+	if (rc == 0 && first_fail >= 0)
+		rc = exit_code(w[first_fail].status);
+	else if (rc == 0 && got_signal)
+		rc = 128 + got_signal;
+	else if (rc == 0)
+		for (int r = 0; r < started; r++)
+			if (exit_code(w[r].status) != 0) {
+				rc = exit_code(w[r].status);
+				break;
+			}
+	free(w);
+	return rc;
+}

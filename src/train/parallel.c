@@ -1,0 +1,204 @@
+#include "train/parallel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "optim/adamw.h"
+
+/* Global rank of the process at mesh coordinates c (see parallel.h). */
+static int rank_of(const st_mesh *m, const int c[ST_NAXES])
+{
+	int64_t ic[ST_NAXES], dc[ST_NAXES];
+	for (int a = 0; a < ST_NAXES; a++) {
+		dc[a] = c[a] / m->ici[a];
+		ic[a] = c[a] % m->ici[a];
+	}
+	int64_t slice = (dc[0] * m->dcn[1] + dc[1]) * m->dcn[2] + dc[2];
+	int64_t local = (ic[0] * m->ici[1] + ic[1]) * m->ici[2] + ic[2];
+	return (int)(slice * m->devices_per_slice + local);
+}
+
+static void coords_of(const st_mesh *m, int rank, int c[ST_NAXES])
+{
+	int64_t slice = rank / m->devices_per_slice, local = rank % m->devices_per_slice;
+	int64_t dc[ST_NAXES], ic[ST_NAXES];
+	dc[2] = slice % m->dcn[2];
+	dc[1] = (slice / m->dcn[2]) % m->dcn[1];
+	dc[0] = slice / (m->dcn[2] * m->dcn[1]);
+	ic[2] = local % m->ici[2];
+	ic[1] = (local / m->ici[2]) % m->ici[1];
+	ic[0] = local / (m->ici[2] * m->ici[1]);
+	for (int a = 0; a < ST_NAXES; a++)
+		c[a] = (int)(dc[a] * m->ici[a] + ic[a]);
+}
+
+/* The communicator along the axes in `vary` (others fixed at this process's
+ * coordinates), members ordered with the last varying axis fastest. */
+static int axis_comm(st_par *p, st_comm **out, int vary_mask)
+{
+	int n = 1;
+	for (int a = 0; a < ST_NAXES; a++)
+		if (vary_mask & (1 << a))
+			n *= (int)p->mesh.size[a];
+	int *ranks = malloc((size_t)n * sizeof(int));
+	if (!ranks)
+		return st_fail(ST_ENOMEM, "out of memory (communicator)");
+	for (int i = 0; i < n; i++) {
+		int c[ST_NAXES], rem = i;
+		for (int a = ST_NAXES - 1; a >= 0; a--) {
+			if (vary_mask & (1 << a)) {
+				c[a] = rem % (int)p->mesh.size[a];
+				rem /= (int)p->mesh.size[a];
+			} else {
+				c[a] = p->coord[a];
+			}
+		}
+		ranks[i] = rank_of(&p->mesh, c);
+	}
+	int rc = st_comm_create(out, p->group, n, ranks);
+	free(ranks);
+	return rc;
+}
+
+int st_par_init(st_par *p, const st_config *c, st_group *g)
+{
+	memset(p, 0, sizeof(*p));
+	p->group = g;
+	p->rank = st_group_rank(g);
+	p->world = st_group_size(g);
+	int slices = st_group_num_slices(g);
+	int rc = st_mesh_resolve(&p->mesh, c, slices, p->world / slices);
+	if (rc < 0)
+		return rc;
+	coords_of(&p->mesh, p->rank, p->coord);
+	enum { D = 1 << ST_AXIS_DATA, F = 1 << ST_AXIS_FSDP, T = 1 << ST_AXIS_TENSOR };
+	if ((rc = axis_comm(p, &p->tp, T)) < 0 || (rc = axis_comm(p, &p->fsdp, F)) < 0 ||
+	    (rc = axis_comm(p, &p->dp, D)) < 0 || (rc = axis_comm(p, &p->batch, D | F)) < 0 ||
+	    (rc = axis_comm(p, &p->world_comm, D | F | T)) < 0) {
+		st_par_release(p);
+		return rc;
+	}
+	p->dp_size = (int)(p->mesh.size[ST_AXIS_DATA] * p->mesh.size[ST_AXIS_FSDP]);
+	p->dp_index = (int)(p->coord[ST_AXIS_DATA] * p->mesh.size[ST_AXIS_FSDP] + p->coord[ST_AXIS_FSDP]);
+	return 0;
+}
+
+void st_par_release(st_par *p)
+{
+	st_comm_free(p->tp);
+	st_comm_free(p->fsdp);
+	st_comm_free(p->dp);
+	st_comm_free(p->batch);
+	st_comm_free(p->world_comm);
+	p->tp = p->fsdp = p->dp = p->batch = p->world_comm = NULL;
+}
+
+void st_par_describe(const st_par *p, char *buf, size_t n)
+{
+	const st_mesh *m = &p->mesh;
+	snprintf(buf, n,
+		 "%lld slice%s x %lld device%s: data %lld (ici %lld, dcn %lld), fsdp %lld (ici %lld, dcn %lld), "
+		 "tensor %lld (ici %lld, dcn %lld)",
+		 (long long)m->num_slices, m->num_slices > 1 ? "s" : "", (long long)m->devices_per_slice,
+		 m->devices_per_slice > 1 ? "s" : "", (long long)m->size[0], (long long)m->ici[0],
+		 (long long)m->dcn[0], (long long)m->size[1], (long long)m->ici[1], (long long)m->dcn[1],
+		 (long long)m->size[2], (long long)m->ici[2], (long long)m->dcn[2]);
+}
+
+/* ---- sharded state ---- */
+
+int st_shard_init(st_shard *s, const st_llama *m, const st_par *p)
+{
+	memset(s, 0, sizeof(*s));
+	int nt = m->ntensors, F = (int)p->mesh.size[ST_AXIS_FSDP], f = p->coord[ST_AXIS_FSDP];
+	s->ntensors = nt;
+	s->row0 = calloc((size_t)nt, sizeof(int64_t));
+	s->rows = calloc((size_t)nt, sizeof(int64_t));
+	s->cols = calloc((size_t)nt, sizeof(int64_t));
+	s->off = calloc((size_t)nt, sizeof(int64_t));
+	s->counts = calloc((size_t)(nt * F), sizeof(int64_t));
+	if (!s->row0 || !s->rows || !s->cols || !s->off || !s->counts)
+		goto oom;
+	for (int i = 0; i < nt; i++) {
+		const st_tensor *t = &m->tensors[i];
+		int64_t R = t->shape[0], C = t->ndim == 2 ? t->shape[1] : 1;
+		for (int j = 0; j < F; j++)
+			s->counts[i * F + j] = (R * (j + 1) / F - R * j / F) * C;
+		s->row0[i] = R * f / F;
+		s->rows[i] = R * (f + 1) / F - s->row0[i];
+		s->cols[i] = C;
+		s->off[i] = s->n;
+		s->n += s->rows[i] * C;
+	}
+	s->p = malloc((size_t)(s->n ? s->n : 1) * sizeof(float));
+	s->g = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
+	s->m = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
+	s->v = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
+	if (!s->p || !s->g || !s->m || !s->v)
+		goto oom;
+	for (int i = 0; i < nt; i++)
+		memcpy(s->p + s->off[i], m->params + m->tensors[i].offset + s->row0[i] * s->cols[i],
+		       (size_t)(s->rows[i] * s->cols[i]) * sizeof(float));
+	return 0;
+oom:
+	st_shard_release(s);
+	return st_fail(ST_ENOMEM, "out of memory for the sharded optimizer state");
+}
+
+void st_shard_release(st_shard *s)
+{
+	free(s->row0);
+	free(s->rows);
+	free(s->cols);
+	free(s->off);
+	free(s->counts);
+	free(s->p);
+	free(s->g);
+	free(s->m);
+	free(s->v);
+	memset(s, 0, sizeof(*s));
+}
+
+int st_shard_reduce_grads(st_shard *s, const st_llama *m, const st_par *p)
+{
+	int F = (int)p->mesh.size[ST_AXIS_FSDP];
+	for (int i = 0; i < s->ntensors; i++) {
+		int rc = st_comm_reduce_scatter(p->fsdp, m->grads + m->tensors[i].offset, s->g + s->off[i],
+						s->counts + (int64_t)i * F, ST_C_F32);
+		if (rc < 0)
+			return rc;
+	}
+	if (p->mesh.size[ST_AXIS_DATA] > 1)
+		return st_comm_allreduce(p->dp, s->g, s->n, ST_C_F32, ST_SUM);
+	return 0;
+}
+
+int st_shard_grad_norm(const st_shard *s, const st_llama *m, const st_par *p, double *norm)
+{
+	double sum = 0;
+	if (p->coord[ST_AXIS_DATA] == 0) { /* data replicas hold the same gradients */
+		for (int i = 0; i < s->ntensors; i++) {
+			if (m->tensors[i].tp_dim < 0 && p->coord[ST_AXIS_TENSOR] != 0)
+				continue; /* replicated over the tensor group: count once */
+			sum += st_sum_squares(s->g + s->off[i], s->rows[i] * s->cols[i]);
+		}
+	}
+	int rc = st_comm_allreduce(p->world_comm, &sum, 1, ST_C_F64, ST_SUM);
+	*norm = sqrt(sum);
+	return rc;
+}
+
+int st_shard_gather_params(const st_shard *s, st_llama *m, const st_par *p)
+{
+	int F = (int)p->mesh.size[ST_AXIS_FSDP];
+	for (int i = 0; i < s->ntensors; i++) {
+		int rc = st_comm_allgather(p->fsdp, s->p + s->off[i], m->params + m->tensors[i].offset,
+					   s->counts + (int64_t)i * F, ST_C_F32);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
