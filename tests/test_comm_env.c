@@ -79,6 +79,11 @@ static void test_env(void)
 	expect_ok("torchrun", 1, 2, 1, 0, "10.0.0.1:29500");
 	ENV("RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=fe80::1", "MASTER_PORT=29500");
 	expect_ok("torchrun", 0, 2, 1, 0, "[fe80::1]:29500");
+	/* torchrun's agent store sits on MASTER_PORT: the next port is ours */
+	ENV("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=29400", "TORCHELASTIC_USE_AGENT_STORE=True");
+	expect_ok("torchrun", 1, 2, 1, 0, "h:29401");
+	ENV("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=29400", "TORCHELASTIC_USE_AGENT_STORE=False");
+	expect_ok("torchrun", 1, 2, 1, 0, "h:29400");
 	ENV("JAX_COORDINATOR_ADDRESS=10.0.0.2:1234", "JAX_PROCESS_COUNT=8", "JAX_PROCESS_ID=6",
 	    "MEGASCALE_NUM_SLICES=2", "MEGASCALE_SLICE_ID=1");
 	expect_ok("jax", 6, 8, 2, 1, "10.0.0.2:1234");
@@ -165,8 +170,8 @@ static void test_env(void)
 	expect_err("master port text", "MASTER_PORT='http'");
 	ENV("RANK=0", "WORLD_SIZE=2");
 	expect_err("torchrun no coordinator", "no coordinator");
-	ENV("RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=a", "MASTER_PORT=29400", "TORCHELASTIC_USE_AGENT_STORE=True");
-	expect_err("agent store", "TORCHELASTIC_USE_AGENT_STORE=True");
+	ENV("RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=a", "MASTER_PORT=65535", "TORCHELASTIC_USE_AGENT_STORE=True");
+	expect_err("agent store on the last port", "no next port");
 	ENV("RANK=3", "WORLD_SIZE=2", "MASTER_ADDR=a", "MASTER_PORT=1");
 	expect_err("torch rank out of range", "RANK=3 is out of range: WORLD_SIZE=2");
 	ENV("LOCAL_RANK=0", "RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=z");
@@ -306,7 +311,7 @@ static void test_store(void)
 		st_store_close(b[i]);
 
 	/* malformed requests: bad op, empty key, huge key, huge value, GET with a value */
-	uint32_t bad[][3] = { { 9, 1, 0 }, { 1, 0, 0 }, { 1, 5000, 0 }, { 1, 1, 2u << 20 }, { 2, 1, 4 }, { 3, 1, 3 } };
+	uint32_t bad[][3] = { { 9, 1, 0 }, { 1, 0, 0 }, { 1, 5000, 0 }, { 1, 1, (64u << 20) + 1 }, { 2, 1, 4 }, { 3, 1, 3 } };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		uint8_t req[64] = { 0 };
 		memcpy(req, bad[i], 12);
@@ -328,10 +333,14 @@ static void test_store(void)
 		}
 		close(fd);
 	}
-	CHECK(st_store_connect(&c, "127.0.0.1", port, dl) == 0);
-	CHECK(st_store_get(c, "a", &v, &n, dl) == 0 && n == 5);
-	free(v);
-	st_store_close(c);
+	dl = st_mono_ns() + 2000000000LL;
+	if (st_store_connect(&c, "127.0.0.1", port, dl) == 0) {
+		CHECK(st_store_get(c, "a", &v, &n, dl) == 0 && n == 5);
+		free(v);
+		st_store_close(c);
+	} else {
+		CHECK_MSG(0, "store unusable after garbage: %s", st_errmsg());
+	}
 	st_store_server_stop(srv);
 
 	/* connecting to nothing retries, then fails with the address */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "ckpt/ckpt.h"
 #include "optim/adamw.h"
 
 /* Global rank of the process at mesh coordinates c (see parallel.h). */
@@ -201,4 +202,55 @@ int st_shard_gather_params(const st_shard *s, st_llama *m, const st_par *p)
 			return rc;
 	}
 	return 0;
+}
+
+int st_shard_pieces(const st_shard *s, const st_llama *m, const st_par *p, int moments, int unique,
+		    st_ckpt_piece **pieces, int *n)
+{
+	int kinds = moments ? 3 : 1, k = 0;
+	st_ckpt_piece *out = calloc((size_t)(s->ntensors * kinds), sizeof(*out));
+	if (!out)
+		return st_fail(ST_ENOMEM, "out of memory (checkpoint pieces)");
+	if (unique && p->coord[ST_AXIS_DATA] != 0) { /* another replica writes them */
+		*pieces = out;
+		*n = 0;
+		return 0;
+	}
+	static const char *prefix[3] = {"", "optimizer.mu.", "optimizer.nu."};
+	float *block[3] = {s->p, s->m, s->v};
+	for (int kind = 0; kind < kinds; kind++) {
+		for (int i = 0; i < s->ntensors; i++) {
+			const st_tensor *t = &m->tensors[i];
+			if (unique && t->tp_dim < 0 && p->coord[ST_AXIS_TENSOR] != 0)
+				continue;
+			st_ckpt_piece *pc = &out[k];
+			size_t len = strlen(prefix[kind]) + strlen(t->name) + 1;
+			char *name = malloc(len);
+			if (!name) {
+				st_shard_pieces_free(out, k);
+				return st_fail(ST_ENOMEM, "out of memory (checkpoint pieces)");
+			}
+			snprintf(name, len, "%s%s", prefix[kind], t->name);
+			pc->name = name;
+			pc->ndim = t->ndim;
+			pc->global_shape[0] = t->global_shape[0];
+			pc->global_shape[1] = t->ndim == 2 ? t->global_shape[1] : 0;
+			pc->offset[0] = t->tp_offset[0] + s->row0[i];
+			pc->offset[1] = t->ndim == 2 ? t->tp_offset[1] : 0;
+			pc->shape[0] = s->rows[i];
+			pc->shape[1] = t->ndim == 2 ? s->cols[i] : 0;
+			pc->data = block[kind] + s->off[i];
+			k++;
+		}
+	}
+	*pieces = out;
+	*n = k;
+	return 0;
+}
+
+void st_shard_pieces_free(st_ckpt_piece *pieces, int n)
+{
+	for (int i = 0; i < n; i++)
+		free((char *)pieces[i].name);
+	free(pieces);
 }

@@ -70,4 +70,18 @@ int st_shard_grad_norm(const st_shard *s, const st_llama *m, const st_par *p, do
 /* Shard weights -> model weights: all-gather over fsdp. */
 int st_shard_gather_params(const st_shard *s, st_llama *m, const st_par *p);
 
+/*
+ * The shard as checkpoint pieces: for every tensor, the box of the global
+ * tensor this process holds, pointing at the shard's weights, and (with
+ * moments) at its AdamW moments, named "optimizer.mu.<name>" and
+ * "optimizer.nu.<name>". unique: only the pieces this process must write
+ * (data replica 0; tensors replicated over the tensor group from tensor
+ * rank 0 only), so that the pieces of all processes tile every tensor once.
+ * Fills *pieces (malloc'd, with their names: st_shard_pieces_free).
+ */
+struct st_ckpt_piece;
+int st_shard_pieces(const st_shard *s, const st_llama *m, const st_par *p, int moments, int unique,
+		    struct st_ckpt_piece **pieces, int *n);
+void st_shard_pieces_free(struct st_ckpt_piece *pieces, int n);
+
 #endif

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "ckpt/ckpt.h"
 #include "data/data.h"
 #include "dist/comm.h"
 #include "dist/mesh.h"
@@ -45,6 +46,15 @@ typedef struct trainer {
 	int lead;         /* this process prints the log line and writes metrics */
 	FILE *metrics;
 	st_flops flops;
+	int64_t step0;    /* first step of this run (after a restore) */
+	int64_t sample0;  /* global sample index of step0's first sample */
+	/* checkpoints */
+	char ckpt_dir[ST_PATH_MAX];
+	st_ckpt_saver *saver;
+	st_ckpt_piece *save_pieces; /* what this process writes */
+	int nsave_pieces;
+	char *config_json;
+	char mesh_desc[256];
 } trainer;
 
 static const char *remat_name(enum st_remat r)
@@ -114,7 +124,8 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	st_llama_zero_grads(&t->model);
 	for (int64_t a = 0; a < accum; a++) {
 		/* this shard's rows of micro-batch a, by global sample index */
-		int64_t first = step * t->G + a * (t->G / accum) + p->dp_index * t->rows;
+		int64_t first = t->sample0 + (step - t->step0) * t->G + a * (t->G / accum) +
+				p->dp_index * t->rows;
 		if ((rc = st_dataset_read(t->data, first, t->rows, t->tokens)) < 0)
 			return rc;
 		if ((rc = st_llama_forward_backward(&t->model, t->tokens, scale, &loss_sum)) < 0)
@@ -146,8 +157,101 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	return 0;
 }
 
-static void trainer_release(trainer *t)
+/* Weights and moments from a checkpoint, or weights from load_parameters_path.
+ * MaxText's order: the run's own newest checkpoint first (auto-resume), then
+ * load_full_state_path, then load_parameters_path. */
+static int restore(trainer *t)
 {
+	const st_config *c = t->c;
+	const st_par *p = &t->par;
+	st_ckpt_piece *pieces = NULL;
+	int n = 0, found = 0, rc;
+	st_ckpt_meta meta = {0};
+	int params_only = !c->enable_checkpointing && !c->load_full_state_path[0];
+	if (params_only && !c->load_parameters_path[0])
+		return 0;
+	if ((rc = st_shard_pieces(&t->shard, &t->model, p, 1, 0, &pieces, &n)) < 0)
+		return rc;
+	if (c->enable_checkpointing)
+		rc = st_ckpt_restore_latest(t->ckpt_dir, p->world_comm, &meta, n, pieces, &found);
+	if (rc == 0 && !found && c->load_full_state_path[0]) {
+		rc = st_ckpt_restore_step(c->load_full_state_path, p->world_comm, &meta, n, pieces);
+		found = rc == 0;
+	}
+	if (rc == 0 && found) {
+		t->step0 = meta.step;
+		t->sample0 = meta.next_sample;
+		if (t->lead)
+			st_info("restored step %lld (saved on %s; next sample %lld)", (long long)meta.step,
+				meta.mesh, (long long)meta.next_sample);
+		if (meta.data_shuffle_seed != c->data_shuffle_seed)
+			st_warn("data_shuffle_seed changed from %lld (checkpoint) to %lld: the data order changes, "
+				"samples may repeat or be skipped",
+				(long long)meta.data_shuffle_seed, (long long)c->data_shuffle_seed);
+	} else if (rc == 0 && c->load_parameters_path[0]) {
+		/* parameters only: the first third of the pieces */
+		rc = st_ckpt_load_params(c->load_parameters_path, c, p->world_comm, t->shard.ntensors, pieces);
+		if (rc == 0 && t->lead)
+			st_info("loaded parameters from %s", c->load_parameters_path);
+		found = rc == 0;
+	}
+	st_ckpt_meta_release(&meta);
+	st_shard_pieces_free(pieces, n);
+	if (rc == 0 && found)
+		rc = st_shard_gather_params(&t->shard, &t->model, p);
+	return rc;
+}
+
+static int setup_checkpoints(trainer *t)
+{
+	const st_config *c = t->c;
+	const st_par *p = &t->par;
+	int rc = st_ckpt_run_dir(c, t->ckpt_dir, sizeof(t->ckpt_dir));
+	if (rc < 0 || !c->enable_checkpointing)
+		return rc;
+	st_ckpt_opts o;
+	if ((rc = st_ckpt_opts_from_config(&o, c, p->rank, p->world)) < 0 ||
+	    (rc = st_ckpt_saver_create(&t->saver, &o)) < 0)
+		return rc;
+	/* nobody saves before process 0 has removed uncommitted steps */
+	if ((rc = st_comm_barrier(p->world_comm)) < 0)
+		return rc;
+	if ((rc = st_config_to_json(c, &t->config_json)) < 0)
+		return rc;
+	return st_shard_pieces(&t->shard, &t->model, p, 1, 1, &t->save_pieces, &t->nsave_pieces);
+}
+
+/* Save after `done` completed steps when the period or the end says so. */
+static int maybe_save(trainer *t, int64_t done, int last)
+{
+	const st_config *c = t->c;
+	if (!t->saver || !((c->checkpoint_period > 0 && done % c->checkpoint_period == 0) ||
+			   (last && c->save_checkpoint_on_completion)))
+		return 0;
+	st_ckpt_meta meta = {
+		.step = done, .next_sample = t->sample0 + (done - t->step0) * t->G,
+		.data_shuffle_seed = c->data_shuffle_seed, .init_weights_seed = c->init_weights_seed,
+		.global_batch = t->G, .config_json = t->config_json,
+	};
+	snprintf(meta.mesh, sizeof(meta.mesh), "%s", t->mesh_desc);
+	int rc = st_ckpt_save(t->saver, &meta, t->nsave_pieces, t->save_pieces);
+	if (rc == 0 && t->lead) {
+		st_ckpt_stats st;
+		st_ckpt_saver_stats(t->saver, &st);
+		st_info("checkpoint step %lld: training stalled %.3f s (copy %.3f s), writing %s",
+			(long long)done, st.last_stall_s, st.last_copy_s,
+			c->async_checkpointing ? "in the background" : "done");
+	}
+	return rc;
+}
+
+static void trainer_release(trainer *t, int failed)
+{
+	if (t->saver && failed)
+		st_ckpt_saver_abort(t->saver);
+	st_ckpt_saver_free(t->saver); /* waits for the save in flight */
+	st_shard_pieces_free(t->save_pieces, t->nsave_pieces);
+	free(t->config_json);
 	st_llama_release(&t->model);
 	st_shard_release(&t->shard);
 	st_dataset_free(t->data);
@@ -186,10 +290,9 @@ int st_train(const st_config *c, st_train_result *res)
 
 	st_llama_shape shape;
 	st_llama_shape_from_config(&shape, c);
+	st_par_describe(p, t.mesh_desc, sizeof(t.mesh_desc));
 	if (t.lead) {
-		char mesh[512];
-		st_par_describe(p, mesh, sizeof(mesh));
-		st_info("mesh: %s", mesh);
+		st_info("mesh: %s", t.mesh_desc);
 		print_header(&t);
 	}
 	if ((rc = check_memory(st_llama_count_params(&shape), c->model_name)) < 0)
@@ -198,7 +301,8 @@ int st_train(const st_config *c, st_train_result *res)
 				   p->coord[ST_AXIS_TENSOR], p->tp)) < 0)
 		goto out;
 	st_llama_init_weights(&t.model, (uint64_t)c->init_weights_seed);
-	if ((rc = st_shard_init(&t.shard, &t.model, p)) < 0 ||
+	if ((rc = st_shard_init(&t.shard, &t.model, p)) < 0 || (rc = setup_checkpoints(&t)) < 0 ||
+	    (rc = restore(&t)) < 0 ||
 	    (rc = st_llama_alloc_acts(&t.model, t.rows, t.T, c->remat_policy)) < 0 ||
 	    (rc = st_dataset_open(&t.data, c, t.G)) < 0)
 		goto out;
@@ -221,7 +325,9 @@ int st_train(const st_config *c, st_train_result *res)
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
 	int64_t total_weights = t.G * t.T;
-	for (int64_t step = 0; step < c->steps; step++) {
+	if (t.step0 >= c->steps && t.lead)
+		st_info("the run already completed its %lld steps", (long long)c->steps);
+	for (int64_t step = t.step0; step < c->steps; step++) {
 		double t0 = now_s(), loss = 0, gnorm = 0, lr = 0;
 		int sig = 0;
 		if ((rc = train_step(&t, step, &loss, &gnorm, &lr)) < 0)
@@ -238,10 +344,12 @@ int st_train(const st_config *c, st_train_result *res)
 		if (t.metrics &&
 		    (rc = write_metrics(&t, step, loss, total_weights, secs, tflops, tokens, lr, gnorm)) < 0)
 			break;
-		if (step == 0)
+		if (step == t.step0)
 			res->first_loss = loss;
 		res->last_loss = loss;
 		res->steps_done = step + 1;
+		if ((rc = maybe_save(&t, step + 1, step + 1 == c->steps)) < 0)
+			break;
 		if ((rc = agree_stop(&t, &sig)) < 0)
 			break;
 		if (sig && step + 1 < c->steps) {
@@ -254,7 +362,9 @@ int st_train(const st_config *c, st_train_result *res)
 	sigaction(SIGTERM, &old_term, NULL);
 	if (rc == 0 && t.metrics && fflush(t.metrics))
 		rc = st_fail(ST_EIO, "cannot write metrics_file '%s'", c->metrics_file);
+	if (rc == 0 && t.saver)
+		rc = st_ckpt_wait(t.saver); /* the last save is committed before we report success */
 out:
-	trainer_release(&t);
+	trainer_release(&t, rc < 0);
 	return rc;
 }
