@@ -55,6 +55,7 @@ typedef struct trainer {
 	int nsave_pieces;
 	char *config_json;
 	char mesh_desc[256];
+	FILE *sample_log; /* SLICETRAIN_SAMPLE_LOG: "step sample" per row read */
 } trainer;
 
 static const char *remat_name(enum st_remat r)
@@ -128,6 +129,8 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 				p->dp_index * t->rows;
 		if ((rc = st_dataset_read(t->data, first, t->rows, t->tokens)) < 0)
 			return rc;
+		for (int64_t r = 0; t->sample_log && r < t->rows; r++)
+			fprintf(t->sample_log, "%lld %lld\n", (long long)step, (long long)(first + r));
 		if ((rc = st_llama_forward_backward(&t->model, t->tokens, scale, &loss_sum)) < 0)
 			return rc;
 	}
@@ -252,6 +255,8 @@ static void trainer_release(trainer *t, int failed)
 	st_ckpt_saver_free(t->saver); /* waits for the save in flight */
 	st_shard_pieces_free(t->save_pieces, t->nsave_pieces);
 	free(t->config_json);
+	if (t->sample_log)
+		fclose(t->sample_log);
 	st_llama_release(&t->model);
 	st_shard_release(&t->shard);
 	st_dataset_free(t->data);
@@ -314,6 +319,17 @@ int st_train(const st_config *c, st_train_result *res)
 	if (t.lead && c->metrics_file[0] && !(t.metrics = fopen(c->metrics_file, "w"))) {
 		rc = st_fail(ST_EIO, "cannot open metrics_file '%s': %s", c->metrics_file, strerror(errno));
 		goto out;
+	}
+	/* a record of the global sample indices this batch shard trains on, for
+	 * checking that no sample is skipped or repeated across restarts */
+	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
+	if (slog && *slog && p->coord[ST_AXIS_TENSOR] == 0) {
+		char path[ST_PATH_MAX + 16];
+		snprintf(path, sizeof(path), "%s.%d", slog, p->rank);
+		if (!(t.sample_log = fopen(path, "a"))) {
+			rc = st_fail(ST_EIO, "cannot open SLICETRAIN_SAMPLE_LOG file '%s': %s", path, strerror(errno));
+			goto out;
+		}
 	}
 	if (t.lead)
 		st_info("activations %.1f MiB (remat %s)", (double)st_llama_act_bytes(&t.model) / (1 << 20),

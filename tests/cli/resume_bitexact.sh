@@ -1,0 +1,50 @@
+# Bit-exact resume: 20 steps straight, and 20 steps killed (SIGKILL) after the
+# step-10 checkpoint then run again (auto-resume), give the same loss lines
+# for every step and byte-identical exported weights; on one process and on a
+# 4-process mesh (2 slices x ici_fsdp 2, dcn_data 2).
+. "$(dirname "$0")/../cli_lib.sh"
+common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=20 max_target_length=256
+	learning_rate=1e-3 dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=10)
+strip() { grep '^completed step' "$1" | sed -E 's/seconds: [0-9.]+, TFLOP\/s\/device: [0-9.]+, Tokens\/s\/device: [0-9.]+/T/'; }
+
+run() { # launcher-args-or-empty run_name batch log extra...
+	local mode=$1 name=$2 batch=$3 log=$4; shift 4
+	if [ "$mode" = single ]; then
+		OMP_NUM_THREADS=1 "$SLICETRAIN" train "${common[@]}" run_name="$name" per_device_batch_size="$batch" "$@" >>"$log" 2>>"$log.err"
+	else
+		OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 2 -- "${common[@]}" run_name="$name" \
+			per_device_batch_size="$batch" ici_fsdp_parallelism=2 dcn_data_parallelism=2 "$@" >>"$log" 2>>"$log.err"
+	fi
+}
+
+for mode in single mesh; do
+	batch=8; [ $mode = mesh ] && batch=2
+	run $mode straight-$mode $batch "$TMP/straight-$mode" || fail "$mode: straight run failed: $(tail -3 "$TMP/straight-$mode.err")"
+	# the interrupted run: SIGKILL once step 10 is committed and a later step is printed
+	run $mode cut-$mode $batch "$TMP/cut-$mode" &
+	pid=$!
+	for _ in $(seq 1 2000); do
+		[ -f "$TMP/o/cut-$mode/checkpoints/10/manifest.json" ] && grep -q 'completed step: 1[1-9]' "$TMP/cut-$mode" && break
+		sleep 0.005
+	done
+	kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+	[ -d "$TMP/o/cut-$mode/checkpoints/20" ] && [ -f "$TMP/o/cut-$mode/checkpoints/20/manifest.json" ] \
+		&& { fail "$mode: the run finished before it was killed; make its steps slower"; continue; }
+	killed_at=$(grep -c '^completed step' "$TMP/cut-$mode")
+	run $mode cut-$mode $batch "$TMP/resumed-$mode" || fail "$mode: resumed run failed: $(tail -3 "$TMP/resumed-$mode.err")"
+	grep -q 'restored step 10' "$TMP/resumed-$mode.err" || fail "$mode: did not resume from step 10"
+	# steps 0..9 from the first part, 10..19 from the resumed part
+	{ strip "$TMP/cut-$mode" | head -10; strip "$TMP/resumed-$mode"; } >"$TMP/joined-$mode"
+	cmp -s <(strip "$TMP/straight-$mode") "$TMP/joined-$mode" \
+		|| fail "$mode: loss lines differ: $(diff <(strip "$TMP/straight-$mode") "$TMP/joined-$mode" | head -4)"
+	for r in straight cut; do
+		"$SLICETRAIN" export "$TMP/o/$r-$mode/checkpoints/20" "$TMP/hf-$r-$mode" >/dev/null 2>&1 || fail "$mode: export of $r failed"
+	done
+	cmp -s "$TMP/hf-straight-$mode/model.safetensors" "$TMP/hf-cut-$mode/model.safetensors" \
+		|| fail "$mode: final weights differ"
+	cmp -s "$TMP/o/straight-$mode/checkpoints/20/shard-00000-of-0000$([ $mode = mesh ] && echo 4 || echo 1).safetensors" \
+		"$TMP/o/cut-$mode/checkpoints/20/shard-00000-of-0000$([ $mode = mesh ] && echo 4 || echo 1).safetensors" \
+		|| fail "$mode: final optimizer state differs"
+	echo "$mode: killed after $killed_at printed steps, resumed from 10; 20 loss lines and final weights identical"
+done
+finish
