@@ -17,7 +17,7 @@
  *   1. each member copies into its shared memory slot the pieces that
  *      another member of its local group reduces;
  *   2. segment i is reduced inside each local group g by its handler
- *      hnd[g][i] (i itself in its own group; a counterpart elsewhere),
+ *      handler(g, i) (i itself in its own group; a counterpart elsewhere),
  *      reading the others' slots: the group partial, in member order;
  *   3. handlers send their partials to i over TCP; i adds the partials of
  *      all groups in group order (the final value, computed once);
@@ -75,8 +75,8 @@ struct st_comm {
 	int *lidx;    /* index inside its local group */
 	int ngrp;     /* G */
 	int *gsize;   /* L of each group */
-	int *gmem;    /* gmem[h * n + k]: k-th member of group h */
-	int *hnd;     /* hnd[h * n + i]: member of group h that handles segment i */
+	int *gstart;  /* group h's members are gmem[gstart[h] ...] */
+	int *gmem;    /* members, grouped, in member order inside each group */
 	int *dfd;     /* data connection by position, -1 */
 	int my_g, L;
 	int spin, yields; /* wait strategy: short when the local group oversubscribes the CPUs */
@@ -238,7 +238,7 @@ static int wait_locals(st_comm *c, uint32_t target)
 	st_group *g = c->g;
 	int h = c->my_g;
 	for (int k = 0; k < c->L; k++) {
-		int x = c->gmem[h * c->n + k];
+		int x = c->gmem[c->gstart[h] + k];
 		if (x == c->me)
 			continue;
 		shm_line *m = line(c, k);
@@ -298,6 +298,7 @@ static int xchg(st_comm *c, xop *ops, int nops)
 			}
 		left += ops[a].len > 0;
 	}
+	int64_t spin_until = 0;
 	while (left > 0) {
 		int progress = 0;
 		for (int a = 0; a < nops; a++) {
@@ -320,10 +321,21 @@ static int xchg(st_comm *c, xop *ops, int nops)
 				      c->ranks[o->peer], g->rank);
 			return st_group_check(g);
 		}
-		if (progress || left == 0)
+		if (progress || left == 0) {
+			spin_until = 0;
 			continue;
+		}
 		if (atomic_load(&g->fail))
 			return st_group_check(g);
+		/* A peer on another CPU usually answers within microseconds: retry
+		 * briefly before sleeping in poll, unless CPUs are oversubscribed. */
+		if (c->spin > 100) {
+			int64_t t = st_mono_ns();
+			if (!spin_until)
+				spin_until = t + 50000;
+			if (t < spin_until)
+				continue;
+		}
 		int np = 0;
 		for (int a = 0; a < nops; a++) {
 			xop *o = &ops[a];
@@ -367,7 +379,12 @@ static uint8_t *slot(st_comm *c, const job *j, int x, int par, int i)
 	return c->slots + ((size_t)c->lidx[x] * 2 + (size_t)par) * c->W + (size_t)c->wofs[i] * j->esz;
 }
 
-static int handler(const st_comm *c, int h, int i) { return c->hnd[h * c->n + i]; }
+/* The member of group h that reduces segment i there: i itself in its own
+ * group, else the member at i's local index (modulo the group's size). */
+static int handler(const st_comm *c, int h, int i)
+{
+	return c->grp[i] == h ? i : c->gmem[c->gstart[h] + c->lidx[i] % c->gsize[h]];
+}
 
 static void add_op(st_comm *c, int *nops, int peer, int send, const void *p, int64_t len, size_t esz)
 {
@@ -394,7 +411,7 @@ static int window_reduce(st_comm *c, const job *j, int par)
 		if (!c->len[i] || handler(c, my_g, i) != me)
 			continue;
 		for (int k = 0; k < L; k++) {
-			int x = c->gmem[my_g * n + k];
+			int x = c->gmem[c->gstart[my_g] + k];
 			src[k] = x == me ? (const void *)in_ptr(c, j, i) : (const void *)slot(c, j, x, par, i);
 		}
 		if (G == 1)
@@ -643,8 +660,8 @@ void st_comm_destroy(st_comm *c)
 	free(c->grp);
 	free(c->lidx);
 	free(c->gsize);
+	free(c->gstart);
 	free(c->gmem);
-	free(c->hnd);
 	free(c->dfd);
 	free(c->cnt);
 	free(c->off);
@@ -675,7 +692,7 @@ void st_comm_free(st_comm *c)
 static int setup_shm(st_comm *c, uint64_t key)
 {
 	st_group *g = c->g;
-	int leader = c->gmem[c->my_g * c->n + 0];
+	int leader = c->gmem[c->gstart[c->my_g]];
 	size_t lines = ((size_t)c->L * LINE + 4095) & ~(size_t)4095;
 	c->shm_len = HDR_BYTES + lines + (size_t)c->L * 2 * c->W;
 	int fd = -1, r;
@@ -713,7 +730,7 @@ static int setup_shm(st_comm *c, uint64_t key)
 		h->nlocal = (uint32_t)c->L;
 		h->magic = SHM_MAGIC;
 		for (int k = 1; k < c->L; k++) {
-			int x = c->gmem[c->my_g * c->n + k];
+			int x = c->gmem[c->gstart[c->my_g] + k];
 			if ((r = st_group_send_fd(g, c->ranks[x], key, fd)) < 0) {
 				close(fd);
 				return r;
@@ -760,8 +777,8 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	c->grp = malloc(sizeof(int) * nn);
 	c->lidx = malloc(sizeof(int) * nn);
 	c->gsize = calloc(nn, sizeof(int));
-	c->gmem = malloc(sizeof(int) * nn * nn);
-	c->hnd = malloc(sizeof(int) * nn * nn);
+	c->gstart = calloc(nn, sizeof(int));
+	c->gmem = malloc(sizeof(int) * nn);
 	c->dfd = malloc(sizeof(int) * nn);
 	c->cnt = malloc(sizeof(int64_t) * nn);
 	c->off = malloc(sizeof(int64_t) * nn);
@@ -770,7 +787,7 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	c->wofs = malloc(sizeof(int64_t) * nn);
 	c->ops = malloc(sizeof(xop) * 2 * nn);
 	c->pf = malloc(sizeof(struct pollfd) * (2 * nn + 1));
-	if (!c->ranks || !c->grp || !c->lidx || !c->gsize || !c->gmem || !c->hnd || !c->dfd || !c->cnt || !c->off ||
+	if (!c->ranks || !c->grp || !c->lidx || !c->gsize || !c->gstart || !c->gmem || !c->dfd || !c->cnt || !c->off ||
 	    !c->lo || !c->len || !c->wofs || !c->ops || !c->pf) {
 		st_comm_destroy(c);
 		return st_fail(ST_ENOMEM, "comm: out of memory");
@@ -791,10 +808,12 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 			}
 		if (c->grp[i] < 0)
 			c->grp[i] = c->ngrp++;
-		int h = c->grp[i];
-		c->lidx[i] = c->gsize[h];
-		c->gmem[h * n + c->gsize[h]++] = i;
+		c->lidx[i] = c->gsize[c->grp[i]]++;
 	}
+	for (int h = 1; h < c->ngrp; h++)
+		c->gstart[h] = c->gstart[h - 1] + c->gsize[h - 1];
+	for (int i = 0; i < n; i++)
+		c->gmem[c->gstart[c->grp[i]] + c->lidx[i]] = i;
 	c->my_g = c->grp[me];
 	c->L = c->gsize[c->my_g];
 	/* Spinning pays while every local member has a CPU; otherwise it steals
@@ -806,9 +825,6 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 		on_host += g->peers[p].host == g->peers[g->rank].host;
 	c->spin = on_host <= ncpu ? 4000 : 20;
 	c->yields = on_host <= ncpu ? 50 : 2;
-	for (int h = 0; h < c->ngrp; h++)
-		for (int i = 0; i < n; i++)
-			c->hnd[h * n + i] = c->grp[i] == h ? i : c->gmem[h * n + c->lidx[i] % c->gsize[h]];
 
 	uint64_t lh = fnv(0xcbf29ce484222325ull, &g->nonce, sizeof(g->nonce));
 	lh = fnv(lh, &n, sizeof(n));

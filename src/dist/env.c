@@ -267,12 +267,21 @@ int st_group_env_read(st_group_env *e)
 		if (!get("MASTER_ADDR") || !get("MASTER_PORT"))
 			return st_fail(ST_EINVAL, "%s is not set (%s is)", get("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR",
 				       get("MASTER_ADDR") ? "MASTER_ADDR" : "MASTER_PORT");
+		/* torchrun's agent (static and c10d rendezvous alike) hosts its own
+		 * TCPStore on MASTER_PORT and says so: take the next port. */
 		const char *use = get("TORCHELASTIC_USE_AGENT_STORE");
-		if (use && (strcmp(use, "True") == 0 || strcmp(use, "true") == 0 || strcmp(use, "1") == 0))
-			return st_fail(ST_EINVAL, "MASTER_PORT is the torchrun agent's own store "
-						  "(TORCHELASTIC_USE_AGENT_STORE=%s); set SLICETRAIN_COORDINATOR=host:port "
-						  "to a free port on the rank-0 host", use);
-		r = set_coord2(e, "MASTER_ADDR", get("MASTER_ADDR"), "MASTER_PORT", get("MASTER_PORT"));
+		long mp;
+		char next[16];
+		if (st_parse_long(get("MASTER_PORT"), 1, 65535, &mp) < 0)
+			return st_fail(ST_EINVAL, "MASTER_PORT='%s' is not a port number (1..65535)", get("MASTER_PORT"));
+		if (use && (strcmp(use, "True") == 0 || strcmp(use, "true") == 0 || strcmp(use, "1") == 0)) {
+			if (mp == 65535)
+				return st_fail(ST_EINVAL, "MASTER_PORT=65535 is torchrun's store (TORCHELASTIC_USE_AGENT_STORE), "
+							  "and there is no next port: set SLICETRAIN_COORDINATOR");
+			mp++;
+		}
+		snprintf(next, sizeof(next), "%ld", mp);
+		r = set_coord2(e, "MASTER_ADDR", get("MASTER_ADDR"), "MASTER_PORT", next);
 	} else if (e->world_size > 1) {
 		const char *which = strcmp(e->source, "slicetrain") == 0 ? "SLICETRAIN_COORDINATOR is not set"
 				  : strcmp(e->source, "jax") == 0

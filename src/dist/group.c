@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -494,8 +495,18 @@ static void *monitor(void *arg)
 		st_group_fail(g, R_EXIT, g->rank, g->rank);
 		goto out;
 	}
+	int64_t last_loop = st_mono_ns();
 	while (!atomic_load(&g->stop)) {
 		int64_t now = st_mono_ns();
+		if (now - last_loop > 3 * hb_ns) {
+			/* We were not running (stopped, starved): silence from the peers
+			 * over that time says nothing about them. */
+			pthread_mutex_lock(&g->mu);
+			for (int p = 0; p < g->size; p++)
+				g->peers[p].last_rx = now;
+			pthread_mutex_unlock(&g->mu);
+		}
+		last_loop = now;
 		if (now >= next_hb) {
 			heartbeat(g, now);
 			next_hb = now + hb_ns;
@@ -715,6 +726,7 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 	st_store *s = NULL;
 	char key[64];
 	void *val = NULL;
+	uint8_t *all = NULL;
 	size_t len;
 	int r = st_store_connect(&s, host, port, deadline);
 	if (r < 0)
@@ -780,27 +792,54 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 	if ((r = st_store_set(s, key, &me, sizeof(me))) < 0)
 		goto out;
 
-	char (*keys)[320] = calloc((size_t)g->size, sizeof(*keys));
-	if (!keys) {
+	/* Rank 0 collects every endpoint and publishes them as one value, so
+	 * that joining costs O(world) store requests, not O(world^2). */
+	size_t all_len = sizeof(ep_wire) * (size_t)g->size;
+	if (g->rank == 0) {
+		if (!(all = malloc(all_len))) {
+			r = st_fail(ST_ENOMEM, "worker group: out of memory");
+			goto out;
+		}
+		for (int p = 0; p < g->size; p++) {
+			snprintf(key, sizeof(key), "ep/%d", p);
+			if ((r = st_store_get(s, key, &val, &len, deadline)) < 0) {
+				if (st_mono_ns() >= deadline)
+					r = st_fail(ST_EPEER, "worker group: rank %d did not join within %d ms (coordinator %s)",
+						    p, g->join_timeout_ms, e->coordinator);
+				goto out;
+			}
+			if (len != sizeof(ep_wire)) {
+				r = st_fail(ST_EPEER, "worker group: malformed endpoint of rank %d in the store", p);
+				goto out;
+			}
+			memcpy(all + (size_t)p * sizeof(ep_wire), val, sizeof(ep_wire));
+			free(val);
+			val = NULL;
+		}
+		if ((r = st_store_set(s, "eps", all, all_len)) < 0)
+			goto out;
+	} else {
+		if ((r = st_store_get(s, "eps", &val, &len, deadline)) < 0) {
+			if (st_mono_ns() >= deadline)
+				r = st_fail(ST_EPEER, "worker group: the group did not form within %d ms (coordinator %s; "
+						      "rank 0 names the missing ranks)", g->join_timeout_ms, e->coordinator);
+			goto out;
+		}
+		if (len != all_len) {
+			r = st_fail(ST_EPEER, "worker group: malformed endpoint table in the store");
+			goto out;
+		}
+		all = val;
+		val = NULL;
+	}
+	uint64_t *hk = calloc((size_t)g->size, sizeof(uint64_t));
+	if (!hk) {
 		r = st_fail(ST_ENOMEM, "worker group: out of memory");
 		goto out;
 	}
 	for (int p = 0; p < g->size; p++) {
 		ep_wire ep;
-		snprintf(key, sizeof(key), "ep/%d", p);
-		if ((r = st_store_get(s, key, &val, &len, deadline)) < 0) {
-			if (st_mono_ns() >= deadline)
-				r = st_fail(ST_EPEER, "worker group: rank %d did not join within %d ms (coordinator %s)", p,
-					    g->join_timeout_ms, e->coordinator);
-			break;
-		}
-		if (len != sizeof(ep)) {
-			r = st_fail(ST_EPEER, "worker group: malformed endpoint of rank %d in the store", p);
-			break;
-		}
-		memcpy(&ep, val, sizeof(ep));
-		free(val);
-		val = NULL;
+		memcpy(&ep, all + (size_t)p * sizeof(ep), sizeof(ep));
 		if (ep.magic != EP_MAGIC || ep.rank != p || ep.port < 1 || ep.port > 65535 ||
 		    !memchr(ep.addr, 0, sizeof(ep.addr)) || !memchr(ep.uname, 0, sizeof(ep.uname)) ||
 		    !memchr(ep.hostkey, 0, sizeof(ep.hostkey)) || ep.slice != p / g->per_slice) {
@@ -813,17 +852,25 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 		q->port = ep.port;
 		memcpy(q->addr, ep.addr, sizeof(q->addr));
 		memcpy(q->uname, ep.uname, sizeof(q->uname));
-		memcpy(keys[p], ep.hostkey, sizeof(keys[p]));
+		hk[p] = 0xcbf29ce484222325ull;
+		for (const char *c = ep.hostkey; *c; c++)
+			hk[p] = (hk[p] ^ (uint8_t)*c) * 0x100000001b3ull;
 		q->host = p;
-		for (int k = 0; k < p; k++)
-			if (strcmp(keys[k], keys[p]) == 0) {
+		for (int k = 0; k < p; k++) {
+			ep_wire ek;
+			if (hk[k] != hk[p])
+				continue;
+			memcpy(&ek, all + (size_t)k * sizeof(ek), sizeof(ek));
+			if (strcmp(ek.hostkey, ep.hostkey) == 0) {
 				q->host = g->peers[k].host;
 				break;
 			}
+		}
 	}
-	free(keys);
+	free(hk);
 out:
 	free(val);
+	free(all);
 	st_store_close(s);
 	return r;
 }
@@ -887,6 +934,14 @@ int st_group_join(st_group **out, const st_group_opts *opts)
 		return 0;
 	}
 
+	/* one control connection per peer, plus data connections: raise the
+	 * soft descriptor limit to the hard one when a large group needs it */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    rl.rlim_cur < (rlim_t)(4 * g->size + 256) && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
 	int64_t t0 = st_mono_ns(), deadline = t0 + (int64_t)g->join_timeout_ms * 1000000;
 	char host[256];
 	int port;
@@ -910,8 +965,8 @@ int st_group_join(st_group **out, const st_group_opts *opts)
 	if ((r = unix_listen(g, g->peers[g->rank].uname, sizeof(g->peers[g->rank].uname))) < 0)
 		goto fail;
 	if (g->rank == 0 && (r = st_store_serve(&g->store, port)) < 0) {
-		r = st_fail(ST_EIO, "worker group: rank 0 cannot host the store on the coordinator port %d: %s", port,
-			    st_errmsg());
+		r = st_fail(ST_EIO, "worker group: rank 0 cannot host the store on the coordinator port %d (%s): %s; "
+				    "point SLICETRAIN_COORDINATOR at a free host:port", port, e->source, st_errmsg());
 		goto fail;
 	}
 	if ((r = publish_and_collect(g, e, host, port, deadline)) < 0)

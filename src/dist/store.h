@@ -23,7 +23,7 @@
  *
  * Wire format (little-endian hosts only, like the rest of the group
  * protocol): request = u32 op, u32 key length (1..1024), u32 value length
- * (<= 1 MiB), key, value; op 1 SET, 2 GET (answered once the key exists),
+ * (<= 64 MiB), key, value; op 1 SET, 2 GET (answered once the key exists),
  * 3 ADD (value: i64 delta; answer: i64 new value). Answer = u32 status (0),
  * u32 length, value. A malformed request closes that client's connection.
  *
@@ -40,7 +40,7 @@
 typedef struct st_store_server st_store_server;
 typedef struct st_store st_store;
 
-enum { ST_STORE_MAX_KEY = 1024, ST_STORE_MAX_VALUE = 1 << 20 };
+enum { ST_STORE_MAX_KEY = 1024, ST_STORE_MAX_VALUE = 64 << 20 };
 
 int st_store_serve(st_store_server **out, int port);
 int st_store_server_port(const st_store_server *s);
