@@ -887,11 +887,13 @@ static void test_hf(void)
 
 	/* save the parameters as 2 processes (column splits), export with tiny shards */
 	st_ckpt_saver *s[2];
-	for (int p = 1; p >= 0; p--) {
+	for (int p = 0; p < 2; p++) { /* process 0 first: it cleans up before anyone saves */
 		st_ckpt_opts o = opts_for(tp("hf/checkpoints"), p, 2);
+		CHECK(st_ckpt_saver_create(&s[p], &o) == 0);
+	}
+	for (int p = 1; p >= 0; p--) {
 		st_ckpt_meta m = meta_for(7);
 		m.config_json = cj;
-		CHECK(st_ckpt_saver_create(&s[p], &o) == 0);
 		make_pieces(&pl[p], td, nt, p, 2, 1, 3);
 		CHECK(st_ckpt_save(s[p], &m, pl[p].n, pl[p].p) == 0);
 	}

@@ -143,12 +143,14 @@ static void round_trip(int llama31)
 	st_ckpt_piece pieces[2][400];
 	char names[2][400][96];
 	st_ckpt_saver *sv[2];
-	for (int p = 1; p >= 0; p--) {
+	for (int p = 0; p < 2; p++) { /* process 0 first: it cleans up before anyone saves */
 		st_ckpt_opts o = {.dir = dir, .process = p, .process_count = 2, .async = 1};
+		CHECK(st_ckpt_saver_create(&sv[p], &o) == 0);
+	}
+	for (int p = 1; p >= 0; p--) {
 		st_ckpt_meta meta = {.step = 5, .next_sample = 40, .global_batch = 8, .config_json = cj};
 		snprintf(meta.mesh, sizeof(meta.mesh), "data=1 fsdp=2 tensor=1");
 		int n = make_pieces(&m, moments, p, 2, pieces[p], names[p]);
-		CHECK(st_ckpt_saver_create(&sv[p], &o) == 0);
 		CHECK_MSG(st_ckpt_save(sv[p], &meta, n, pieces[p]) == 0, "%s", st_errmsg());
 	}
 	for (int p = 0; p < 2; p++) {

@@ -817,6 +817,11 @@ int main(int argc, char **argv)
 		test_collectives();
 	if (want(argc, argv, "failures"))
 		test_failures();
+	if (argc > 1 && want(argc, argv, "stop5s")) { /* opt-in: the default timeout, 5 s */
+		world d = { 4, 2, 1, 0 };
+		double t = failure_case(&d, SIGSTOP, 1, "SIGSTOP (default timeout)");
+		CHECK_MSG(t < 5.0, "SIGSTOP detected after %.2f s", t);
+	}
 	if (want(argc, argv, "slow"))
 		test_slow_peer();
 	if (want(argc, argv, "abort"))

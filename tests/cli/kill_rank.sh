@@ -35,9 +35,9 @@ for rep in $(seq 1 "$reps"); do
 			kill -KILL "${pids[$r]}"
 		fi
 		wait "${pids[$r]}"; st=$?
-		[ "$st" -ne 0 ] || fail "rep $rep: rank $r exited 0 after its peer died"
+		[ "$st" -eq 3 ] || fail "rep $rep: rank $r exited with status $st after its peer died, want 3 (peer failure)"
 	done
-	wait "${pids[$victim]}" 2>/dev/null
+	{ wait "${pids[$victim]}"; } 2>/dev/null
 	worst=$(awk -v a="$worst" -v b="$dt" 'BEGIN{print (b>a)?b:a}')
 	echo "rep $rep: killed rank $victim; all others gone after ${dt}s (status $(grep -ho 'error: .*' "$TMP"/err.* | head -1))"
 done
