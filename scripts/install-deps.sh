@@ -2,11 +2,12 @@
 # Installs what slicetrain needs on Debian (bookworm), as root; installs only
 # what is missing and runs `apt-get update` only when something is.
 #   scripts/install-deps.sh          build dependencies
-#   scripts/install-deps.sh --test   plus what the test suite needs
+#   scripts/install-deps.sh --test   plus what the test suite needs, and
+#                                    .venv-test/ (Hugging Face transformers from PyPI)
 set -euo pipefail
-pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev)
+pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev zlib1g-dev)
 if [ "${1:-}" = "--test" ]; then
-	pkgs+=(python3 python3-numpy python3-torch)
+	pkgs+=(python3 python3-numpy python3-torch python3-venv)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -21,4 +22,21 @@ if [ ${#missing[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Test only: transformers is not packaged by Debian. A venv that sees Debian's
+# torch 1.13 and numpy (--system-site-packages) gets the last transformers
+# release that runs on torch 1.13, for tests/hf/hf_check.py (the HF export
+# round trip). Without it that test falls back to torch_oracle.py and says so.
+if [ "${1:-}" = "--test" ]; then
+	venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-test"
+	if ! "$venv/bin/python" -c "import transformers, safetensors" 2>/dev/null; then
+		echo "creating $venv (transformers for the Hugging Face export test)"
+		if ! { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+			"$venv/bin/pip" install -q --disable-pip-version-check transformers==4.46.3 safetensors==0.8.0 \
+				tokenizers==0.20.3 huggingface_hub==0.36.2; }; then
+			echo "install-deps: warning: could not install transformers into $venv;" \
+				"the Hugging Face export test will check with torch_oracle.py instead" >&2
+		fi
+	fi
 fi
