@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include "base/err.h"
 #include "check.h"
 #include "dist/comm.h"
+#include "dist/dist_int.h"
 
 enum { MAXP = 8 };
 
@@ -627,6 +629,75 @@ static void test_abort(void)
 	CHECK_MSG(reap(pids, 2, 20) == 0, "abort test failed");
 }
 
+/* ---- hostile input on the listeners ---- */
+
+static int connect_unix(const char *name)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	memcpy(a.sun_path + 1, name, strlen(name));
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name))) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* Strangers connect to the other member's listeners and send random bytes,
+ * frames with a wrong nonce or impossible ranks, and hellos that claim to be
+ * someone else; the group must not notice. */
+static void body_garbage(st_group *g, const world *w, int rank)
+{
+	int other = 1 - rank, all[2] = { 0, 1 };
+	const st_peer *q = &g->peers[other];
+	unsigned seed = 99u + (unsigned)rank;
+	for (int t = 0; t < 300; t++) {
+		int fd = -1, uni = t % 3 == 2;
+		if (uni)
+			fd = connect_unix(q->uname);
+		else if (st_tcp_connect("127.0.0.1", q->port, st_mono_ns() + 1000000000LL, &fd) < 0)
+			fd = -1;
+		if (fd < 0)
+			continue;
+		uint8_t buf[96];
+		size_t len = 1 + (size_t)rand_r(&seed) % sizeof(buf);
+		for (size_t i = 0; i < len; i++)
+			buf[i] = (uint8_t)rand_r(&seed);
+		if (t % 2) { /* well-formed frame, wrong in one field */
+			st_frame f = { .magic = ST_FRAME_MAGIC, .type = (uint32_t)(1 + rand_r(&seed) % 6),
+				       .rank = rand_r(&seed) % 4 - 1, .nonce = g->nonce, .key = (uint64_t)rand_r(&seed) };
+			switch (rand_r(&seed) % 3) {
+			case 0: f.nonce ^= 1; break;
+			case 1: f.rank = other == 0 ? 1 : 0; f.type = F_HELLO_CTRL; break; /* a duplicate */
+			default: f.rank = 7; break;
+			}
+			memcpy(buf, &f, sizeof(f));
+			len = sizeof(f) + (size_t)rand_r(&seed) % 8;
+		}
+		if (send(fd, buf, len, MSG_NOSIGNAL) < 0) {
+		}
+		close(fd);
+	}
+	st_comm *c;
+	CHECK(st_comm_create(&c, g, 2, all) == 0);
+	for (int i = 0; i < 10; i++) {
+		double v[4] = { 1, 2, 3, (double)rank };
+		CHECK(st_comm_allreduce(c, v, 4, ST_C_F64, ST_SUM) == 0 && v[3] == 1.0);
+	}
+	CHECK_MSG(st_group_status(g) == 0, "garbage broke the group: %s", st_errmsg());
+	st_comm_free(c);
+}
+
+static void test_garbage(void)
+{
+	world w1 = { 2, 1, 1, 0 }, w2 = { 2, 2, 1, 0 };
+	pid_t pids[MAXP];
+	spawn(&w1, body_garbage, pids);
+	CHECK_MSG(reap(pids, 2, 30) == 0, "hostile input (one slice) failed");
+	spawn(&w2, body_garbage, pids);
+	CHECK_MSG(reap(pids, 2, 30) == 0, "hostile input (two slices) failed");
+}
+
 /* ---- joins that cannot complete, groups in sequence and side by side ---- */
 
 static int count_fds(void)
@@ -826,6 +897,8 @@ int main(int argc, char **argv)
 		test_slow_peer();
 	if (want(argc, argv, "abort"))
 		test_abort();
+	if (want(argc, argv, "garbage"))
+		test_garbage();
 	if (want(argc, argv, "join"))
 		test_join_errors();
 	if (want(argc, argv, "lifecycle"))

@@ -558,7 +558,7 @@ int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, 
 		return c->n == 1 ? 0 : st_group_check(c->g);
 	job j = { .mode = M_AR, .dt = dt, .op = op, .esz = dt_size(dt), .in = buf, .out = buf };
 	for (int i = 0; i < c->n; i++)
-		c->cnt[i] = count * (i + 1) / c->n - count * i / c->n;
+		c->cnt[i] = (int64_t)((__int128)count * (i + 1) / c->n - (__int128)count * i / c->n);
 	return run(c, &j, c->cnt);
 }
 

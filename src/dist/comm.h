@@ -85,13 +85,23 @@ int st_comm_rank(const st_comm *c);
 int st_comm_size(const st_comm *c);
 void st_comm_free(st_comm *c);
 
+/*
+ * Collectives. Every member calls the same collectives on a communicator in
+ * the same order, with the same count(s) and type. Different communicators
+ * may be used from different threads at once; one communicator from one
+ * thread at a time. Errors: ST_EINVAL for bad arguments (nothing was sent),
+ * ST_EPEER / ST_EINTR once the group failed or was aborted.
+ */
 /* In place over count elements. */
 int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, enum st_redop op);
 /* in: the concatenation of size chunks, chunk i of counts[i] elements;
- * out: this member's chunk, reduced (sum). counts may differ per member. */
+ * out: this member's chunk, reduced (sum). counts[i] may differ per chunk
+ * (and be 0), but every member passes the same counts. out may be disjoint
+ * from in, or exactly this member's chunk inside in. */
 int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t *counts,
 			   enum st_dtype_c dt);
-/* in: this member's counts[rank] elements; out: the concatenation of all chunks. */
+/* in: this member's counts[rank] elements; out: the concatenation of all
+ * chunks. in may be disjoint from out, or exactly this member's chunk in out. */
 int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *counts,
 		      enum st_dtype_c dt);
 int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root);

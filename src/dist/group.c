@@ -99,7 +99,7 @@ int st_group_check(st_group *g)
 	case R_JOIN: snprintf(what, sizeof(what), "did not join within %d ms", g->join_timeout_ms); break;
 	default: snprintf(what, sizeof(what), "failed"); break;
 	}
-	if (reporter == g->rank || reporter < 0)
+	if (reporter == g->rank || reporter == failed || reporter < 0)
 		return st_fail(ST_EPEER, "worker group: rank %d %s", failed, what);
 	return st_fail(ST_EPEER, "worker group: rank %d %s (reported by rank %d)", failed, what, reporter);
 }
