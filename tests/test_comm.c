@@ -651,6 +651,12 @@ static void body_garbage(st_group *g, const world *w, int rank)
 	int other = 1 - rank, all[2] = { 0, 1 };
 	const st_peer *q = &g->peers[other];
 	unsigned seed = 99u + (unsigned)rank;
+	st_comm *c;
+	int rc = st_comm_create(&c, g, 2, all);
+	CHECK_MSG(rc == 0, "create: %s", st_errmsg());
+	if (rc)
+		return;
+	CHECK(st_comm_barrier(c) == 0); /* both joined: the listeners belong to the monitors now */
 	for (int t = 0; t < 300; t++) {
 		int fd = -1, uni = t % 3 == 2;
 		if (uni)
@@ -668,7 +674,10 @@ static void body_garbage(st_group *g, const world *w, int rank)
 				       .rank = rand_r(&seed) % 4 - 1, .nonce = g->nonce, .key = (uint64_t)rand_r(&seed) };
 			switch (rand_r(&seed) % 3) {
 			case 0: f.nonce ^= 1; break;
-			case 1: f.rank = other == 0 ? 1 : 0; f.type = F_HELLO_CTRL; break; /* a duplicate */
+			case 1: /* claims to be a member, without its pid */
+				f.rank = rand_r(&seed) % 2;
+				f.type = rand_r(&seed) % 2 ? F_HELLO_CTRL : F_HELLO_DATA;
+				break;
 			default: f.rank = 7; break;
 			}
 			memcpy(buf, &f, sizeof(f));
@@ -678,8 +687,6 @@ static void body_garbage(st_group *g, const world *w, int rank)
 		}
 		close(fd);
 	}
-	st_comm *c;
-	CHECK(st_comm_create(&c, g, 2, all) == 0);
 	for (int i = 0; i < 10; i++) {
 		double v[4] = { 1, 2, 3, (double)rank };
 		CHECK(st_comm_allreduce(c, v, 4, ST_C_F64, ST_SUM) == 0 && v[3] == 1.0);

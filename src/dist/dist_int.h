@@ -43,8 +43,8 @@ void st_sock_tune(int fd);
 
 enum { ST_FRAME_MAGIC = 0x53544331u /* "STC1" */ };
 enum {
-	F_HELLO_CTRL = 1, /* first frame of a control connection */
-	F_HELLO_DATA = 2, /* first frame of a communicator's data connection; key = comm key */
+	F_HELLO_CTRL = 1, /* first frame of a control connection; aux = sender's pid */
+	F_HELLO_DATA = 2, /* first frame of a communicator's data connection; key = comm key, aux = pid */
 	F_HB = 3,         /* heartbeat */
 	F_BYE = 4,        /* leaving normally */
 	F_ABORT = 5,      /* my group failed: aux = reason, key = failed rank */

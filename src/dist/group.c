@@ -243,7 +243,7 @@ int st_group_connect_data(st_group *g, int to, uint64_t key, int *fdp)
 	int64_t deadline = st_mono_ns() + (int64_t)g->timeout_ms * 1000000;
 	int fd, r = st_tcp_connect(q->addr, q->port, deadline, &fd);
 	if (r == 0) {
-		st_frame f = frame(g, F_HELLO_DATA, 0, key);
+		st_frame f = frame(g, F_HELLO_DATA, (uint32_t)getpid(), key);
 		r = st_send_full(fd, &f, sizeof(f), deadline);
 		if (r) {
 			close(fd);
@@ -398,8 +398,9 @@ static void on_hello(st_group *g, st_pending *pc)
 {
 	st_frame f;
 	memcpy(&f, pc->buf, sizeof(f));
+	/* a hello carries the sender's pid, which must match its endpoint */
 	int ok = f.magic == ST_FRAME_MAGIC && f.nonce == g->nonce && f.rank >= 0 && f.rank < g->size &&
-		 f.rank != g->rank;
+		 f.rank != g->rank && f.aux == (uint32_t)g->peers[f.rank].pid;
 	if (ok && f.type == F_HELLO_CTRL && f.rank > g->rank) {
 		pthread_mutex_lock(&g->mu);
 		st_peer *q = &g->peers[f.rank];
@@ -994,7 +995,7 @@ int st_group_join(st_group **out, const st_group_opts *opts)
 		int fd, unix_ = q->host == g->peers[g->rank].host;
 		int rr = unix_ ? unix_connect(q->uname, &fd) : st_tcp_connect(q->addr, q->port, deadline, &fd);
 		if (rr == 0) {
-			st_frame f = frame(g, F_HELLO_CTRL, 0, 0);
+			st_frame f = frame(g, F_HELLO_CTRL, (uint32_t)getpid(), 0);
 			rr = st_send_full(fd, &f, sizeof(f), deadline);
 			if (rr)
 				close(fd);
