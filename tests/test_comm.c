@@ -168,13 +168,12 @@ static size_t esz(int dt) { return dt == ST_C_F32 ? 4 : 8; }
 static void gen(int dt, int rank, int64_t i, uint64_t seed, void *out)
 {
 	uint64_t h = mix(seed ^ mix(((uint64_t)rank << 40) ^ (uint64_t)i));
-	double m = (double)(int64_t)(h >> 12) / 4503599627370496.0 - 1.0;
-	if (dt == ST_C_F32) {
-		float f = (float)ldexp(m, (int)(h & 31) - 16);
-		memcpy(out, &f, 4);
-	} else if (dt == ST_C_F64) {
-		double d = ldexp(m, (int)(h & 63) - 32);
-		memcpy(out, &d, 8);
+	if (dt == ST_C_F32) { /* sign, exponent 2^-16 .. 2^15, random mantissa */
+		uint32_t b = (uint32_t)(h >> 63) << 31 | (uint32_t)(127 - 16 + (h & 31)) << 23 | (uint32_t)(h >> 20) >> 9;
+		memcpy(out, &b, 4);
+	} else if (dt == ST_C_F64) { /* exponent 2^-32 .. 2^31 */
+		uint64_t b = (h >> 63) << 63 | (uint64_t)(1023 - 32 + (h & 63)) << 52 | ((h >> 6) & ((1ull << 52) - 1));
+		memcpy(out, &b, 8);
 	} else {
 		memcpy(out, &h, 8);
 	}
