@@ -65,7 +65,7 @@ int64_t st_llama_count_params(const st_llama_shape *s)
 }
 
 /* rows x cols global (cols 0: 1-D); tp_dim as in st_tensor. */
-static float *add_tensor(st_llama *m, const char *name, enum st_tensor_kind kind, int64_t rows,
+static void add_tensor(st_llama *m, const char *name, enum st_tensor_kind kind, int64_t rows,
 			 int64_t cols, int tp_dim, int64_t *off)
 {
 	st_tensor *t = &m->tensors[m->ntensors++];
@@ -82,33 +82,57 @@ static float *add_tensor(st_llama *m, const char *name, enum st_tensor_kind kind
 	}
 	t->numel = cols ? t->shape[0] * t->shape[1] : t->shape[0];
 	*off += t->numel;
-	return (float *)(intptr_t)t->offset; /* turned into pointers by bind_views */
 }
 
-/* Views hold offsets while the table is built; bind them to a block. */
-static void bind(st_llama_view *v, const st_llama_view *offs, float *base, int64_t L)
+/* The view field of tensor i (table order: embedding; per layer ln1, q, k,
+ * v, o, ln2, gate, up, down; final norm; output layer). */
+static float **view_field(st_llama_view *v, int i, int64_t L)
 {
-#define B(f) v->f = base + (intptr_t)offs->f
-	B(embed);
-	B(norm);
-	B(lm_head);
-	for (int64_t l = 0; l < L; l++) {
-		B(layers[l].ln1);
-		B(layers[l].wq);
-		B(layers[l].wk);
-		B(layers[l].wv);
-		B(layers[l].wo);
-		B(layers[l].ln2);
-		B(layers[l].wg);
-		B(layers[l].wu);
-		B(layers[l].wd);
-	}
-#undef B
+	if (i == 0)
+		return &v->embed;
+	if (i == 1 + 9 * L)
+		return &v->norm;
+	if (i == 2 + 9 * L)
+		return &v->lm_head;
+	st_layer_view *lv = &v->layers[(i - 1) / 9];
+	float **f[9] = {&lv->ln1, &lv->wq, &lv->wk, &lv->wv, &lv->wo, &lv->ln2, &lv->wg, &lv->wu, &lv->wd};
+	return f[(i - 1) % 9];
 }
 
-int st_llama_init(st_llama *m, const st_llama_shape *s) { return st_llama_init_tp(m, s, 1, 0, NULL); }
+void st_llama_unit(const st_llama *m, int u, int *t0, int *nt)
+{
+	int64_t L = m->s.L;
+	*t0 = u == 0 ? 0 : u <= L ? 1 + 9 * (u - 1) : 1 + 9 * (int)L;
+	*nt = u == 0 ? 1 : u <= L ? 9 : 2;
+}
 
-int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, st_comm *tp_comm)
+void st_llama_bind_unit(st_llama *m, int u, float *p, float *g)
+{
+	int t0, nt;
+	st_llama_unit(m, u, &t0, &nt);
+	int64_t base = m->tensors[t0].offset;
+	for (int i = t0; i < t0 + nt; i++) {
+		if (p)
+			*view_field(&m->p, i, m->s.L) = p + (m->tensors[i].offset - base);
+		if (g)
+			*view_field(&m->g, i, m->s.L) = g + (m->tensors[i].offset - base);
+	}
+}
+
+int64_t st_llama_unit_numel(const st_llama *m, int u)
+{
+	int t0, nt;
+	st_llama_unit(m, u, &t0, &nt);
+	int64_t n = 0;
+	for (int i = t0; i < t0 + nt; i++)
+		n += m->tensors[i].numel;
+	return n;
+}
+
+int st_llama_init(st_llama *m, const st_llama_shape *s) { return st_llama_init_tp(m, s, 1, 0, NULL, 1); }
+
+int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, st_comm *tp_comm,
+		     int resident)
 {
 	memset(m, 0, sizeof(*m));
 	if (tp < 1 || s->H % tp || s->K % tp || s->M % tp || s->V % tp)
@@ -129,63 +153,70 @@ int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, 
 	m->nparams = s->V * s->E + s->E + m->ls.V * s->E + s->L * layer_params(&m->ls);
 	int64_t L = s->L, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
 	m->tensors = calloc((size_t)(3 + 9 * L), sizeof(st_tensor));
-	st_llama_view offs = {0};
-	offs.layers = calloc((size_t)L, sizeof(st_layer_view));
 	m->p.layers = calloc((size_t)L, sizeof(st_layer_view));
 	m->g.layers = calloc((size_t)L, sizeof(st_layer_view));
-	m->params = calloc((size_t)m->nparams, sizeof(float));
-	m->grads = calloc((size_t)m->nparams, sizeof(float));
-	if (!m->tensors || !offs.layers || !m->p.layers || !m->g.layers || !m->params || !m->grads) {
-		free(offs.layers);
+	if (resident) {
+		m->params = calloc((size_t)m->nparams, sizeof(float));
+		m->grads = calloc((size_t)m->nparams, sizeof(float));
+	}
+	if (!m->tensors || !m->p.layers || !m->g.layers || (resident && (!m->params || !m->grads))) {
 		st_llama_release(m);
 		return st_fail(ST_ENOMEM, "out of memory for %lld parameters", (long long)m->nparams);
 	}
 	int64_t off = 0;
 	char n[80];
-	offs.embed = add_tensor(m, "model.embed_tokens.weight", ST_T_EMBED, s->V, E, -1, &off);
+	add_tensor(m, "model.embed_tokens.weight", ST_T_EMBED, s->V, E, -1, &off);
 	for (int64_t l = 0; l < L; l++) {
-		st_layer_view *lv = &offs.layers[l];
-#define T(field, suffix, kind, r, c, dim)                                                 \
+#define T(suffix, kind, r, c, dim)                                                 \
 	snprintf(n, sizeof(n), "model.layers.%lld.%s", (long long)l, suffix);            \
-	lv->field = add_tensor(m, n, kind, r, c, dim, &off)
-		T(ln1, "input_layernorm.weight", ST_T_NORM, E, 0, -1);
-		T(wq, "self_attn.q_proj.weight", ST_T_LINEAR, HD, E, 0);
-		T(wk, "self_attn.k_proj.weight", ST_T_LINEAR, KD, E, 0);
-		T(wv, "self_attn.v_proj.weight", ST_T_LINEAR, KD, E, 0);
-		T(wo, "self_attn.o_proj.weight", ST_T_LINEAR, E, HD, 1);
-		T(ln2, "post_attention_layernorm.weight", ST_T_NORM, E, 0, -1);
-		T(wg, "mlp.gate_proj.weight", ST_T_LINEAR, M, E, 0);
-		T(wu, "mlp.up_proj.weight", ST_T_LINEAR, M, E, 0);
-		T(wd, "mlp.down_proj.weight", ST_T_LINEAR, E, M, 1);
+	add_tensor(m, n, kind, r, c, dim, &off)
+		T("input_layernorm.weight", ST_T_NORM, E, 0, -1);
+		T("self_attn.q_proj.weight", ST_T_LINEAR, HD, E, 0);
+		T("self_attn.k_proj.weight", ST_T_LINEAR, KD, E, 0);
+		T("self_attn.v_proj.weight", ST_T_LINEAR, KD, E, 0);
+		T("self_attn.o_proj.weight", ST_T_LINEAR, E, HD, 1);
+		T("post_attention_layernorm.weight", ST_T_NORM, E, 0, -1);
+		T("mlp.gate_proj.weight", ST_T_LINEAR, M, E, 0);
+		T("mlp.up_proj.weight", ST_T_LINEAR, M, E, 0);
+		T("mlp.down_proj.weight", ST_T_LINEAR, E, M, 1);
 #undef T
 	}
-	offs.norm = add_tensor(m, "model.norm.weight", ST_T_NORM, E, 0, -1, &off);
-	offs.lm_head = add_tensor(m, "lm_head.weight", ST_T_LINEAR, s->V, E, 0, &off);
+	add_tensor(m, "model.norm.weight", ST_T_NORM, E, 0, -1, &off);
+	add_tensor(m, "lm_head.weight", ST_T_LINEAR, s->V, E, 0, &off);
 	if (off != m->nparams)
 		ST_BUG("parameter table covers %lld of %lld", (long long)off, (long long)m->nparams);
-	bind(&m->p, &offs, m->params, L);
-	bind(&m->g, &offs, m->grads, L);
-	free(offs.layers);
+	if (resident)
+		for (int i = 0; i < m->ntensors; i++) {
+			*view_field(&m->p, i, L) = m->params + m->tensors[i].offset;
+			*view_field(&m->g, i, L) = m->grads + m->tensors[i].offset;
+		}
 	return 0;
+}
+
+void st_llama_init_rows(const st_llama *m, uint64_t seed, int i, int64_t row0, int64_t rows, float *dst)
+{
+	const st_tensor *t = &m->tensors[i];
+	int64_t gcols = t->ndim == 2 ? t->global_shape[1] : 1, cols = t->ndim == 2 ? t->shape[1] : 1;
+	double std = t->kind == ST_T_EMBED ? 1.0 : t->kind == ST_T_LINEAR ? 1.0 / sqrt((double)gcols) : 0;
+#pragma omp parallel for schedule(static)
+	for (int64_t j = 0; j < rows * cols; j++) {
+		/* the element's index in the global tensor */
+		int64_t g = (row0 + j / cols + t->tp_offset[0]) * gcols + j % cols + t->tp_offset[1];
+		dst[j] = t->kind == ST_T_NORM ? 1.0f : (float)(std * st_rng_normal(seed, (uint64_t)i, (uint64_t)g));
+	}
 }
 
 void st_llama_init_weights(st_llama *m, uint64_t seed)
 {
-	for (int i = 0; i < m->ntensors; i++) {
-		const st_tensor *t = &m->tensors[i];
-		float *w = m->params + t->offset;
-		int64_t gcols = t->ndim == 2 ? t->global_shape[1] : 1, cols = t->ndim == 2 ? t->shape[1] : 1;
-		double std = t->kind == ST_T_EMBED ? 1.0 : t->kind == ST_T_LINEAR ? 1.0 / sqrt((double)gcols) : 0;
-#pragma omp parallel for schedule(static)
-		for (int64_t j = 0; j < t->numel; j++) {
-			/* the element's index in the global tensor */
-			int64_t g = (j / cols + t->tp_offset[0]) * gcols + j % cols + t->tp_offset[1];
-			w[j] = t->kind == ST_T_NORM ? 1.0f : (float)(std * st_rng_normal(seed, (uint64_t)i, (uint64_t)g));
-		}
-	}
+	for (int i = 0; i < m->ntensors; i++)
+		st_llama_init_rows(m, seed, i, 0, m->tensors[i].shape[0], m->params + m->tensors[i].offset);
 }
 
-void st_llama_zero_grads(st_llama *m) { memset(m->grads, 0, (size_t)m->nparams * sizeof(float)); }
+void st_llama_zero_grads(st_llama *m)
+{
+	if (m->grads) /* else the gradient slots are zeroed as units are acquired */
+		memset(m->grads, 0, (size_t)m->nparams * sizeof(float));
+}
 
 const st_tensor *st_llama_find(const st_llama *m, const char *name)
 {
@@ -550,16 +581,33 @@ static void split_tokens(st_llama_acts *a, const int32_t *tokens)
 		}
 }
 
+/* Weights (and, for backward, zeroed gradient space) of unit u, from the
+ * hooks when the model is not resident. */
+static int acquire(st_llama *m, int u, int for_backward)
+{
+	return m->hooks ? m->hooks->acquire(m->hooks->ctx, m, u, for_backward) : 0;
+}
+
+static int grads_ready(st_llama *m, int u)
+{
+	return m->hooks ? m->hooks->grads_ready(m->hooks->ctx, m, u) : 0;
+}
+
 static int forward(st_llama *m, const int32_t *tokens)
 {
 	st_llama_acts *a = m->acts;
+	int L = (int)m->s.L;
 	if (!a)
 		ST_BUG("forward before st_llama_alloc_acts");
 	split_tokens(a, tokens);
+	TRY(acquire(m, 0, 0));
 	st_embedding_forward(a->xs[0], m->p.embed, a->inputs, a->N, m->s.E);
-	for (int64_t l = 0; l < m->s.L; l++)
+	for (int l = 0; l < L; l++) {
+		TRY(acquire(m, l + 1, 0));
 		TRY(layer_forward(m, l, &a->layer[l], 1, a->xs[l + 1]));
-	st_rmsnorm_forward(a->hf, a->rstdf, a->xs[m->s.L], m->p.norm, a->N, m->s.E, m->s.eps);
+	}
+	TRY(acquire(m, L + 1, 0));
+	st_rmsnorm_forward(a->hf, a->rstdf, a->xs[L], m->p.norm, a->N, m->s.E, m->s.eps);
 	return 0;
 }
 
@@ -576,21 +624,28 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	st_llama_acts *a = m->acts;
 	int64_t N = a->N, E = m->s.E;
 
+	int L = (int)m->s.L;
+
 	/* loss and its gradient at the final norm's output, chunked over rows */
+	TRY(acquire(m, L + 1, 1));
 	TRY(lm_head(m, loss_sum, a->dh, loss_scale));
 	memset(a->dx, 0, (size_t)(N * E) * sizeof(float));
-	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, a->xs[m->s.L], m->p.norm, a->rstdf, N, E);
+	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, a->xs[L], m->p.norm, a->rstdf, N, E);
+	TRY(grads_ready(m, L + 1));
 
-	for (int64_t l = m->s.L - 1; l >= 0; l--) {
+	for (int l = L - 1; l >= 0; l--) {
 		const layer_acts *A = &a->layer[l];
+		TRY(acquire(m, l + 1, 1));
 		if (a->policy == ST_REMAT_FULL)
 			TRY(layer_forward(m, l, A, 1, NULL));
 		else if (a->policy == ST_REMAT_MINIMAL)
 			TRY(layer_forward(m, l, A, 0, NULL));
 		TRY(layer_backward(m, l, A));
+		TRY(grads_ready(m, l + 1));
 	}
+	TRY(acquire(m, 0, 1));
 	st_embedding_backward(m->g.embed, a->dx, a->inputs, N, E);
-	return 0;
+	return grads_ready(m, 0);
 }
 
 void st_llama_release(st_llama *m)

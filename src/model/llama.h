@@ -68,6 +68,21 @@ typedef struct st_llama_view {
 } st_llama_view;
 
 struct st_llama_acts;
+struct st_llama;
+
+/*
+ * Where the weights come from when the model is not resident (FSDP, ZeRO-3):
+ * the model works unit by unit (0 the embedding, 1..L the layers, L+1 the
+ * final norm and output layer) and asks for each unit before using it.
+ * acquire(u, 0): unit u's weights must be in m->p (st_llama_bind_unit).
+ * acquire(u, 1): the same, plus zeroed gradient space in m->g.
+ * grads_ready(u): unit u's gradients for this micro-batch are complete.
+ */
+typedef struct st_llama_hooks {
+	int (*acquire)(void *ctx, struct st_llama *m, int unit, int for_backward);
+	int (*grads_ready)(void *ctx, struct st_llama *m, int unit);
+	void *ctx;
+} st_llama_hooks;
 
 typedef struct st_llama {
 	st_llama_shape s;  /* global shape */
@@ -80,6 +95,7 @@ typedef struct st_llama {
 	int ntensors;
 	st_tensor *tensors;
 	struct st_llama_acts *acts;
+	const st_llama_hooks *hooks; /* NULL: resident weights and gradients */
 } st_llama;
 
 #define ST_LLAMA_INIT {0}
@@ -93,7 +109,20 @@ int st_llama_init(st_llama *m, const st_llama_shape *s);
  * by columns; activations all-reduced after o and down (and their gradients
  * before the norms' backward); a vocabulary-parallel cross-entropy. H, K, M
  * and V must divide by tp (ST_EINVAL otherwise). */
-int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, st_comm *tp_comm);
+int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, st_comm *tp_comm,
+		     int resident);
+/* resident = 0: params and grads are not allocated (NULL); set m->hooks,
+ * which bind each unit's weights and gradients to buffers of their own. */
+
+/* Unit u's tensors: table indices [*t0, *t0 + *nt). */
+void st_llama_unit(const st_llama *m, int u, int *t0, int *nt);
+/* Elements of unit u (its tensors are contiguous in the table layout). */
+int64_t st_llama_unit_numel(const st_llama *m, int u);
+/* Point unit u's weight views at p and gradient views at g (NULL: leave),
+ * both laid out as the unit's tensors end to end. */
+void st_llama_bind_unit(st_llama *m, int u, float *p, float *g);
+/* Initial values of rows [row0, row0+rows) of tensor i's piece into dst. */
+void st_llama_init_rows(const st_llama *m, uint64_t seed, int i, int64_t row0, int64_t rows, float *dst);
 /* Embedding ~ N(0,1); linear weights ~ N(0, 1/fan_in); norms = 1. Each element
  * is a function of (seed, tensor index, element index in the global tensor)
  * only, so every mesh starts from the same weights. */

@@ -1,6 +1,7 @@
 #include "train/parallel.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +79,8 @@ int st_par_init(st_par *p, const st_config *c, st_group *g)
 	enum { D = 1 << ST_AXIS_DATA, F = 1 << ST_AXIS_FSDP, T = 1 << ST_AXIS_TENSOR };
 	if ((rc = axis_comm(p, &p->tp, T)) < 0 || (rc = axis_comm(p, &p->fsdp, F)) < 0 ||
 	    (rc = axis_comm(p, &p->dp, D)) < 0 || (rc = axis_comm(p, &p->batch, D | F)) < 0 ||
-	    (rc = axis_comm(p, &p->world_comm, D | F | T)) < 0) {
+	    (rc = axis_comm(p, &p->world_comm, D | F | T)) < 0 ||
+	    (rc = axis_comm(p, &p->fsdp_prefetch, F)) < 0) {
 		st_par_release(p);
 		return rc;
 	}
@@ -94,7 +96,8 @@ void st_par_release(st_par *p)
 	st_comm_free(p->dp);
 	st_comm_free(p->batch);
 	st_comm_free(p->world_comm);
-	p->tp = p->fsdp = p->dp = p->batch = p->world_comm = NULL;
+	st_comm_free(p->fsdp_prefetch);
+	p->tp = p->fsdp = p->dp = p->batch = p->world_comm = p->fsdp_prefetch = NULL;
 }
 
 void st_par_describe(const st_par *p, char *buf, size_t n)
@@ -111,7 +114,7 @@ void st_par_describe(const st_par *p, char *buf, size_t n)
 
 /* ---- sharded state ---- */
 
-int st_shard_init(st_shard *s, const st_llama *m, const st_par *p)
+int st_shard_init(st_shard *s, const st_llama *m, const st_par *p, uint64_t seed)
 {
 	memset(s, 0, sizeof(*s));
 	int nt = m->ntensors, F = (int)p->mesh.size[ST_AXIS_FSDP], f = p->coord[ST_AXIS_FSDP];
@@ -141,8 +144,7 @@ int st_shard_init(st_shard *s, const st_llama *m, const st_par *p)
 	if (!s->p || !s->g || !s->m || !s->v)
 		goto oom;
 	for (int i = 0; i < nt; i++)
-		memcpy(s->p + s->off[i], m->params + m->tensors[i].offset + s->row0[i] * s->cols[i],
-		       (size_t)(s->rows[i] * s->cols[i]) * sizeof(float));
+		st_llama_init_rows(m, seed, i, s->row0[i], s->rows[i], s->p + s->off[i]);
 	return 0;
 oom:
 	st_shard_release(s);
@@ -166,7 +168,7 @@ void st_shard_release(st_shard *s)
 int st_shard_reduce_grads(st_shard *s, const st_llama *m, const st_par *p)
 {
 	int F = (int)p->mesh.size[ST_AXIS_FSDP];
-	for (int i = 0; i < s->ntensors; i++) {
+	for (int i = 0; !m->hooks && i < s->ntensors; i++) { /* ZeRO-3 did this unit by unit */
 		int rc = st_comm_reduce_scatter(p->fsdp, m->grads + m->tensors[i].offset, s->g + s->off[i],
 						s->counts + (int64_t)i * F, ST_C_F32);
 		if (rc < 0)
@@ -253,4 +255,218 @@ void st_shard_pieces_free(st_ckpt_piece *pieces, int n)
 	for (int i = 0; i < n; i++)
 		free((char *)pieces[i].name);
 	free(pieces);
+}
+
+/* ---- ZeRO-3 ---- */
+
+struct st_fsdp {
+	st_shard *s;
+	st_llama *m;
+	const st_par *p;
+	int F, L;
+	float *slot[4];      /* 0, 1: layers (alternating); 2: embedding; 3: output layer */
+	int slot_unit[4];    /* unit held, -1 if none or stale */
+	float *gslot;        /* one unit's gradients */
+	float *rs;           /* one tensor's reduce-scattered gradient */
+	int64_t bytes;
+	st_llama_hooks hooks;
+	/* the prefetch thread */
+	pthread_t thread;
+	int have_thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int req_unit;        /* unit requested, -1 if none */
+	int busy;            /* a gather is running or requested */
+	int quit;
+	int err;             /* error of the last prefetch */
+	char errmsg[512];
+};
+
+static int slot_of(const st_fsdp *f, int u)
+{
+	return u == 0 ? 2 : u == f->L + 1 ? 3 : u % 2;
+}
+
+/* All-gather unit u's weights into its slot over communicator c. */
+static int gather_unit(st_fsdp *f, int u, st_comm *c)
+{
+	int t0, nt;
+	st_llama_unit(f->m, u, &t0, &nt);
+	float *dst = f->slot[slot_of(f, u)];
+	int64_t base = f->m->tensors[t0].offset;
+	for (int i = t0; i < t0 + nt; i++) {
+		int rc = st_comm_allgather(c, f->s->p + f->s->off[i], dst + (f->m->tensors[i].offset - base),
+					   f->s->counts + (int64_t)i * f->F, ST_C_F32);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static void *prefetch_main(void *arg)
+{
+	st_fsdp *f = arg;
+	pthread_mutex_lock(&f->mu);
+	for (;;) {
+		while (!f->quit && f->req_unit < 0)
+			pthread_cond_wait(&f->cv, &f->mu);
+		if (f->quit)
+			break;
+		int u = f->req_unit;
+		pthread_mutex_unlock(&f->mu);
+		int rc = gather_unit(f, u, f->p->fsdp_prefetch);
+		pthread_mutex_lock(&f->mu);
+		if (rc < 0) {
+			f->err = rc;
+			snprintf(f->errmsg, sizeof(f->errmsg), "%s", st_errmsg());
+		} else {
+			f->slot_unit[slot_of(f, u)] = u;
+		}
+		f->req_unit = -1;
+		f->busy = 0;
+		pthread_cond_broadcast(&f->cv);
+	}
+	pthread_mutex_unlock(&f->mu);
+	return NULL;
+}
+
+/* Wait for the prefetch in flight; report its error. */
+static int prefetch_wait(st_fsdp *f)
+{
+	pthread_mutex_lock(&f->mu);
+	while (f->busy)
+		pthread_cond_wait(&f->cv, &f->mu);
+	int rc = f->err;
+	f->err = 0;
+	pthread_mutex_unlock(&f->mu);
+	if (rc < 0)
+		return st_fail(rc, "%s", f->errmsg);
+	return 0;
+}
+
+static void prefetch_start(st_fsdp *f, int u)
+{
+	if (u < 1 || u > f->L + 1 || f->slot_unit[slot_of(f, u)] == u)
+		return;
+	pthread_mutex_lock(&f->mu);
+	f->slot_unit[slot_of(f, u)] = -1;
+	f->req_unit = u;
+	f->busy = 1;
+	pthread_cond_broadcast(&f->cv);
+	pthread_mutex_unlock(&f->mu);
+}
+
+static int fsdp_acquire(void *ctx, st_llama *m, int u, int for_backward)
+{
+	st_fsdp *f = ctx;
+	int rc;
+	/* the embedding's backward needs its gradient space, not its weights */
+	if (!(u == 0 && for_backward)) {
+		int k = slot_of(f, u);
+		if ((rc = prefetch_wait(f)) < 0)
+			return rc;
+		if (f->slot_unit[k] != u) {
+			if ((rc = gather_unit(f, u, f->p->fsdp)) < 0)
+				return rc;
+			f->slot_unit[k] = u;
+		}
+		st_llama_bind_unit(m, u, f->slot[k], NULL);
+		prefetch_start(f, for_backward ? u - 1 : u + 1);
+	}
+	if (for_backward) {
+		memset(f->gslot, 0, (size_t)st_llama_unit_numel(m, u) * sizeof(float));
+		st_llama_bind_unit(m, u, NULL, f->gslot);
+	}
+	return 0;
+}
+
+static int fsdp_grads_ready(void *ctx, st_llama *m, int u)
+{
+	st_fsdp *f = ctx;
+	st_shard *s = f->s;
+	int t0, nt;
+	st_llama_unit(m, u, &t0, &nt);
+	int64_t base = m->tensors[t0].offset;
+	for (int i = t0; i < t0 + nt; i++) {
+		int rc = st_comm_reduce_scatter(f->p->fsdp, f->gslot + (m->tensors[i].offset - base), f->rs,
+						s->counts + (int64_t)i * f->F, ST_C_F32);
+		if (rc < 0)
+			return rc;
+		float *g = s->g + s->off[i];
+		int64_t n = s->rows[i] * s->cols[i];
+		for (int64_t j = 0; j < n; j++)
+			g[j] += f->rs[j];
+	}
+	return 0;
+}
+
+int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p)
+{
+	st_fsdp *f = calloc(1, sizeof(*f));
+	if (!f)
+		return st_fail(ST_ENOMEM, "out of memory (fsdp)");
+	f->s = s;
+	f->m = m;
+	f->p = p;
+	f->F = (int)p->mesh.size[ST_AXIS_FSDP];
+	f->L = (int)m->s.L;
+	int64_t layer = st_llama_unit_numel(m, 1), most = layer, rs = 0;
+	for (int u = 0; u <= f->L + 1; u++)
+		most = st_llama_unit_numel(m, u) > most ? st_llama_unit_numel(m, u) : most;
+	for (int i = 0; i < s->ntensors; i++)
+		rs = s->rows[i] * s->cols[i] > rs ? s->rows[i] * s->cols[i] : rs;
+	int64_t sizes[4] = {layer, layer, st_llama_unit_numel(m, 0), st_llama_unit_numel(m, f->L + 1)};
+	int ok = 1;
+	for (int k = 0; k < 4; k++) {
+		ok &= (f->slot[k] = malloc((size_t)sizes[k] * sizeof(float))) != NULL;
+		f->slot_unit[k] = -1;
+		f->bytes += sizes[k] * (int64_t)sizeof(float);
+	}
+	ok &= (f->gslot = malloc((size_t)most * sizeof(float))) != NULL;
+	ok &= (f->rs = malloc((size_t)(rs ? rs : 1) * sizeof(float))) != NULL;
+	f->bytes += (most + rs) * (int64_t)sizeof(float);
+	f->req_unit = -1;
+	pthread_mutex_init(&f->mu, NULL);
+	pthread_cond_init(&f->cv, NULL);
+	if (!ok || pthread_create(&f->thread, NULL, prefetch_main, f) != 0) {
+		st_fsdp_free(f);
+		return st_fail(ST_ENOMEM, "cannot set up FSDP buffers or its gather thread");
+	}
+	f->have_thread = 1;
+	f->hooks = (st_llama_hooks){.acquire = fsdp_acquire, .grads_ready = fsdp_grads_ready, .ctx = f};
+	m->hooks = &f->hooks;
+	*out = f;
+	return 0;
+}
+
+void st_fsdp_begin_step(st_fsdp *f) { memset(f->s->g, 0, (size_t)f->s->n * sizeof(float)); }
+
+void st_fsdp_end_step(st_fsdp *f)
+{
+	prefetch_wait(f); /* a gather of old weights may still run; its error resurfaces as a peer error later */
+	for (int k = 0; k < 4; k++)
+		f->slot_unit[k] = -1;
+}
+
+int64_t st_fsdp_buffer_bytes(const st_fsdp *f) { return f->bytes; }
+
+void st_fsdp_free(st_fsdp *f)
+{
+	if (!f)
+		return;
+	if (f->have_thread) {
+		pthread_mutex_lock(&f->mu);
+		f->quit = 1;
+		pthread_cond_broadcast(&f->cv);
+		pthread_mutex_unlock(&f->mu);
+		pthread_join(f->thread, NULL);
+	}
+	pthread_mutex_destroy(&f->mu);
+	pthread_cond_destroy(&f->cv);
+	f->m->hooks = NULL;
+	for (int k = 0; k < 4; k++)
+		free(f->slot[k]);
+	free(f->gslot);
+	free(f->rs);
+	free(f);
 }

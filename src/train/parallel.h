@@ -39,6 +39,7 @@ typedef struct st_par {
 	st_mesh mesh;
 	int coord[ST_NAXES]; /* data, fsdp, tensor coordinates of this process */
 	st_comm *tp, *fsdp, *dp, *batch, *world_comm;
+	st_comm *fsdp_prefetch; /* a second fsdp communicator, for the gather thread */
 	int dp_index, dp_size; /* index and count of (data x fsdp) batch shards */
 } st_par;
 
@@ -58,11 +59,12 @@ typedef struct st_shard {
 	float *p, *g, *m, *v;        /* master weights, gradients, AdamW moments */
 } st_shard;
 
-/* Lay out the shard of model m (already initialized, weights set) and copy
- * this process's rows of the weights into it. */
-int st_shard_init(st_shard *s, const st_llama *m, const st_par *p);
+/* Lay out the shard of model m and fill its weights with their initial
+ * values (init_weights_seed): the same values on every mesh. */
+int st_shard_init(st_shard *s, const st_llama *m, const st_par *p, uint64_t seed);
 void st_shard_release(st_shard *s);
-/* Model gradients -> shard gradients: reduce-scatter over fsdp, sum over dp. */
+/* Model gradients -> shard gradients: reduce-scatter over fsdp (unless the
+ * ZeRO-3 hooks did it already), sum over dp. */
 int st_shard_reduce_grads(st_shard *s, const st_llama *m, const st_par *p);
 /* Sum of squares of the gradients this process owns uniquely, summed over
  * the world: replicated tensors counted once. Returns the global norm. */
@@ -83,5 +85,28 @@ struct st_ckpt_piece;
 int st_shard_pieces(const st_shard *s, const st_llama *m, const st_par *p, int moments, int unique,
 		    struct st_ckpt_piece **pieces, int *n);
 void st_shard_pieces_free(struct st_ckpt_piece *pieces, int n);
+
+/*
+ * ZeRO-3: the model is not resident; weights are gathered over fsdp one unit
+ * (embedding, layer, output layer) at a time just before use, into two
+ * alternating layer buffers (and one each for the embedding and the output
+ * layer), while a thread gathers the next unit in the order of the pass
+ * (forward: up, backward: down) over its own communicator. Each unit's
+ * gradients are reduce-scattered into the shard right after its backward
+ * and accumulated over micro-batches.
+ *
+ *   st_fsdp *f;
+ *   rc = st_fsdp_create(&f, &shard, &model, &par);   // sets model.hooks
+ *   per step: st_fsdp_begin_step(f) ... forward/backward ... st_fsdp_end_step(f) after AdamW
+ */
+typedef struct st_fsdp st_fsdp;
+int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p);
+/* Zero the shard gradients (before the first micro-batch). */
+void st_fsdp_begin_step(st_fsdp *f);
+/* The weights changed (after AdamW): gathered copies are stale. */
+void st_fsdp_end_step(st_fsdp *f);
+/* Bytes of the gather and gradient buffers. */
+int64_t st_fsdp_buffer_bytes(const st_fsdp *f);
+void st_fsdp_free(st_fsdp *f);
 
 #endif

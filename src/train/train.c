@@ -38,6 +38,7 @@ typedef struct trainer {
 	st_par par;
 	st_llama model;
 	st_shard shard;   /* this process's part of weights, gradients, AdamW moments */
+	st_fsdp *fsdp;    /* ZeRO-3 gathers when fsdp > 1, else NULL (resident model) */
 	st_dataset *data;
 	int32_t *tokens;  /* one micro-batch of this batch shard: rows x (T+1) */
 	int64_t B, T;     /* per_device_batch_size, sequence length */
@@ -123,6 +124,8 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	double loss_sum = 0;
 	int rc;
 	st_llama_zero_grads(&t->model);
+	if (t->fsdp)
+		st_fsdp_begin_step(t->fsdp);
 	for (int64_t a = 0; a < accum; a++) {
 		/* this shard's rows of micro-batch a, by global sample index */
 		int64_t first = t->sample0 + (step - t->step0) * t->G + a * (t->G / accum) +
@@ -152,7 +155,9 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	if (clip > 0 && gnorm > clip)
 		h.grad_scale = (float)(clip / gnorm);
 	st_adamw_update(t->shard.p, t->shard.g, t->shard.m, t->shard.v, t->shard.n, &h);
-	if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) < 0)
+	if (t->fsdp)
+		st_fsdp_end_step(t->fsdp); /* gathered lazily by the next forward */
+	else if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) < 0)
 		return rc;
 	*loss_out = loss;
 	*gnorm_out = gnorm;
@@ -200,8 +205,6 @@ static int restore(trainer *t)
 	}
 	st_ckpt_meta_release(&meta);
 	st_shard_pieces_free(pieces, n);
-	if (rc == 0 && found)
-		rc = st_shard_gather_params(&t->shard, &t->model, p);
 	return rc;
 }
 
@@ -253,6 +256,7 @@ static void trainer_release(trainer *t, int failed)
 	if (t->saver && failed)
 		st_ckpt_saver_abort(t->saver);
 	st_ckpt_saver_free(t->saver); /* waits for the save in flight */
+	st_fsdp_free(t->fsdp);
 	st_shard_pieces_free(t->save_pieces, t->nsave_pieces);
 	free(t->config_json);
 	if (t->sample_log)
@@ -302,12 +306,19 @@ int st_train(const st_config *c, st_train_result *res)
 	}
 	if ((rc = check_memory(st_llama_count_params(&shape), c->model_name)) < 0)
 		goto out;
+	/* with fsdp > 1 the model is not resident: ZeRO-3 gathers it unit by unit */
+	int resident = p->mesh.size[ST_AXIS_FSDP] == 1;
 	if ((rc = st_llama_init_tp(&t.model, &shape, (int)p->mesh.size[ST_AXIS_TENSOR],
-				   p->coord[ST_AXIS_TENSOR], p->tp)) < 0)
+				   p->coord[ST_AXIS_TENSOR], p->tp, resident)) < 0)
 		goto out;
-	st_llama_init_weights(&t.model, (uint64_t)c->init_weights_seed);
-	if ((rc = st_shard_init(&t.shard, &t.model, p)) < 0 || (rc = setup_checkpoints(&t)) < 0 ||
-	    (rc = restore(&t)) < 0 ||
+	if ((rc = st_shard_init(&t.shard, &t.model, p, (uint64_t)c->init_weights_seed)) < 0 ||
+	    (rc = setup_checkpoints(&t)) < 0 || (rc = restore(&t)) < 0)
+		goto out;
+	if (resident)
+		rc = st_shard_gather_params(&t.shard, &t.model, p);
+	else
+		rc = st_fsdp_create(&t.fsdp, &t.shard, &t.model, p);
+	if (rc < 0 ||
 	    (rc = st_llama_alloc_acts(&t.model, t.rows, t.T, c->remat_policy)) < 0 ||
 	    (rc = st_dataset_open(&t.data, c, t.G)) < 0)
 		goto out;

@@ -4,7 +4,7 @@
 . "$(dirname "$0")/../cli_lib.sh"
 args=(train "$ST_ROOT/configs/base.yml" model_name=llama3-test steps=300 per_device_batch_size=4
 	max_target_length=64 learning_rate=3e-3 warmup_steps_fraction=0.05 dataset_type=synthetic
-	run_name=synthetic-test base_output_directory="$TMP/out")
+	run_name=synthetic-test base_output_directory="$TMP/out" enable_checkpointing=false)
 "$SLICETRAIN" "${args[@]}" metrics_file="$TMP/m1.jsonl" >"$TMP/run1" 2>"$TMP/err1" || fail "run 1 exit $?: $(tail -3 "$TMP/err1")"
 "$SLICETRAIN" "${args[@]}" metrics_file="$TMP/m2.jsonl" >"$TMP/run2" 2>"$TMP/err2" || fail "run 2 exit $?: $(tail -3 "$TMP/err2")"
 
