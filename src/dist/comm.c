@@ -79,7 +79,8 @@ struct st_comm {
 	int *gmem;    /* members, grouped, in member order inside each group */
 	int *dfd;     /* data connection by position, -1 */
 	int my_g, L;
-	int spin, yields; /* wait strategy: short when the local group oversubscribes the CPUs */
+	int64_t spin_ns;  /* how long a wait spins before sleeping */
+	int yields;       /* then how often it yields (oversubscribed only) */
 	size_t W;     /* window bytes */
 	uint8_t *shm; /* mapping: header, lines, slots */
 	size_t shm_len;
@@ -232,7 +233,10 @@ static inline void cpu_relax(void)
 
 static int reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
 
-/* Wait until every other member of my local group has posted target times. */
+/* Wait until every other member of my local group has posted target times:
+ * spin (up to spin_ns), then yield (only when oversubscribed: yielding to an
+ * unrelated busy process costs a whole time slice), then sleep on the futex,
+ * checking the group's state between sleeps. */
 static int wait_locals(st_comm *c, uint32_t target)
 {
 	st_group *g = c->g;
@@ -242,12 +246,18 @@ static int wait_locals(st_comm *c, uint32_t target)
 		if (x == c->me)
 			continue;
 		shm_line *m = line(c, k);
-		if (reached(atomic_load_explicit(&m->seq, memory_order_acquire), target))
-			continue;
-		for (int i = 0; i < c->spin; i++) {
-			cpu_relax();
+		int64_t t0 = 0;
+		for (unsigned i = 1;; i++) {
 			if (reached(atomic_load_explicit(&m->seq, memory_order_acquire), target))
 				goto next;
+			cpu_relax();
+			if ((i & 63) == 0) {
+				int64_t now = st_mono_ns();
+				if (!t0)
+					t0 = now;
+				else if (now - t0 > c->spin_ns)
+					break;
+			}
 		}
 		for (int i = 0;; i++) {
 			if (atomic_load(&g->fail) || atomic_load(&g->peers[c->ranks[x]].left)) {
@@ -328,11 +338,11 @@ static int xchg(st_comm *c, xop *ops, int nops)
 		if (atomic_load(&g->fail))
 			return st_group_check(g);
 		/* A peer on another CPU usually answers within microseconds: retry
-		 * briefly before sleeping in poll, unless CPUs are oversubscribed. */
-		if (c->spin > 100) {
+		 * for a while before sleeping in poll, unless CPUs are oversubscribed. */
+		if (c->spin_ns > 100000) {
 			int64_t t = st_mono_ns();
 			if (!spin_until)
-				spin_until = t + 50000;
+				spin_until = t + c->spin_ns;
 			if (t < spin_until)
 				continue;
 		}
@@ -823,8 +833,8 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	int on_host = 0;
 	for (int p = 0; p < g->size; p++)
 		on_host += g->peers[p].host == g->peers[g->rank].host;
-	c->spin = on_host <= ncpu ? 4000 : 20;
-	c->yields = on_host <= ncpu ? 50 : 2;
+	c->spin_ns = on_host <= ncpu ? 1000000 : 2000;
+	c->yields = on_host <= ncpu ? 0 : 2;
 
 	uint64_t lh = fnv(0xcbf29ce484222325ull, &g->nonce, sizeof(g->nonce));
 	lh = fnv(lh, &n, sizeof(n));
