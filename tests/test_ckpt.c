@@ -574,6 +574,20 @@ static void test_async(void)
 	free_pieces(&pl);
 }
 
+/* a file system without O_DIRECT (tmpfs, on kernels that refuse it): buffered writes */
+static void test_tmpfs(void)
+{
+	char dir[] = "/dev/shm/test_ckpt.XXXXXX";
+	int64_t step;
+	if (!mkdtemp(dir)) {
+		printf("no /dev/shm: tmpfs case skipped\n");
+		return;
+	}
+	save_as(dir, 2, 4, 4, 1);
+	CHECK(restore_as(dir, 0, 1, 1, 4, &step) == 0 && step == 4);
+	rm_tree(dir);
+}
+
 /* the copy stall for a large piece (printed for the record; bounded loosely) */
 static void test_stall(void)
 {
@@ -585,6 +599,7 @@ static void test_stall(void)
 	for (int64_t i = 0; i < n; i++)
 		p.data[i] = (float)i;
 	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	CHECK(st_ckpt_saver_reserve(s, 1, &p) == 0); /* buffer faulted in, in the background */
 	for (int k = 1; k <= 2; k++) {
 		st_ckpt_meta m = meta_for(k);
 		CHECK(st_ckpt_save(s, &m, 1, &p) == 0);
@@ -982,6 +997,7 @@ int main(void)
 	test_agreement();
 	test_async();
 	test_stall();
+	test_tmpfs();
 	test_prune();
 	test_policies();
 	test_tiling();

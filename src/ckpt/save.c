@@ -12,6 +12,7 @@
 #include "ckpt/safetensors.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -24,6 +25,8 @@
 
 #define DEFAULT_COMMIT_TIMEOUT_MS 1800000
 #define MAX_COPY_THREADS 8
+#define CK_ALIGN 4096              /* host buffer and O_DIRECT block alignment */
+#define CK_SLACK ((size_t)1 << 20) /* spare bytes, so that a header a little longer next time fits */
 
 struct job_piece {
 	char *name, *key;
@@ -191,24 +194,23 @@ static int done_path(char *buf, size_t cap, const char *step_dir, int process)
 	return ck_join(buf, cap, step_dir, name);
 }
 
-/* Shard file and done record of this process. */
-static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_bytes)
+/*
+ * The shard's safetensors header for the job's pieces, computed before the
+ * copy so that the host buffer holds the exact file image: the header, then
+ * the pieces' data in order.
+ */
+static int build_header(st_ckpt_saver *s, const char *path, char **hdr, size_t *hlen)
 {
-	char fname[64], path[ST_PATH_MAX], num[3][32];
+	char num[3][32];
 	int n = s->npieces, nmeta = 0, rc;
 	st_st_tensor *t = calloc((size_t)n + 1, sizeof(*t));
 	const char **mk = calloc((size_t)n + 4, sizeof(*mk)), **mv = calloc((size_t)n + 4, sizeof(*mv));
 	char **boxes = calloc((size_t)n + 1, sizeof(*boxes));
-	char *hdr = NULL, *text = NULL;
-	size_t hlen = 0;
-	struct ck_manifest done = {0};
-	st_atomic_file af = ST_ATOMIC_FILE_INIT;
 
 	if (!t || !mk || !mv || !boxes) {
 		rc = st_fail(ST_ENOMEM, "out of memory");
 		goto out;
 	}
-	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
 	snprintf(num[0], sizeof(num[0]), "%" PRId64, s->meta.step);
 	snprintf(num[1], sizeof(num[1]), "%d", s->o.process);
 	snprintf(num[2], sizeof(num[2]), "%d", s->o.process_count);
@@ -239,30 +241,109 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 			mk[nmeta] = p->key, mv[nmeta++] = boxes[i];
 		}
 	}
-	if ((rc = ck_join(path, sizeof(path), step_dir, fname)) < 0 ||
-	    (rc = st_safetensors_header(path, n, t, nmeta, mk, mv, &hdr, &hlen)) < 0)
-		goto out;
+	rc = st_safetensors_header(path, n, t, nmeta, mk, mv, hdr, hlen);
+out:
+	for (int i = 0; boxes && i < n; i++)
+		free(boxes[i]);
+	free(boxes);
+	free(t);
+	free(mk);
+	free(mv);
+	return rc;
+}
 
-	/* the done record, filled while the data streams out */
+/* 0, or -errno (EINVAL: O_DIRECT refused) with nothing recorded. */
+static int write_all(int fd, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n > ((size_t)64 << 20) ? ((size_t)64 << 20) : n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		if (w == 0)
+			return -EIO;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/*
+ * Write buf[0..n) to path atomically: a temporary "<path>.tmp.<pid>", fsync,
+ * rename, fsync of the directory (as base/file.h does). The buffer is
+ * CK_ALIGN-aligned, so its whole blocks go out with O_DIRECT where the file
+ * system allows it: no copy into the page cache, which on this machine's
+ * virtual disk runs at 0.3-2 GB/s against about 3 GB/s direct, and no
+ * checkpoint pages pushing the training's memory out. The last partial
+ * block is written buffered.
+ */
+static int write_image(const char *path, const char *step_dir, const char *buf, size_t n)
+{
+	char tmp[ST_PATH_MAX + 32];
+	size_t whole = n / CK_ALIGN * CK_ALIGN;
+	int fd, e = 0, rc = 0, direct = 1;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+	if (fd < 0 && errno == EINVAL) { /* no O_DIRECT here (tmpfs, some network file systems) */
+		direct = 0;
+		fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	}
+	if (fd < 0)
+		return st_fail(ST_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+	if (direct && whole) {
+		e = write_all(fd, buf, whole);
+		if (e == -EINVAL) { /* O_DIRECT refused at write time: start over buffered */
+			direct = 0;
+			whole = 0;
+			e = lseek(fd, 0, SEEK_SET) == 0 && ftruncate(fd, 0) == 0 ? 0 : -errno;
+		}
+	} else {
+		whole = 0;
+	}
+	if (e == 0 && direct && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT) < 0)
+		e = -errno;
+	if (e == 0)
+		e = write_all(fd, buf + whole, n - whole);
+	if (e == 0 && fsync(fd) < 0)
+		e = -errno;
+	if (e)
+		rc = st_fail(ST_EIO, "%s: write failed: %s", tmp, strerror(-e));
+	if (close(fd) < 0 && rc == 0)
+		rc = st_fail(ST_EIO, "%s: close failed: %s", tmp, strerror(errno));
+	if (rc == 0 && rename(tmp, path) < 0)
+		rc = st_fail(ST_EIO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+	if (rc < 0) {
+		unlink(tmp);
+		return rc;
+	}
+	return st_fsync_dir(step_dir);
+}
+
+/* Shard file (the host buffer as it is) and done record of this process. */
+static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_bytes)
+{
+	char fname[64], path[ST_PATH_MAX];
+	char *text = NULL;
+	struct ck_manifest done = {0};
+	int rc;
+
+	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
+	if ((rc = ck_join(path, sizeof(path), step_dir, fname)) < 0)
+		return rc;
 	done.is_done = 1;
 	done.step = s->meta.step;
 	done.process = s->o.process;
 	done.process_count = s->o.process_count;
 	done.save_id = s->o.save_id;
-	if ((rc = ck_manifest_add_file(&done, fname, s->o.process, (int64_t)(hlen + s->used))) < 0)
+	if ((rc = ck_manifest_add_file(&done, fname, s->o.process, (int64_t)s->used)) < 0)
 		goto out;
-	if ((rc = st_atomic_file_open(&af, path)) < 0)
-		goto out;
-	st_atomic_file_write(&af, hdr, hlen);
-	uint64_t off = hlen;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < s->npieces; i++) {
 		const struct job_piece *p = &s->pieces[i];
-		const char *data = s->buf + p->off;
-		struct ck_piece cp = {.file = 0, .key = p->key, .box = p->box, .data_offset = off, .nbytes = p->nbytes};
+		struct ck_piece cp = {.file = 0, .key = p->key, .box = p->box, .data_offset = p->off, .nbytes = p->nbytes};
 		struct ck_tensor *ct = ck_manifest_find(&done, p->name);
-		cp.crc = ck_crc32(0, data, p->nbytes);
-		st_atomic_file_write(&af, data, p->nbytes);
-		off += p->nbytes;
+		cp.crc = ck_crc32(0, s->buf + p->off, p->nbytes);
 		if (!ct) {
 			if ((rc = ck_manifest_add_tensor(&done, p->name, p->ndim, p->gshape)) < 0)
 				goto out;
@@ -271,22 +352,14 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 		if ((rc = ck_tensor_add_piece(ct, &cp)) < 0)
 			goto out;
 	}
-	if ((rc = st_atomic_file_commit(&af)) < 0)
+	if ((rc = write_image(path, step_dir, s->buf, s->used)) < 0)
 		goto out;
-	*file_bytes = (int64_t)off;
+	*file_bytes = (int64_t)s->used;
 	if ((rc = ck_manifest_dump(&done, &text)) < 0 || (rc = done_path(path, sizeof(path), step_dir, s->o.process)) < 0)
 		goto out;
 	rc = st_write_file_atomic(path, text, strlen(text));
 out:
-	st_atomic_file_abort(&af);
 	ck_manifest_free(&done);
-	for (int i = 0; boxes && i < n; i++)
-		free(boxes[i]);
-	free(boxes);
-	free(t);
-	free(mk);
-	free(mv);
-	free(hdr);
 	free(text);
 	return rc;
 }
@@ -462,6 +535,52 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
+/* ------------------------------------------------------------ the host buffer */
+
+/* Make the host buffer hold at least bytes (aligned for O_DIRECT); the old one is dropped. */
+static int reserve(st_ckpt_saver *s, size_t bytes)
+{
+	void *p;
+	size_t cap;
+	if (bytes <= s->cap)
+		return 0;
+	free(s->buf);
+	s->buf = NULL;
+	s->cap = 0;
+	cap = (bytes + CK_SLACK + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
+	if (posix_memalign(&p, CK_ALIGN, cap) != 0)
+		return st_fail(ST_ENOMEM, "checkpoint: out of memory for the host buffer (%zu bytes)", cap);
+	s->buf = p;
+	s->cap = cap;
+	return 0;
+}
+
+static void *prefault_main(void *arg)
+{
+	st_ckpt_saver *s = arg;
+	for (size_t i = 0; i < s->cap; i += CK_ALIGN)
+		((volatile char *)s->buf)[i] = 0;
+	return NULL;
+}
+
+int st_ckpt_saver_reserve(st_ckpt_saver *s, int n, const st_ckpt_piece *pieces)
+{
+	size_t bytes = 4096 + (size_t)(n > 0 ? n : 0) * 512; /* the header, generously */
+	int rc;
+	for (int i = 0; i < n; i++)
+		bytes += (size_t)ck_piece_numel(&pieces[i]) * sizeof(float);
+	join(s);
+	if (bytes <= s->cap)
+		return 0;
+	if ((rc = reserve(s, bytes)) < 0)
+		return rc;
+	if (pthread_create(&s->thread, NULL, prefault_main, s) == 0)
+		s->running = 1;
+	else
+		prefault_main(s);
+	return 0;
+}
+
 /* ------------------------------------------------------------ the copy */
 
 struct seg {
@@ -547,10 +666,11 @@ static int check_args(const st_ckpt_saver *s, const st_ckpt_meta *meta, int n, c
 
 int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckpt_piece *pieces)
 {
-	char step_dir[ST_PATH_MAX], path[ST_PATH_MAX];
+	char step_dir[ST_PATH_MAX], path[ST_PATH_MAX], fname[64];
 	double t0 = ck_now(), t1, t2;
 	struct seg *segs = NULL;
-	size_t total = 0;
+	char *hdr = NULL;
+	size_t total = 0, hlen = 0;
 	int rc;
 
 	join(s);
@@ -602,14 +722,18 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 		j->nbytes = (size_t)ck_piece_numel(p) * sizeof(float);
 		total += j->nbytes;
 	}
-	if (total > s->cap) {
-		free(s->buf);
-		s->cap = 0;
-		if (!(s->buf = malloc(total)))
-			goto nomem;
-		s->cap = total;
-	}
-	s->used = total;
+	/* the host buffer is the shard file's image: header, then the pieces */
+	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
+	if ((rc = ck_join(path, sizeof(path), step_dir, fname)) < 0 || (rc = build_header(s, path, &hdr, &hlen)) < 0)
+		goto fail;
+	for (int i = 0; i < n; i++)
+		s->pieces[i].off += hlen;
+	if ((rc = reserve(s, hlen + total)) < 0)
+		goto fail;
+	s->used = hlen + total;
+	memcpy(s->buf, hdr, hlen);
+	free(hdr);
+	hdr = NULL;
 	for (int i = 0; i < n; i++)
 		segs[i] = (struct seg){s->buf + s->pieces[i].off, (const char *)pieces[i].data, s->pieces[i].nbytes};
 	parallel_copy(segs, n, total);
@@ -641,6 +765,7 @@ nomem:
 		     total);
 fail:
 	free(segs);
+	free(hdr);
 	free_job(s);
 	return rc;
 }
