@@ -224,7 +224,10 @@ static int setup_checkpoints(trainer *t)
 		return rc;
 	if ((rc = st_config_to_json(c, &t->config_json)) < 0)
 		return rc;
-	return st_shard_pieces(&t->shard, &t->model, p, 1, 1, &t->save_pieces, &t->nsave_pieces);
+	if ((rc = st_shard_pieces(&t->shard, &t->model, p, 1, 1, &t->save_pieces, &t->nsave_pieces)) < 0)
+		return rc;
+	/* the host buffers, touched now, so that a save only copies */
+	return st_ckpt_saver_reserve(t->saver, t->nsave_pieces, t->save_pieces);
 }
 
 /* Save after `done` completed steps when the period or the end says so. */
