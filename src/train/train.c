@@ -180,6 +180,7 @@ static int restore(trainer *t)
 		return 0;
 	if ((rc = st_shard_pieces(&t->shard, &t->model, p, 1, 0, &pieces, &n)) < 0)
 		return rc;
+	double t0 = now_s();
 	if (c->enable_checkpointing)
 		rc = st_ckpt_restore_latest(t->ckpt_dir, p->world_comm, &meta, n, pieces, &found);
 	if (rc == 0 && !found && c->load_full_state_path[0]) {
@@ -190,8 +191,10 @@ static int restore(trainer *t)
 		t->step0 = meta.step;
 		t->sample0 = meta.next_sample;
 		if (t->lead)
-			st_info("restored step %lld (saved on %s; next sample %lld)", (long long)meta.step,
-				meta.mesh, (long long)meta.next_sample);
+			st_info("restored step %lld (saved on %s; next sample %lld): %.1f MB in %.3f s (%.0f MB/s)",
+				(long long)meta.step, meta.mesh, (long long)meta.next_sample,
+				3.0 * 4e-6 * (double)t->shard.n, now_s() - t0,
+				3.0 * 4e-6 * (double)t->shard.n / (now_s() - t0));
 		if (meta.data_shuffle_seed != c->data_shuffle_seed)
 			st_warn("data_shuffle_seed changed from %lld (checkpoint) to %lld: the data order changes, "
 				"samples may repeat or be skipped",
@@ -394,6 +397,15 @@ int st_train(const st_config *c, st_train_result *res)
 		rc = st_fail(ST_EIO, "cannot write metrics_file '%s'", c->metrics_file);
 	if (rc == 0 && t.saver)
 		rc = st_ckpt_wait(t.saver); /* the last save is committed before we report success */
+	if (rc == 0 && t.saver && t.lead) {
+		st_ckpt_stats st;
+		st_ckpt_saver_stats(t.saver, &st);
+		if (st.saves > 0)
+			st_info("checkpoints: %lld saved, %lld failed; the last: %.1f MB written in %.3f s (%.0f MB/s), "
+				"commit %.3f s", (long long)st.committed, (long long)st.failed, 1e-6 * (double)st.last_bytes,
+				st.last_write_s, 1e-6 * (double)st.last_bytes / (st.last_write_s > 0 ? st.last_write_s : 1),
+				st.last_commit_s);
+	}
 out:
 	trainer_release(&t, rc < 0);
 	return rc;
