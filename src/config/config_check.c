@@ -312,8 +312,6 @@ int st_cfull_finish(struct st_cfull *f, st_cwhere_fn where_fn, const void *ctx)
 		return rc;
 	if ((rc = derive_run_name(c)) < 0 || (rc = derive_output_dir(c, &derived_output)) < 0)
 		return rc;
-	if (c->dtype == ST_DTYPE_BFLOAT16)
-		st_warn("dtype bfloat16: the bf16 path is not built yet; running in float32");
 	if (f->enable_dropout && f->dropout_rate > 0)
 		st_warn("dropout_rate %g ignored: slicetrain does not implement dropout", f->dropout_rate);
 	if (derived_output)

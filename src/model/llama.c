@@ -7,6 +7,7 @@
 
 #include "base/err.h"
 #include "base/rng.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/gemm.h"
 
 /* Intermediates of one layer's forward pass (pointers into owned buffers). */
@@ -27,6 +28,8 @@ typedef struct st_llama_acts {
 	float *dx, *dh, *dm1, *dm2, *dctx, *dq, *dk, *dv;
 	float *xent;               /* lm-head chunk (chunk_rows, V) */
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
+	uint16_t *bf16_a, *bf16_b; /* bf16 copies of a product's operands (bf16 mode) */
+	int64_t bf16_elems;        /* capacity of each */
 	float *tp_max;             /* per-row max, chunk_rows */
 	double *tp_sums;           /* per-row sum of exponentials and target logit, 2 x chunk_rows */
 	int64_t chunk_rows;
@@ -378,10 +381,23 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	    !(a->dk = acts_alloc(a, N * KD)) || !(a->dv = acts_alloc(a, N * KD)) ||
 	    !(a->xent = acts_alloc(a, a->chunk_rows * s->V)))
 		goto oom;
-	if (m->tp_comm && (!(a->tp_tmp = acts_alloc(a, N * E)) ||
-			   !(a->tp_max = acts_alloc(a, a->chunk_rows)) ||
-			   !(a->tp_sums = (double *)acts_alloc(a, 4 * a->chunk_rows))))
+	if (m->tp_comm && !(a->tp_tmp = acts_alloc(a, N * E)))
 		goto oom;
+	if ((m->tp_comm || m->bf16) && (!(a->tp_max = acts_alloc(a, a->chunk_rows)) ||
+					!(a->tp_sums = (double *)acts_alloc(a, 4 * a->chunk_rows))))
+		goto oom;
+	if (m->bf16) {
+		/* the largest operand: an activation, a weight piece, or a logits chunk */
+		int64_t big = N * (E > M ? E : M);
+		big = N * HD > big ? N * HD : big;
+		big = a->chunk_rows * s->V > big ? a->chunk_rows * s->V : big;
+		for (int i = 0; i < m->ntensors; i++)
+			big = m->tensors[i].numel > big ? m->tensors[i].numel : big;
+		a->bf16_elems = big;
+		if (!(a->bf16_a = (uint16_t *)acts_alloc(a, (big + 1) / 2)) ||
+		    !(a->bf16_b = (uint16_t *)acts_alloc(a, (big + 1) / 2)))
+			goto oom;
+	}
 	a->inputs = (int32_t *)acts_alloc(a, N);
 	a->targets = (int32_t *)acts_alloc(a, N);
 	if (!a->inputs || !a->targets)
@@ -412,6 +428,26 @@ static int tp_sum(st_llama *m, float *buf, int64_t n)
 	return m->tp_comm ? st_comm_allreduce(m->tp_comm, buf, n, ST_C_F32, ST_SUM) : 0;
 }
 
+/*
+ * Every matrix product of the model. In bf16 mode (dtype=bfloat16) both
+ * operands are rounded to bf16 on the way in and the product accumulates in
+ * fp32 (MaxText's bf16 compute with fp32 weights); else plain fp32.
+ */
+static int mm(st_llama *m, char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A,
+	      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+	st_llama_acts *a = m->acts;
+	if (!m->bf16)
+		return st_gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+	int64_t na = (ta == 'N' ? M : K) * lda, nb = (tb == 'N' ? K : N) * ldb;
+	if (na > a->bf16_elems || nb > a->bf16_elems)
+		ST_BUG("bf16 scratch too small: %lld, %lld > %lld", (long long)na, (long long)nb,
+		       (long long)a->bf16_elems);
+	st_f32_to_bf16_array(a->bf16_a, A, na);
+	st_f32_to_bf16_array(a->bf16_b, B, nb);
+	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, a->bf16_a, lda, a->bf16_b, ldb, beta, C, ldc);
+}
+
 /* out(N,E) = res + a(N,k) W^T, W (E,k): a residual add of a row-parallel
  * product. Under tensor parallelism each process holds k/tp of the inner
  * dimension, so the partial products are summed over the group first. */
@@ -422,9 +458,9 @@ static int residual_product(st_llama *m, float *out, const float *res, const flo
 	int64_t N = ac->N, E = m->s.E;
 	if (!m->tp_comm) {
 		memcpy(out, res, (size_t)(N * E) * sizeof(float));
-		return st_gemm('N', 'T', N, E, k, 1, a, k, W, k, 1, out, E);
+		return mm(m, 'N', 'T', N, E, k, a, k, W, k, 1, out, E);
 	}
-	TRY(st_gemm('N', 'T', N, E, k, 1, a, k, W, k, 0, ac->tp_tmp, E));
+	TRY(mm(m, 'N', 'T', N, E, k, a, k, W, k, 0, ac->tp_tmp, E));
 	TRY(tp_sum(m, ac->tp_tmp, N * E));
 	for (int64_t i = 0; i < N * E; i++)
 		out[i] = res[i] + ac->tp_tmp[i];
@@ -443,9 +479,9 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm,
 
 	st_rmsnorm_forward(A->h1, A->rstd1, x, w->ln1, N, E, s->eps);
 	if (do_mm) {
-		TRY(st_gemm('N', 'T', N, HD, E, 1, A->h1, E, w->wq, E, 0, A->q, HD));
-		TRY(st_gemm('N', 'T', N, KD, E, 1, A->h1, E, w->wk, E, 0, A->k, KD));
-		TRY(st_gemm('N', 'T', N, KD, E, 1, A->h1, E, w->wv, E, 0, A->v, KD));
+		TRY(mm(m, 'N', 'T', N, HD, E, A->h1, E, w->wq, E, 0, A->q, HD));
+		TRY(mm(m, 'N', 'T', N, KD, E, A->h1, E, w->wk, E, 0, A->k, KD));
+		TRY(mm(m, 'N', 'T', N, KD, E, A->h1, E, w->wv, E, 0, A->v, KD));
 		st_rope_forward(A->q, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 		st_rope_forward(A->k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
 	}
@@ -454,8 +490,8 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm,
 		TRY(residual_product(m, A->xmid, x, A->ctx, w->wo, HD));
 	st_rmsnorm_forward(A->h2, A->rstd2, A->xmid, w->ln2, N, E, s->eps);
 	if (do_mm) {
-		TRY(st_gemm('N', 'T', N, M, E, 1, A->h2, E, w->wg, E, 0, A->gate, M));
-		TRY(st_gemm('N', 'T', N, M, E, 1, A->h2, E, w->wu, E, 0, A->up, M));
+		TRY(mm(m, 'N', 'T', N, M, E, A->h2, E, w->wg, E, 0, A->gate, M));
+		TRY(mm(m, 'N', 'T', N, M, E, A->h2, E, w->wu, E, 0, A->up, M));
 	}
 	st_swiglu_forward(A->act, A->gate, A->up, N * M);
 	if (out)
@@ -474,42 +510,43 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
 	float *dx = a->dx;
 
 	/* MLP: out = xmid + down(swiglu(gate(h2), up(h2))) */
-	TRY(st_gemm('N', 'N', N, M, E, 1, dx, E, w->wd, M, 0, a->dm1, M));
-	TRY(st_gemm('T', 'N', E, M, N, 1, dx, E, A->act, M, 1, g->wd, M));
+	TRY(mm(m, 'N', 'N', N, M, E, dx, E, w->wd, M, 0, a->dm1, M));
+	TRY(mm(m, 'T', 'N', E, M, N, dx, E, A->act, M, 1, g->wd, M));
 	st_swiglu_backward(a->dm2, a->dm1, a->dm1, A->gate, A->up, N * M); /* dm2=dgate, dm1=dup */
-	TRY(st_gemm('N', 'N', N, E, M, 1, a->dm2, M, w->wg, E, 0, a->dh, E));
-	TRY(st_gemm('N', 'N', N, E, M, 1, a->dm1, M, w->wu, E, 1, a->dh, E));
-	TRY(st_gemm('T', 'N', M, E, N, 1, a->dm2, M, A->h2, E, 1, g->wg, E));
-	TRY(st_gemm('T', 'N', M, E, N, 1, a->dm1, M, A->h2, E, 1, g->wu, E));
+	TRY(mm(m, 'N', 'N', N, E, M, a->dm2, M, w->wg, E, 0, a->dh, E));
+	TRY(mm(m, 'N', 'N', N, E, M, a->dm1, M, w->wu, E, 1, a->dh, E));
+	TRY(mm(m, 'T', 'N', M, E, N, a->dm2, M, A->h2, E, 1, g->wg, E));
+	TRY(mm(m, 'T', 'N', M, E, N, a->dm1, M, A->h2, E, 1, g->wu, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E);
 
 	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
-	TRY(st_gemm('N', 'N', N, HD, E, 1, dx, E, w->wo, HD, 0, a->dctx, HD));
-	TRY(st_gemm('T', 'N', E, HD, N, 1, dx, E, A->ctx, HD, 1, g->wo, HD));
+	TRY(mm(m, 'N', 'N', N, HD, E, dx, E, w->wo, HD, 0, a->dctx, HD));
+	TRY(mm(m, 'T', 'N', E, HD, N, dx, E, A->ctx, HD, 1, g->wo, HD));
 	st_attention_backward(a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B,
 			      a->T, s->H, s->K, s->D);
 	st_rope_backward(a->dq, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 	st_rope_backward(a->dk, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
-	TRY(st_gemm('N', 'N', N, E, HD, 1, a->dq, HD, w->wq, E, 0, a->dh, E));
-	TRY(st_gemm('N', 'N', N, E, KD, 1, a->dk, KD, w->wk, E, 1, a->dh, E));
-	TRY(st_gemm('N', 'N', N, E, KD, 1, a->dv, KD, w->wv, E, 1, a->dh, E));
-	TRY(st_gemm('T', 'N', HD, E, N, 1, a->dq, HD, A->h1, E, 1, g->wq, E));
-	TRY(st_gemm('T', 'N', KD, E, N, 1, a->dk, KD, A->h1, E, 1, g->wk, E));
-	TRY(st_gemm('T', 'N', KD, E, N, 1, a->dv, KD, A->h1, E, 1, g->wv, E));
+	TRY(mm(m, 'N', 'N', N, E, HD, a->dq, HD, w->wq, E, 0, a->dh, E));
+	TRY(mm(m, 'N', 'N', N, E, KD, a->dk, KD, w->wk, E, 1, a->dh, E));
+	TRY(mm(m, 'N', 'N', N, E, KD, a->dv, KD, w->wv, E, 1, a->dh, E));
+	TRY(mm(m, 'T', 'N', HD, E, N, a->dq, HD, A->h1, E, 1, g->wq, E));
+	TRY(mm(m, 'T', 'N', KD, E, N, a->dk, KD, A->h1, E, 1, g->wk, E));
+	TRY(mm(m, 'T', 'N', KD, E, N, a->dv, KD, A->h1, E, 1, g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	st_rmsnorm_backward(dx, g->ln1, a->dh, a->xs[l], w->ln1, A->rstd1, N, E);
 	return 0;
 }
 
 /*
- * Vocabulary-parallel output layer and cross-entropy: this process holds
- * rows [v0, v0+Vl) of lm_head. Per chunk of rows: local logits, the row max
+ * Output layer and cross-entropy over a vocabulary split (tensor parallelism;
+ * or the whole vocabulary in bf16 mode, where the products go through mm):
+ * this process holds rows [v0, v0+Vl) of lm_head. Per chunk of rows: local logits, the row max
  * and the sum of exponentials combined over the group, the target's logit
  * from the process that holds it. dx (N,E) = summed partial products;
  * dW += local. Same contract as st_lm_head_xent (dx NULL: loss only).
  */
-static int lm_head_xent_tp(st_llama *m, double *loss_sum, float *dx, float *dW, float scale)
+static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *dW, float scale)
 {
 	st_llama_acts *a = m->acts;
 	int64_t N = a->N, E = m->s.E, Vl = m->ls.V, v0 = Vl * m->tp_rank, R = a->chunk_rows;
@@ -520,14 +557,15 @@ static int lm_head_xent_tp(st_llama *m, double *loss_sum, float *dx, float *dW, 
 	for (int64_t r0 = 0; r0 < N; r0 += R) {
 		int64_t nr = N - r0 < R ? N - r0 : R;
 		float *l = a->xent;
-		TRY(st_gemm('N', 'T', nr, Vl, E, 1, x + r0 * E, E, W, E, 0, l, Vl));
+		TRY(mm(m, 'N', 'T', nr, Vl, E, x + r0 * E, E, W, E, 0, l, Vl));
 		for (int64_t r = 0; r < nr; r++) {
 			float mx = -INFINITY;
 			for (int64_t c = 0; c < Vl; c++)
 				mx = l[r * Vl + c] > mx ? l[r * Vl + c] : mx;
 			rmax[r] = mx;
 		}
-		TRY(st_comm_allreduce(m->tp_comm, rmax, nr, ST_C_F32, ST_MAX));
+		if (m->tp_comm)
+			TRY(st_comm_allreduce(m->tp_comm, rmax, nr, ST_C_F32, ST_MAX));
 #pragma omp parallel for schedule(static)
 		for (int64_t r = 0; r < nr; r++) {
 			double sum = 0;
@@ -537,7 +575,8 @@ static int lm_head_xent_tp(st_llama *m, double *loss_sum, float *dx, float *dW, 
 			int64_t tg = a->targets[r0 + r] - v0;
 			rtgt[r] = tg >= 0 && tg < Vl ? (double)l[r * Vl + tg] : 0.0;
 		}
-		TRY(st_comm_allreduce(m->tp_comm, rsum, 2 * R, ST_C_F64, ST_SUM)); /* rsum and rtgt */
+		if (m->tp_comm)
+			TRY(st_comm_allreduce(m->tp_comm, rsum, 2 * R, ST_C_F64, ST_SUM)); /* rsum and rtgt */
 		for (int64_t r = 0; r < nr; r++)
 			total += rmax[r] + log(rsum[r]) - rtgt[r];
 		if (!dx)
@@ -551,8 +590,8 @@ static int lm_head_xent_tp(st_llama *m, double *loss_sum, float *dx, float *dW, 
 			if (tg >= 0 && tg < Vl)
 				l[r * Vl + tg] -= scale;
 		}
-		TRY(st_gemm('N', 'N', nr, E, Vl, 1, l, Vl, W, E, 0, dx + r0 * E, E));
-		TRY(st_gemm('T', 'N', Vl, E, nr, 1, l, Vl, x + r0 * E, E, 1, dW, E));
+		TRY(mm(m, 'N', 'N', nr, E, Vl, l, Vl, W, E, 0, dx + r0 * E, E));
+		TRY(mm(m, 'T', 'N', Vl, E, nr, l, Vl, x + r0 * E, E, 1, dW, E));
 	}
 	if (dx)
 		TRY(tp_sum(m, dx, N * E));
@@ -563,8 +602,8 @@ static int lm_head_xent_tp(st_llama *m, double *loss_sum, float *dx, float *dW, 
 static int lm_head(st_llama *m, double *loss_sum, float *dx, float scale)
 {
 	st_llama_acts *a = m->acts;
-	if (m->tp_comm)
-		return lm_head_xent_tp(m, loss_sum, dx, dx ? m->g.lm_head : NULL, scale);
+	if (m->tp_comm || m->bf16)
+		return lm_head_xent_split(m, loss_sum, dx, dx ? m->g.lm_head : NULL, scale);
 	if (!dx)
 		return st_lm_head_loss(loss_sum, a->hf, m->p.lm_head, a->targets, a->N, m->s.E, m->s.V,
 				       a->xent, a->chunk_rows);

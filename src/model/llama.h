@@ -96,6 +96,7 @@ typedef struct st_llama {
 	st_tensor *tensors;
 	struct st_llama_acts *acts;
 	const st_llama_hooks *hooks; /* NULL: resident weights and gradients */
+	int bf16;                    /* matrix products with bf16 inputs (set before st_llama_alloc_acts) */
 } st_llama;
 
 #define ST_LLAMA_INIT {0}

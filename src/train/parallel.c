@@ -137,8 +137,11 @@ int st_shard_init(st_shard *s, const st_llama *m, const st_par *p, uint64_t seed
 		s->off[i] = s->n;
 		s->n += s->rows[i] * C;
 	}
-	s->p = malloc((size_t)(s->n ? s->n : 1) * sizeof(float));
-	s->g = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
+	/* one fsdp member with a resident model: the shard is the model's own
+	 * blocks (same layout), so no copies between them */
+	s->alias = F == 1 && m->params;
+	s->p = s->alias ? m->params : malloc((size_t)(s->n ? s->n : 1) * sizeof(float));
+	s->g = s->alias ? m->grads : calloc((size_t)(s->n ? s->n : 1), sizeof(float));
 	s->m = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
 	s->v = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
 	if (!s->p || !s->g || !s->m || !s->v)
@@ -158,8 +161,10 @@ void st_shard_release(st_shard *s)
 	free(s->cols);
 	free(s->off);
 	free(s->counts);
-	free(s->p);
-	free(s->g);
+	if (!s->alias) {
+		free(s->p);
+		free(s->g);
+	}
 	free(s->m);
 	free(s->v);
 	memset(s, 0, sizeof(*s));
@@ -168,7 +173,7 @@ void st_shard_release(st_shard *s)
 int st_shard_reduce_grads(st_shard *s, const st_llama *m, const st_par *p)
 {
 	int F = (int)p->mesh.size[ST_AXIS_FSDP];
-	for (int i = 0; !m->hooks && i < s->ntensors; i++) { /* ZeRO-3 did this unit by unit */
+	for (int i = 0; !m->hooks && !s->alias && i < s->ntensors; i++) { /* ZeRO-3 did this unit by unit */
 		int rc = st_comm_reduce_scatter(p->fsdp, m->grads + m->tensors[i].offset, s->g + s->off[i],
 						s->counts + (int64_t)i * F, ST_C_F32);
 		if (rc < 0)
@@ -197,7 +202,7 @@ int st_shard_grad_norm(const st_shard *s, const st_llama *m, const st_par *p, do
 int st_shard_gather_params(const st_shard *s, st_llama *m, const st_par *p)
 {
 	int F = (int)p->mesh.size[ST_AXIS_FSDP];
-	for (int i = 0; i < s->ntensors; i++) {
+	for (int i = 0; !s->alias && i < s->ntensors; i++) {
 		int rc = st_comm_allgather(p->fsdp, s->p + s->off[i], m->params + m->tensors[i].offset,
 					   s->counts + (int64_t)i * F, ST_C_F32);
 		if (rc < 0)

@@ -57,6 +57,7 @@ typedef struct st_shard {
 	int64_t *counts;             /* per tensor, per fsdp rank: elements (ntensors x F) */
 	int64_t n;                   /* elements in the shard block */
 	float *p, *g, *m, *v;        /* master weights, gradients, AdamW moments */
+	int alias;                   /* p and g are the model's blocks (fsdp 1, resident) */
 } st_shard;
 
 /* Lay out the shard of model m and fill its weights with their initial

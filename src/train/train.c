@@ -14,6 +14,7 @@
 #include "base/err.h"
 #include "ckpt/ckpt.h"
 #include "data/data.h"
+#include "kernels/cpu/bf16.h"
 #include "dist/comm.h"
 #include "dist/mesh.h"
 #include "model/llama.h"
@@ -73,9 +74,10 @@ static void print_header(const trainer *t)
 		"%.2f%% attention flops",
 		t->flops.total / 1e12, 100 * t->flops.weights / t->flops.total,
 		100 * t->flops.attention / t->flops.total);
-	st_info("batch %lld x %lld tokens per device, gradient accumulation %lld, remat %s, %d threads",
+	st_info("batch %lld x %lld tokens per device, gradient accumulation %lld, remat %s, %s, %d threads",
 		(long long)t->B, (long long)t->T, (long long)c->gradient_accumulation_steps,
-		remat_name(c->remat_policy), omp_get_max_threads());
+		remat_name(c->remat_policy),
+		c->dtype == ST_DTYPE_BFLOAT16 ? "bf16 products, fp32 weights" : "fp32", omp_get_max_threads());
 }
 
 /* Weights, gradients and two AdamW moments, in fp32. */
@@ -317,6 +319,11 @@ int st_train(const st_config *c, st_train_result *res)
 	if ((rc = st_llama_init_tp(&t.model, &shape, (int)p->mesh.size[ST_AXIS_TENSOR],
 				   p->coord[ST_AXIS_TENSOR], p->tp, resident)) < 0)
 		goto out;
+	if (c->dtype == ST_DTYPE_BFLOAT16) {
+		t.model.bf16 = st_cpu_has_bf16();
+		if (!t.model.bf16)
+			st_warn("dtype bfloat16: %s; running in float32", st_cpu_bf16_message());
+	}
 	if ((rc = st_shard_init(&t.shard, &t.model, p, (uint64_t)c->init_weights_seed)) < 0 ||
 	    (rc = setup_checkpoints(&t)) < 0 || (rc = restore(&t)) < 0)
 		goto out;
