@@ -30,8 +30,8 @@ typedef struct st_llama_acts {
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
 	uint16_t *bf16_a, *bf16_b; /* bf16 copies of a product's operands (bf16 mode) */
 	int64_t bf16_elems;        /* capacity of each */
-	float *tp_max;             /* per-row max, chunk_rows */
-	double *tp_sums;           /* per-row sum of exponentials and target logit, 2 x chunk_rows */
+	float *xr_f;               /* split cross-entropy: 4 x chunk_rows floats */
+	double *xr_d;              /* ... and chunk_rows doubles */
 	int64_t chunk_rows;
 	int64_t bytes;
 	int nblocks;
@@ -383,8 +383,8 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 		goto oom;
 	if (m->tp_comm && !(a->tp_tmp = acts_alloc(a, N * E)))
 		goto oom;
-	if ((m->tp_comm || m->bf16) && (!(a->tp_max = acts_alloc(a, a->chunk_rows)) ||
-					!(a->tp_sums = (double *)acts_alloc(a, 4 * a->chunk_rows))))
+	if ((m->tp_comm || m->bf16) && (!(a->xr_f = acts_alloc(a, 4 * a->chunk_rows)) ||
+					!(a->xr_d = (double *)acts_alloc(a, 2 * a->chunk_rows))))
 		goto oom;
 	if (m->bf16) {
 		/* the largest operand: an activation, a weight piece, or a logits chunk */
@@ -551,45 +551,29 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 	st_llama_acts *a = m->acts;
 	int64_t N = a->N, E = m->s.E, Vl = m->ls.V, v0 = Vl * m->tp_rank, R = a->chunk_rows;
 	const float *x = a->hf, *W = m->p.lm_head;
-	float *rmax = a->tp_max;
-	double *rsum = a->tp_sums, *rtgt = rsum + R;
-	double total = 0;
+	float *lmax = a->xr_f, *gmax = lmax + R, *tlog = gmax + R, *rscale = tlog + R;
+	double *rsum = a->xr_d, total = 0;
 	for (int64_t r0 = 0; r0 < N; r0 += R) {
 		int64_t nr = N - r0 < R ? N - r0 : R;
 		float *l = a->xent;
 		TRY(mm(m, 'N', 'T', nr, Vl, E, x + r0 * E, E, W, E, 0, l, Vl));
-		for (int64_t r = 0; r < nr; r++) {
-			float mx = -INFINITY;
-			for (int64_t c = 0; c < Vl; c++)
-				mx = l[r * Vl + c] > mx ? l[r * Vl + c] : mx;
-			rmax[r] = mx;
-		}
+		st_xent_rows_exp(l, lmax, rsum, tlog, a->targets + r0, v0, nr, Vl);
+		memcpy(gmax, lmax, (size_t)nr * sizeof(float));
 		if (m->tp_comm)
-			TRY(st_comm_allreduce(m->tp_comm, rmax, nr, ST_C_F32, ST_MAX));
-#pragma omp parallel for schedule(static)
-		for (int64_t r = 0; r < nr; r++) {
-			double sum = 0;
-			for (int64_t c = 0; c < Vl; c++)
-				sum += exp((double)(l[r * Vl + c] - rmax[r]));
-			rsum[r] = sum;
-			int64_t tg = a->targets[r0 + r] - v0;
-			rtgt[r] = tg >= 0 && tg < Vl ? (double)l[r * Vl + tg] : 0.0;
-		}
-		if (m->tp_comm)
-			TRY(st_comm_allreduce(m->tp_comm, rsum, 2 * R, ST_C_F64, ST_SUM)); /* rsum and rtgt */
+			TRY(st_comm_allreduce(m->tp_comm, gmax, nr, ST_C_F32, ST_MAX));
 		for (int64_t r = 0; r < nr; r++)
-			total += rmax[r] + log(rsum[r]) - rtgt[r];
+			rsum[r] *= exp((double)lmax[r] - (double)gmax[r]);
+		if (m->tp_comm) {
+			TRY(st_comm_allreduce(m->tp_comm, rsum, nr, ST_C_F64, ST_SUM));
+			TRY(st_comm_allreduce(m->tp_comm, tlog, nr, ST_C_F32, ST_SUM)); /* one holder each */
+		}
+		for (int64_t r = 0; r < nr; r++)
+			total += (double)gmax[r] + log(rsum[r]) - (double)tlog[r];
 		if (!dx)
 			continue;
-#pragma omp parallel for schedule(static)
-		for (int64_t r = 0; r < nr; r++) {
-			double lse = rmax[r] + log(rsum[r]);
-			for (int64_t c = 0; c < Vl; c++)
-				l[r * Vl + c] = scale * (float)exp((double)l[r * Vl + c] - lse);
-			int64_t tg = a->targets[r0 + r] - v0;
-			if (tg >= 0 && tg < Vl)
-				l[r * Vl + tg] -= scale;
-		}
+		for (int64_t r = 0; r < nr; r++)
+			rscale[r] = (float)(scale * exp((double)lmax[r] - (double)gmax[r]) / rsum[r]);
+		st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
 		TRY(mm(m, 'N', 'N', nr, E, Vl, l, Vl, W, E, 0, dx + r0 * E, E));
 		TRY(mm(m, 'T', 'N', Vl, E, nr, l, Vl, x + r0 * E, E, 1, dW, E));
 	}

@@ -34,6 +34,8 @@ double st_sum_squares(const float *g, int64_t n)
 	for (int64_t b = 0; b < nb; b++) {
 		double s = 0;
 		int64_t end = (b + 1) * NORM_BLOCK < n ? (b + 1) * NORM_BLOCK : n;
+		/* vector lanes in a fixed pattern: the same result for any thread count */
+#pragma omp simd reduction(+ : s)
 		for (int64_t i = b * NORM_BLOCK; i < end; i++)
 			s += (double)g[i] * g[i];
 		part[b] = s;
@@ -51,7 +53,7 @@ void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, co
 	float c1 = (float)(1.0 / (1.0 - pow(h->b1, (double)h->t)));
 	float c2 = (float)(1.0 / (1.0 - pow(h->b2, (double)h->t)));
 	float lr = (float)h->lr, eps = (float)h->eps, wd = (float)h->wd, gs = h->grad_scale;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
 	for (int64_t i = 0; i < n; i++) {
 		float gi = g[i] * gs;
 		float mi = b1 * m[i] + (1.0f - b1) * gi;
