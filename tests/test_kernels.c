@@ -455,6 +455,35 @@ static void test_bf16_conversion(void)
 	free(x), free(h), free(back);
 }
 
+/* bf16-output kernels: the fp32 result rounded once, bit for bit */
+static void test_bf16_outputs(void)
+{
+	enum { N = 7, C = 50, n = 1000 };
+	float *x = randn(N * C, 50, 1.0), *w = randn(C, 51, 1.0), *y = malloc(N * C * sizeof(float));
+	float r1[N], r2[N];
+	uint16_t *yh = malloc(N * C * 2);
+	st_rmsnorm_forward(y, r1, x, w, N, C, 1e-5f);
+	st_rmsnorm_forward_bf16(yh, r2, x, w, N, C, 1e-5f);
+	int bad = memcmp(r1, r2, sizeof(r1)) != 0;
+	for (int i = 0; i < N * C; i++)
+		bad += yh[i] != st_f32_to_bf16(y[i]);
+	CHECK_MSG(bad == 0, "rmsnorm bf16 output differs from the rounded fp32 output (%d)", bad);
+	float *g = randn(n, 52, 2.0), *u = randn(n, 53, 1.0), *d = randn(n, 54, 1.0);
+	float *a = malloc(n * sizeof(float)), *dg = malloc(n * sizeof(float)), *du = malloc(n * sizeof(float));
+	uint16_t *ah = malloc(n * 2), *dgh = malloc(n * 2), *duh = malloc(n * 2);
+	st_swiglu_forward(a, g, u, n);
+	st_swiglu_forward_bf16(ah, g, u, n);
+	st_swiglu_backward(dg, du, d, g, u, n);
+	st_swiglu_backward_bf16(dgh, duh, d, g, u, n);
+	bad = 0;
+	for (int i = 0; i < n; i++)
+		bad += ah[i] != st_f32_to_bf16(a[i]) || dgh[i] != st_f32_to_bf16(dg[i]) ||
+		       duh[i] != st_f32_to_bf16(du[i]);
+	CHECK_MSG(bad == 0, "swiglu bf16 outputs differ from the rounded fp32 outputs (%d)", bad);
+	free(x), free(w), free(y), free(yh), free(g), free(u), free(d), free(a), free(dg), free(du);
+	free(ah), free(dgh), free(duh);
+}
+
 /* ---- one model step at 1 and 2 threads ---- */
 
 static void model_step(int threads, double *loss, float **grads, int64_t *n)
@@ -497,6 +526,7 @@ int main(void)
 {
 	test_bf16_conversion();
 	test_gemm();
+	test_bf16_outputs();
 	test_attention_shape(1, 1, 1, 1, 16);
 	test_attention_shape(2, 70, 4, 2, 16);
 	test_attention_shape(1, 130, 2, 1, 64);

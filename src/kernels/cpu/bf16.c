@@ -3,38 +3,20 @@
 #include <cpuid.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/simd.h"
 
 /* Elements per parallel block; below two blocks the loop stays serial. */
 #define CONV_BLOCK 32768
-
-#ifdef __AVX512F__
-/* The same arithmetic as st_f32_to_bf16, 16 lanes at a time. Not the
- * VCVTNEPS2BF16 instruction: it treats subnormal inputs as zero. */
-static inline __m256i f32_to_bf16_16(__m512 x)
-{
-	__m512i u = _mm512_castps_si512(x);
-	__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-	__m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-	r = _mm512_srli_epi32(r, 16);
-	__mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-	__m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-	r = _mm512_mask_mov_epi32(r, nan, q);
-	return _mm512_cvtepi32_epi16(r);
-}
-#endif
 
 static void to_bf16_range(uint16_t *dst, const float *src, int64_t n)
 {
 	int64_t i = 0;
 #ifdef __AVX512F__
 	for (; i + 16 <= n; i += 16)
-		_mm256_storeu_si256((__m256i *)(dst + i), f32_to_bf16_16(_mm512_loadu_ps(src + i)));
+		_mm256_storeu_si256((__m256i *)(dst + i), st_cvt_bf16_16(_mm512_loadu_ps(src + i)));
 	if (i < n) {
 		__mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-		__m256i h = f32_to_bf16_16(_mm512_maskz_loadu_ps(m, src + i));
+		__m256i h = st_cvt_bf16_16(_mm512_maskz_loadu_ps(m, src + i));
 		_mm256_mask_storeu_epi16(dst + i, m, h);
 		i = n;
 	}

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/simd.h"
 
@@ -21,14 +22,23 @@
  * order (and so the result) is the same for any thread count. */
 #define RED_ROWS 64
 
-void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N,
-			int64_t C, float eps)
+/* Scalar store as fp32 or bf16 (plain-loop builds). */
+static inline void put(void *dst, int bf16, int64_t i, float v)
+{
+	if (bf16)
+		((uint16_t *)dst)[i] = st_f32_to_bf16(v);
+	else
+		((float *)dst)[i] = v;
+}
+
+static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const float *w,
+			int64_t N, int64_t C, float eps)
 {
 #pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < N; i++) {
 		const float *xi = x + i * C;
-		float *oi = out + i * C;
 #if ST_HAVE_AVX512
+		char *oi = (char *)out + i * C * (bf16 ? 2 : 4);
 		__m512 acc = _mm512_setzero_ps();
 		for (int64_t c = 0; c < C; c += 16) {
 			__m512 v = _mm512_maskz_loadu_ps(st_mask16(C - c), xi + c);
@@ -40,7 +50,8 @@ void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
 		for (int64_t c = 0; c < C; c += 16) {
 			__mmask16 m = st_mask16(C - c);
 			__m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + c), vr);
-			_mm512_mask_storeu_ps(oi + c, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + c)));
+			st_store16(oi + c * (bf16 ? 2 : 4), bf16, m,
+				   _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + c)));
 		}
 #else
 		double ss = 0;
@@ -48,10 +59,22 @@ void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
 			ss += (double)xi[c] * xi[c];
 		float r = (float)(1.0 / sqrt(ss / (double)C + eps));
 		for (int64_t c = 0; c < C; c++)
-			oi[c] = xi[c] * r * w[c];
+			put(out, bf16, i * C + c, xi[c] * r * w[c]);
 #endif
 		rstd[i] = r;
 	}
+}
+
+void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N,
+			int64_t C, float eps)
+{
+	rmsnorm_fwd(out, 0, rstd, x, w, N, C, eps);
+}
+
+void st_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *x, const float *w, int64_t N,
+			     int64_t C, float eps)
+{
+	rmsnorm_fwd(out, 1, rstd, x, w, N, C, eps);
 }
 
 void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
@@ -192,7 +215,7 @@ void st_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
 /* Elementwise loops run over blocks of EW_BLOCK values: one task each. */
 #define EW_BLOCK 4096
 
-void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n)
+static void swiglu_fwd(void *act, int bf16, const float *gate, const float *up, int64_t n)
 {
 	int64_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -205,20 +228,30 @@ void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n
 			__m512 g = _mm512_maskz_loadu_ps(mk, gate + i);
 			__m512 e = st_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
 			__m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
-			_mm512_mask_storeu_ps(act + i, mk,
-					      _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(mk, up + i)));
+			st_store16((char *)act + i * (bf16 ? 2 : 4), bf16, mk,
+				   _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(mk, up + i)));
 		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
 			float g = gate[i];
-			act[i] = g / (1.0f + expf(-g)) * up[i];
+			put(act, bf16, i, g / (1.0f + expf(-g)) * up[i]);
 		}
 #endif
 	}
 }
 
-void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float *gate,
-			const float *up, int64_t n)
+void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n)
+{
+	swiglu_fwd(act, 0, gate, up, n);
+}
+
+void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, int64_t n)
+{
+	swiglu_fwd(act, 1, gate, up, n);
+}
+
+static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, const float *gate,
+		       const float *up, int64_t n)
 {
 	int64_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -226,6 +259,7 @@ void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float
 		int64_t i0 = blk * EW_BLOCK, i1 = i0 + EW_BLOCK < n ? i0 + EW_BLOCK : n;
 #if ST_HAVE_AVX512
 		__m512 one = _mm512_set1_ps(1.0f);
+		size_t sz = bf16 ? 2 : 4;
 		for (int64_t i = i0; i < i1; i += 16) {
 			__mmask16 mk = st_mask16(i1 - i);
 			/* read everything first: outputs may alias inputs */
@@ -235,20 +269,32 @@ void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float
 			__m512 e = st_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
 			__m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, e));
 			__m512 dasg = _mm512_mul_ps(da, sg);
-			_mm512_mask_storeu_ps(dup + i, mk, _mm512_mul_ps(dasg, g));
 			__m512 t = _mm512_fmadd_ps(g, _mm512_sub_ps(one, sg), one);
-			_mm512_mask_storeu_ps(dgate + i, mk, _mm512_mul_ps(_mm512_mul_ps(dasg, u), t));
+			st_store16((char *)dup + i * sz, bf16, mk, _mm512_mul_ps(dasg, g));
+			st_store16((char *)dgate + i * sz, bf16, mk, _mm512_mul_ps(_mm512_mul_ps(dasg, u), t));
 		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
 			float g = gate[i];
 			float da = dact[i], u = up[i]; /* read first: outputs may alias inputs */
 			float sg = 1.0f / (1.0f + expf(-g));
-			dup[i] = da * sg * g;
-			dgate[i] = da * sg * u * (1.0f + g * (1.0f - sg));
+			put(dup, bf16, i, da * sg * g);
+			put(dgate, bf16, i, da * sg * u * (1.0f + g * (1.0f - sg)));
 		}
 #endif
 	}
+}
+
+void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float *gate,
+			const float *up, int64_t n)
+{
+	swiglu_bwd(dgate, dup, 0, dact, gate, up, n);
+}
+
+void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact, const float *gate,
+			     const float *up, int64_t n)
+{
+	swiglu_bwd(dgate, dup, 1, dact, gate, up, n);
 }
 
 void st_embedding_forward(float *x, const float *emb, const int32_t *tokens, int64_t N,

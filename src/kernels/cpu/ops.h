@@ -16,6 +16,10 @@
 /* out(N,C) = x * rstd * w; rstd(N) saved for backward. */
 void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N,
 			int64_t C, float eps);
+/* The same with a bf16 output (for bf16 matrix products): each value is the
+ * fp32 result above rounded once (st_f32_to_bf16). */
+void st_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *x, const float *w, int64_t N,
+			     int64_t C, float eps);
 /* dx(N,C) += d/dx (accumulates: the residual stream's gradient is already there);
  * dw(C) += d/dw. Uses x and rstd from forward. */
 void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
@@ -66,6 +70,11 @@ void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n
 /* dgate, dup (overwrite) from dact; either may alias dact. */
 void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float *gate,
 			const float *up, int64_t n);
+/* bf16 outputs, each the fp32 result above rounded once; outputs must not
+ * overlap the inputs. */
+void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, int64_t n);
+void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact, const float *gate,
+			     const float *up, int64_t n);
 
 /* x(N,C) = emb[tokens] (emb (V,C)). */
 void st_embedding_forward(float *x, const float *emb, const int32_t *tokens, int64_t N,

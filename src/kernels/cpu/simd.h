@@ -37,6 +37,30 @@ static inline __m512 st_exp16(__m512 x)
  * load-bound. */
 #define ST_KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
 
+/* 16 floats -> 16 bf16 (round to nearest even, subnormals kept, NaN quiet):
+ * the same rule as st_f32_to_bf16 in bf16.h. Not VCVTNEPS2BF16, which
+ * treats subnormal inputs as zero. */
+static inline __m256i st_cvt_bf16_16(__m512 x)
+{
+	__m512i u = _mm512_castps_si512(x);
+	__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+	__m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+	r = _mm512_srli_epi32(r, 16);
+	__mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+	__m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+	r = _mm512_mask_mov_epi32(r, nan, q);
+	return _mm512_cvtepi32_epi16(r);
+}
+
+/* Store the first lanes (mask) of x to dst, as fp32 or as bf16. */
+static inline void st_store16(void *dst, int bf16, __mmask16 m, __m512 x)
+{
+	if (bf16)
+		_mm256_mask_storeu_epi16(dst, m, st_cvt_bf16_16(x));
+	else
+		_mm512_mask_storeu_ps(dst, m, x);
+}
+
 /* Mask of the first n lanes (n in 0..16). */
 static inline __mmask16 st_mask16(int64_t n)
 {
