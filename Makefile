@@ -4,6 +4,7 @@
 #   make san        the same suite built with ASan+UBSan, in build-san/
 #   make check      both: the optimized build's suite and the sanitized one
 #   make run        the main job: a short training run on the embedded default
+#   make bench      build the benchmark programs (bench/README.md; needs openmpi for mpi_allreduce)
 #   make clean
 CC      ?= cc
 BUILD   ?= build
@@ -56,8 +57,20 @@ check:
 run: $(BUILD)/slicetrain
 	$(BUILD)/slicetrain train
 
+BENCH := $(BUILD)/bench/collectives $(BUILD)/bench/train_step
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libslicetrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libslicetrain.a $(LDLIBS)
+
+$(BUILD)/bench/mpi_allreduce: bench/mpi_allreduce.c
+	@mkdir -p $(dir $@)
+	mpicc -O2 -o $@ $<
+
+bench: $(BUILD)/slicetrain $(BENCH) $(BUILD)/bench/mpi_allreduce
+
 clean:
 	rm -rf build build-san
 
-.PHONY: all test san check run clean
+.PHONY: all test san check run bench clean
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d)

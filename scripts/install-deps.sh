@@ -4,10 +4,14 @@
 #   scripts/install-deps.sh          build dependencies
 #   scripts/install-deps.sh --test   plus what the test suite needs, and
 #                                    .venv-test/ (Hugging Face transformers from PyPI)
+#   scripts/install-deps.sh --bench  plus OpenMPI (the collectives peer) and perf tools
 set -euo pipefail
 pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev zlib1g-dev)
 if [ "${1:-}" = "--test" ]; then
 	pkgs+=(python3 python3-numpy python3-torch python3-venv)
+fi
+if [ "${1:-}" = "--bench" ]; then
+	pkgs+=(python3 python3-numpy python3-torch openmpi-bin libopenmpi-dev util-linux)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
