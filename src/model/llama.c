@@ -443,9 +443,13 @@ static int mm(st_llama *m, char ta, char tb, int64_t M, int64_t N, int64_t K, co
 	if (na > a->bf16_elems || nb > a->bf16_elems)
 		ST_BUG("bf16 scratch too small: %lld, %lld > %lld", (long long)na, (long long)nb,
 		       (long long)a->bf16_elems);
+	const uint16_t *bb = a->bf16_b;
+	if (m->wbf16 && B >= m->params && B < m->params + m->nparams)
+		bb = m->wbf16 + (B - m->params); /* a resident weight: its bf16 copy */
+	else
+		st_f32_to_bf16_array(a->bf16_b, B, nb);
 	st_f32_to_bf16_array(a->bf16_a, A, na);
-	st_f32_to_bf16_array(a->bf16_b, B, nb);
-	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, a->bf16_a, lda, a->bf16_b, ldb, beta, C, ldc);
+	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, a->bf16_a, lda, bb, ldb, beta, C, ldc);
 }
 
 /* out(N,E) = res + a(N,k) W^T, W (E,k): a residual add of a row-parallel
@@ -671,8 +675,19 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	return grads_ready(m, 0);
 }
 
+int st_llama_weights_changed(st_llama *m)
+{
+	if (!m->bf16 || !m->params)
+		return 0;
+	if (!m->wbf16 && !(m->wbf16 = malloc((size_t)m->nparams * sizeof(uint16_t))))
+		return st_fail(ST_ENOMEM, "out of memory for the bf16 weight copy");
+	st_f32_to_bf16_array(m->wbf16, m->params, m->nparams);
+	return 0;
+}
+
 void st_llama_release(st_llama *m)
 {
+	free(m->wbf16);
 	acts_free(m->acts);
 	free(m->params);
 	free(m->grads);

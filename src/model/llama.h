@@ -97,6 +97,7 @@ typedef struct st_llama {
 	struct st_llama_acts *acts;
 	const st_llama_hooks *hooks; /* NULL: resident weights and gradients */
 	int bf16;                    /* matrix products with bf16 inputs (set before st_llama_alloc_acts) */
+	uint16_t *wbf16;             /* bf16 copy of resident weights (st_llama_weights_changed) */
 } st_llama;
 
 #define ST_LLAMA_INIT {0}
@@ -141,6 +142,9 @@ int64_t st_llama_act_bytes(const st_llama *m);
 /* The same figure computed without allocating (for planning). */
 int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy);
 const st_tensor *st_llama_find(const st_llama *m, const char *name);
+/* The resident weights changed (optimizer step, restore): refresh their bf16
+ * copy, which bf16 products then read instead of converting each time. */
+int st_llama_weights_changed(st_llama *m);
 void st_llama_release(st_llama *m);
 
 #endif

@@ -159,7 +159,8 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	st_adamw_update(t->shard.p, t->shard.g, t->shard.m, t->shard.v, t->shard.n, &h);
 	if (t->fsdp)
 		st_fsdp_end_step(t->fsdp); /* gathered lazily by the next forward */
-	else if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) < 0)
+	else if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) < 0 ||
+		 (rc = st_llama_weights_changed(&t->model)) < 0)
 		return rc;
 	*loss_out = loss;
 	*gnorm_out = gnorm;
@@ -327,10 +328,10 @@ int st_train(const st_config *c, st_train_result *res)
 	if ((rc = st_shard_init(&t.shard, &t.model, p, (uint64_t)c->init_weights_seed)) < 0 ||
 	    (rc = setup_checkpoints(&t)) < 0 || (rc = restore(&t)) < 0)
 		goto out;
-	if (resident)
-		rc = st_shard_gather_params(&t.shard, &t.model, p);
-	else
+	if (!resident)
 		rc = st_fsdp_create(&t.fsdp, &t.shard, &t.model, p);
+	else if ((rc = st_shard_gather_params(&t.shard, &t.model, p)) == 0)
+		rc = st_llama_weights_changed(&t.model);
 	if (rc < 0 ||
 	    (rc = st_llama_alloc_acts(&t.model, t.rows, t.T, c->remat_policy)) < 0 ||
 	    (rc = st_dataset_open(&t.data, c, t.G)) < 0)
