@@ -173,7 +173,9 @@ static void test_warnings(void)
 
 	err = capture_stderr(load_bf16, &c, &rc);
 	CHECK(rc == 0 && c.dtype == ST_DTYPE_BFLOAT16);
-	CHECK_MSG(count_lines(err) == 1 && strstr(err, "warning") && strstr(err, "bfloat16"), "%s", err);
+	/* bf16 is a supported dtype: loading it warns about nothing (the trainer
+	 * says so only on a CPU without bf16 instructions) */
+	CHECK_MSG(err[0] == '\0', "dtype=bfloat16 should load without warnings: %s", err);
 
 	st_config_print(&c); /* smoke: must not crash */
 }
@@ -403,9 +405,8 @@ static void test_maxtext_base(void)
 	CHECK(c.ici_fsdp_parallelism == -1 && c.dcn_data_parallelism == -1 && c.num_slices == -1);
 	CHECK_NEAR(c.learning_rate, 3e-5, 1e-12);
 	CHECK_NEAR(c.learning_rate_final_fraction, 0.1, 1e-12);
-	/* two warning lines: bf16, and the MaxText keys kept at their values */
-	CHECK_MSG(count_lines(err) == 2 && strstr(err, "bfloat16") && strstr(err, "not implemented by slicetrain"),
-		  "%s", err);
+	/* one warning line: the MaxText keys kept at their values */
+	CHECK_MSG(count_lines(err) == 1 && strstr(err, "not implemented by slicetrain"), "%s", err);
 
 	/* model_name=llama3.1-8b from MaxText's models/: scaling by name */
 	rc = LOAD(&c, maxtext_base, "model_name=llama3.1-8b", "dataset_type=synthetic", "run_name=x");
