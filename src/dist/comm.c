@@ -826,15 +826,11 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 		c->gmem[c->gstart[c->grp[i]] + c->lidx[i]] = i;
 	c->my_g = c->grp[me];
 	c->L = c->gsize[c->my_g];
-	/* Spinning pays while every local member has a CPU; otherwise it steals
-	 * the time slice of the member we wait for. */
-	cpu_set_t cs;
-	int ncpu = sched_getaffinity(0, sizeof(cs), &cs) == 0 ? CPU_COUNT(&cs) : 1;
-	int on_host = 0;
-	for (int p = 0; p < g->size; p++)
-		on_host += g->peers[p].host == g->peers[g->rank].host;
-	c->spin_ns = on_host <= ncpu ? 1000000 : 2000;
-	c->yields = on_host <= ncpu ? 0 : 2;
+	/* Spinning pays while every process of the group on this host has a
+	 * CPU; otherwise it steals the time slice of the one we wait for. */
+	int crowded = g->host_procs > g->host_cpus;
+	c->spin_ns = crowded ? 2000 : 1000000;
+	c->yields = crowded ? 2 : 0;
 
 	uint64_t lh = fnv(0xcbf29ce484222325ull, &g->nonce, sizeof(g->nonce));
 	lh = fnv(lh, &n, sizeof(n));

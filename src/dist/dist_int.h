@@ -114,6 +114,7 @@ struct st_group {
 	uint64_t nonce;
 	st_peer *peers;
 	int nhosts;
+	int host_procs, host_cpus; /* this host's processes of the group, and the CPUs they may use */
 	int tcp_lfd, unix_lfd;
 	int fail_fd;   /* eventfd: becomes readable when the group fails or is aborted */
 	int mon_fd;    /* eventfd: wakes the monitor */

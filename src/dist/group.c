@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +35,7 @@
 #include "base/err.h"
 #include "dist/dist_int.h"
 
-enum { EP_MAGIC = 0x53544550u, CFG_MAGIC = 0x53544346u };
+enum { EP_MAGIC = 0x53544551u, CFG_MAGIC = 0x53544346u };
 
 typedef struct ep_wire {
 	uint32_t magic;
@@ -42,6 +43,7 @@ typedef struct ep_wire {
 	char addr[64];
 	char uname[64];
 	char hostkey[320];
+	uint64_t cpus[16]; /* CPU affinity (first 1024 CPUs) */
 } ep_wire;
 
 typedef struct cfg_wire {
@@ -789,6 +791,14 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 		snprintf(me.addr, sizeof(me.addr), "127.0.0.1");
 	snprintf(me.uname, sizeof(me.uname), "%s", g->peers[g->rank].uname);
 	host_key(me.hostkey, sizeof(me.hostkey));
+	cpu_set_t cs;
+	if (sched_getaffinity(0, sizeof(cs), &cs) == 0) {
+		for (int k = 0; k < 1024 && k < CPU_SETSIZE; k++)
+			if (CPU_ISSET(k, &cs))
+				me.cpus[k / 64] |= 1ull << (k % 64);
+	} else {
+		me.cpus[0] = 1;
+	}
 	snprintf(key, sizeof(key), "ep/%d", g->rank);
 	if ((r = st_store_set(s, key, &me, sizeof(me))) < 0)
 		goto out;
@@ -869,6 +879,25 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 		}
 	}
 	free(hk);
+	/* Can this host's processes of the group all run at once? Compare them
+	 * with the CPUs their affinity masks cover together. */
+	if (r == 0) {
+		uint64_t un[16] = { 0 };
+		int procs = 0, cpus = 0;
+		for (int p = 0; p < g->size; p++) {
+			if (g->peers[p].host != g->peers[g->rank].host)
+				continue;
+			ep_wire ep;
+			memcpy(&ep, all + (size_t)p * sizeof(ep), sizeof(ep));
+			for (int k = 0; k < 16; k++)
+				un[k] |= ep.cpus[k];
+			procs++;
+		}
+		for (int k = 0; k < 16; k++)
+			cpus += __builtin_popcountll(un[k]);
+		g->host_procs = procs;
+		g->host_cpus = cpus > 0 ? cpus : 1;
+	}
 out:
 	free(val);
 	free(all);
