@@ -8,7 +8,9 @@
  * For each rank count (-n) and layout (-m: shm = one slice, shared memory;
  * tcp = one slice per rank, the cross-slice TCP path; hier = two slices,
  * shared memory inside and TCP across) it forks that many processes on this
- * machine, which join a group on a free port. Every timed iteration is
+ * machine, which join a group on a free port; when the ranks fit the CPUs,
+ * rank r is bound to CPU r, as mpirun binds by default (--no-pin: not).
+ * Every timed iteration is
  * preceded by a barrier; its time is the slowest rank's; the table shows the
  * median over the timed iterations (fixed counts: -w warmup, -i timed).
  * Columns as nccl-tests (doc/PERFORMANCE.md): size is the bytes per rank for
@@ -20,6 +22,7 @@
  * Build: see bench/README.md.
  */
 #include <netinet/in.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +47,7 @@ typedef struct shared {
 } shared;
 
 static long lo = 4096, hi = 256L << 20, factor = 4;
-static int warm = 3, iters = 20;
+static int warm = 3, iters = 20, pin = 1;
 
 static double now(void)
 {
@@ -200,8 +203,17 @@ static int run_layout(int n, const char *mode, const int *ops, shared *sh)
 	fflush(stdout);
 	for (int r = 0; r < n; r++) {
 		pid[r] = fork();
-		if (pid[r] == 0)
+		if (pid[r] == 0) {
+			/* like mpirun's default binding: a core per rank when they fit */
+			long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+			if (pin && n <= ncpu) {
+				cpu_set_t cs;
+				CPU_ZERO(&cs);
+				CPU_SET(r, &cs);
+				sched_setaffinity(0, sizeof(cs), &cs);
+			}
 			_exit(rank_main(r, n, slices, port, ops, sh, label));
+		}
 	}
 	int bad = 0;
 	for (int r = 0; r < n; r++) {
@@ -247,7 +259,10 @@ int main(int argc, char **argv)
 	const char *mpi = NULL;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (!strcmp(argv[i], "--mpi") && v) {
+		if (!strcmp(argv[i], "--no-pin")) {
+			pin = 0;
+			continue;
+		} else if (!strcmp(argv[i], "--mpi") && v) {
 			mpi = v;
 		} else if (!strcmp(argv[i], "-n") && v) {
 			nn = 0;
@@ -273,7 +288,7 @@ int main(int argc, char **argv)
 			iters = atoi(v);
 		} else {
 			fprintf(stderr, "usage: %s [-n 2,4] [-m shm,tcp,hier] [-c allreduce,reduce_scatter,allgather] "
-					"[-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--mpi PROGRAM]\n",
+					"[-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--no-pin] [--mpi PROGRAM]\n",
 				argv[0]);
 			return 2;
 		}
