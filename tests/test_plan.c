@@ -49,8 +49,9 @@ static void test_llama3_8b(void)
 	CHECK(p.params_device == (p.params_piece + 3) / 4);
 	CHECK(p.weights == 4 * p.params_device && p.grads == p.weights && p.optimizer == 2 * p.weights);
 	CHECK(p.fsdp_buffer > 0 && p.rows == 4 && p.global_batch == 32);
-	CHECK(p.activations == st_llama_act_bytes_for(&p.local, 4, 2048, ST_REMAT_FULL));
-	CHECK(p.total == p.weights + p.grads + p.optimizer + p.fsdp_buffer + p.activations + p.workspace);
+	CHECK(p.activations > st_llama_act_bytes_for(&p.local, 4, 2048, ST_REMAT_FULL)); /* + tp buffers */
+	CHECK(p.total == p.weights + p.grads + p.optimizer + p.fsdp_buffer + p.bf16_weights +
+			 p.activations + p.workspace);
 	CHECK(p.fits);
 	st_plan_print(&p, &c, stdout);
 }
@@ -72,23 +73,28 @@ static void test_llama3_70b(void)
 		  p.flops.total / 1e12);
 }
 
-/* Planned bytes = what a single process allocates, for each remat policy. */
+/* Planned bytes = what a single process allocates, for each remat policy,
+ * fp32 and bf16. */
 static void test_small_model_bytes(void)
 {
 	const char *remat[] = {"remat_policy=none", "remat_policy=minimal", "remat_policy=full"};
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 6; i++) {
+		int bf16 = i >= 3;
 		st_config c;
 		CHECK(LOAD(&c, "model_name=llama3-test", "per_device_batch_size=3",
-			   "max_target_length=40", remat[i]) == 0);
+			   "max_target_length=40", remat[i % 3], bf16 ? "dtype=bfloat16" : "dtype=float32") == 0);
 		st_plan p;
 		CHECK(st_plan_compute(&p, &c, 1, 1, 0) == 0);
 		st_llama m = ST_LLAMA_INIT;
 		st_llama_shape s;
 		st_llama_shape_from_config(&s, &c);
 		CHECK(st_llama_init(&m, &s) == 0);
+		m.bf16 = bf16;
 		CHECK(st_llama_alloc_acts(&m, 3, 40, c.remat_policy) == 0);
-		CHECK_MSG(p.activations == st_llama_act_bytes(&m), "%s: planned %lld, allocated %lld",
-			  remat[i], (long long)p.activations, (long long)st_llama_act_bytes(&m));
+		CHECK(p.bf16_weights == (bf16 ? 2 * m.nparams : 0));
+		CHECK_MSG(p.activations == st_llama_act_bytes(&m), "%s%s: planned %lld, allocated %lld",
+			  remat[i % 3], bf16 ? " bf16" : "", (long long)p.activations,
+			  (long long)st_llama_act_bytes(&m));
 		CHECK(p.params == m.nparams && p.params_piece == m.nparams && p.params_device == m.nparams);
 		CHECK(p.weights == m.nparams * (int64_t)sizeof(*m.params));
 		CHECK(p.grads == m.nparams * (int64_t)sizeof(*m.grads));

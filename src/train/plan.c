@@ -34,6 +34,34 @@ static int divisible(const char *what, int64_t n, int64_t tp)
 	return 0;
 }
 
+/*
+ * Buffers st_llama_alloc_acts adds beyond st_llama_act_bytes_for (which
+ * counts the fp32, single-process layout): the tensor-parallel partial sums
+ * and cross-entropy row statistics, and in bf16 mode two bf16 operand
+ * buffers as large as the largest product operand. Mirrors src/model/llama.c;
+ * tests/test_plan.c checks the sum against st_llama_act_bytes.
+ */
+static int64_t act_extra_bytes(const st_llama_shape *l, int64_t rows, int64_t T, int tp, int bf16,
+			       int64_t largest_tensor)
+{
+	int64_t N = rows * T, E = l->E, M = l->M, HD = l->H * l->D;
+	int64_t chunk = (16 << 20) / 4 / l->V;
+	chunk = chunk < 1 ? 1 : chunk > N ? N : chunk;
+	int64_t f = 0;
+	if (tp > 1)
+		f += N * E; /* partial sums over the tensor group */
+	if (tp > 1 || bf16)
+		f += 4 * chunk + 2 * chunk; /* row max, target logit, ... and two doubles per row */
+	if (bf16) {
+		int64_t big = N * (E > M ? E : M);
+		big = N * HD > big ? N * HD : big;
+		big = chunk * l->V > big ? chunk * l->V : big;
+		big = largest_tensor > big ? largest_tensor : big;
+		f += 2 * ((big + 1) / 2); /* two bf16 buffers of `big` elements */
+	}
+	return 4 * f;
+}
+
 int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t devices_per_slice,
 		    double memory_bytes)
 {
@@ -78,6 +106,13 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	p->T = c->max_target_length;
 	p->global_batch = B * p->devices * c->gradient_accumulation_steps;
 	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy);
+	int bf16 = c->dtype == ST_DTYPE_BFLOAT16;
+	int64_t largest = s->V * E > p->local.V * E ? s->V * E : p->local.V * E; /* embedding */
+	largest = p->local.M * E > largest ? p->local.M * E : largest;
+	p->activations += act_extra_bytes(&p->local, p->rows, p->T, (int)tp, bf16, largest);
+	/* bf16 products read a bf16 copy of the resident weights: the whole piece,
+	 * or under ZeRO-3 the gathered layer */
+	p->bf16_weights = bf16 ? 2 * (F > 1 ? p->layer_piece : p->params_piece) : 0;
 
 	/* transient kernel buffers (largest phase: attention backward) + runtime */
 	int64_t N = p->rows * p->T, Tpad = ceil_div(p->T, 64) * 64;
@@ -85,7 +120,8 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	int64_t norm = 4 * ceil_div(N, 64) * E;
 	p->workspace = (attn > norm ? attn : norm) + 4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
 
-	p->total = p->weights + p->grads + p->optimizer + p->fsdp_buffer + p->activations + p->workspace;
+	p->total = p->weights + p->grads + p->optimizer + p->fsdp_buffer + p->bf16_weights +
+		   p->activations + p->workspace;
 	p->memory = memory_bytes > 0 ? memory_bytes : machine_memory();
 	p->fits = p->memory <= 0 || (double)p->total <= p->memory;
 	p->flops = st_training_flops(c, (double)B);
@@ -118,7 +154,8 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		"global batch %lld sequences (%lld tokens) per step, remat %s, dtype %s\n",
 		c->per_device_batch_size, (long long)p->T, (long long)p->rows, (long long)p->global_batch,
 		(long long)(p->global_batch * p->T), remat_name(c->remat_policy),
-		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (not built yet: planned as float32)" : "float32");
+		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (bf16 product inputs, fp32 activations and weights)"
+					       : "float32");
 	fprintf(out, "per device:\n");
 	snprintf(note, sizeof(note), "fp32, %lld parameters: tensor piece %lld / fsdp %lld",
 		 (long long)p->params_device, (long long)p->params_piece,
@@ -128,6 +165,8 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 	line(out, "optimizer", p->optimizer, "AdamW m and v, fp32, sharded as the weights");
 	if (p->fsdp_buffer)
 		line(out, "fsdp buffer", p->fsdp_buffer, "one layer's weights, gathered over fsdp");
+	if (p->bf16_weights)
+		line(out, "bf16 weights", p->bf16_weights, "bf16 copy of the resident weights for products");
 	snprintf(note, sizeof(note),
 		 "remat %s, %lld x %lld rows; per device: %lld heads, %lld kv heads, mlp %lld, vocab %lld",
 		 remat_name(c->remat_policy), (long long)p->rows, (long long)p->T, (long long)l->H,
@@ -174,6 +213,7 @@ void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out)
 	INT("grads_bytes", p->grads);
 	INT("optimizer_bytes", p->optimizer);
 	INT("fsdp_buffer_bytes", p->fsdp_buffer);
+	INT("bf16_weights_bytes", p->bf16_weights);
 	INT("activation_bytes", p->activations);
 	INT("workspace_bytes", p->workspace);
 	INT("total_bytes", p->total);

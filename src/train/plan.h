@@ -18,8 +18,10 @@
  *                piece) divided by fsdp, plus one layer's gathered weights as
  *                a working buffer when fsdp > 1.
  *   data         replicas: divide nothing.
- * Bytes are fp32 (weight_dtype float32; dtype bfloat16 activations are not
- * built yet and are planned as fp32). The workspace line adds the largest
+ * Bytes: weights, gradients and AdamW state fp32 (weight_dtype float32);
+ * activations as src/model/llama.c allocates them (fp32; with dtype bfloat16
+ * plus its bf16 operand buffers, and a bf16 copy of the resident weights: the
+ * tp piece, or one gathered layer under fsdp). The workspace line adds the largest
  * transient buffers of the kernels (attention's transposed K and V, the
  * RMSNorm partial sums) and a fixed 64 MiB for the runtime (libraries,
  * oneDNN's JIT code and scratch), so the total is comparable with a process's
@@ -49,7 +51,7 @@ typedef struct st_plan {
 	int64_t T;
 	int64_t global_batch;   /* sequences per step, all devices, all micro-batches */
 	/* bytes per device */
-	int64_t weights, grads, optimizer, fsdp_buffer, activations, workspace, total;
+	int64_t weights, grads, optimizer, fsdp_buffer, bf16_weights, activations, workspace, total;
 	double memory;          /* bytes the plan is checked against */
 	int fits;
 	st_flops flops;         /* per device per step */
