@@ -20,29 +20,6 @@ enum { TRY_OK = 0, TRY_UNUSABLE = 1, TRY_HARD = 2 };
 
 int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces); /* hf.c */
 
-/*
- * Weak stand-ins for the three communicator calls made here, so that a
- * program that never passes a communicator links without src/dist's
- * implementation (tools, tests). They are reachable only with a non-NULL
- * st_comm, which only st_comm_create in src/dist makes, and linking that
- * brings the real (strong) definitions, which replace these.
- */
-__attribute__((weak)) int st_comm_rank(const st_comm *c)
-{
-	ST_BUG("st_comm_rank(%p): src/dist's communicator is not linked", (const void *)c);
-}
-
-__attribute__((weak)) int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt,
-					     enum st_redop op)
-{
-	ST_BUG("st_comm_allreduce(%p): src/dist's communicator is not linked", (void *)c);
-}
-
-__attribute__((weak)) int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root)
-{
-	ST_BUG("st_comm_broadcast(%p): src/dist's communicator is not linked", (void *)c);
-}
-
 /* A MAX of every process's status; without comm, the local one. */
 static int agree(st_comm *comm, int local, int *global)
 {
