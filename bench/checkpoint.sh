@@ -5,6 +5,7 @@
 # stall of an async save against the step time, and restore throughput
 # against a sequential read of the same files.
 #   bench/checkpoint.sh [DIR]     (DIR: where to write, default a temporary dir here; build first)
+#   BATCH=4 SEQ=512 bench/checkpoint.sh   (the step shape; default 1 x 256)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-$(mktemp -d "$PWD/.bench-ckpt.XXXXXX")}
@@ -13,7 +14,7 @@ bin=build/slicetrain
 mb=1536
 ddw=$(dd if=/dev/zero of="$dir/dd.bin" bs=1M count=$mb conv=fsync 2>&1 | tail -1)
 rm -f "$dir/dd.bin"
-common=(configs/base.yml model_name=llama3-125m max_target_length=256 per_device_batch_size=1 remat_policy=full
+common=(configs/base.yml model_name=llama3-125m max_target_length=${SEQ:-256} per_device_batch_size=${BATCH:-1} remat_policy=full
 	dataset_type=synthetic base_output_directory="$dir" run_name=bench learning_rate=1e-4 checkpoint_period=2
 	max_num_checkpoints_to_keep=2)
 "$bin" train "${common[@]}" steps=6 >"$dir/train.out" 2>"$dir/train.err"
