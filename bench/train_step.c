@@ -43,6 +43,7 @@ typedef struct run {
 	double step_s, tflops, tokens; /* medians over steady-state steps */
 	int nsteps;
 	double maxrss_gib;
+	double cpu_share; /* CPU time / (wall time x threads): < 0.9 means other jobs competed */
 	double act_mib;  /* "activations X MiB" from the log */
 	int bf16_missing; /* the "not built yet" warning was printed */
 	char out[MAXOUT];
@@ -93,6 +94,7 @@ static void spawn(run *r, char *const argv[], int threads)
 		_exit(127);
 	}
 	close(fd[1]);
+	double t0 = now_s();
 	size_t n = 0;
 	ssize_t k;
 	while ((k = read(fd[0], r->out + n, sizeof(r->out) - 1 - n)) > 0 || (k < 0 && errno == EINTR))
@@ -105,8 +107,12 @@ static void spawn(run *r, char *const argv[], int threads)
 	memset(&ru, 0, sizeof(ru));
 	while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR)
 		;
+	double wall = now_s() - t0;
 	r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 	r->maxrss_gib = (double)ru.ru_maxrss / (1024.0 * 1024.0);
+	double cpu = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+		     (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+	r->cpu_share = wall > 0 ? cpu / (wall * threads) : 0;
 }
 
 /* Parse MaxText step lines; skip step 0 (warm-up: page faults, JIT). */
@@ -155,7 +161,7 @@ static void train(run *r, const char *bin, int threads, int steps, const char *s
 
 /* GFLOP/s of C(2048,2048) = A(2048,768) B(2048,768)^T, median of 9 calls
  * after 2 warm-ups. dtype: 0 fp32 sgemm, 1 fp32 matmul primitive, 2 bf16. */
-static double matmul_rate(int dtype, int threads)
+static double matmul_rate(int dtype, int threads, double *cpu_share)
 {
 	enum { M = 2048, N = 2048, K = 768 };
 	omp_set_num_threads(threads);
@@ -170,6 +176,9 @@ static double matmul_rate(int dtype, int threads)
 	st_gemm_set_f32_backend(dtype == 1 ? ST_GEMM_MATMUL : ST_GEMM_SGEMM);
 	double t[9];
 	int rc = 0;
+	struct rusage ru0, ru1;
+	getrusage(RUSAGE_SELF, &ru0);
+	double w0 = now_s();
 	for (int i = 0; i < 11; i++) {
 		double t0 = now_s();
 		rc |= dtype == 2 ? st_gemm_bf16('N', 'T', M, N, K, 1.0f, Ah, K, Bh, K, 0.0f, C, N)
@@ -177,6 +186,12 @@ static double matmul_rate(int dtype, int threads)
 		if (i >= 2)
 			t[i - 2] = now_s() - t0;
 	}
+	getrusage(RUSAGE_SELF, &ru1);
+	double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+		     1e-6 * (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) +
+		     (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+		     1e-6 * (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec);
+	*cpu_share = cpu / ((now_s() - w0) * threads);
 	st_gemm_set_f32_backend(ST_GEMM_SGEMM);
 	free(A), free(B), free(C), free(Ah), free(Bh);
 	return rc ? 0 : 2.0 * M * N * K / median(t, 9) / 1e9;
@@ -277,12 +292,13 @@ int main(int argc, char **argv)
 		       n > 0 && strstr(blas, "/blas/") ? " (netlib reference BLAS: slow, single-threaded)" : "");
 	}
 	printf("\n");
-	printf("%-3s %-9s %9s %9s %10s %8s %8s %9s %9s %8s\n", "thr", "run", "step s", "tokens/s",
-	       "model GF/s", "vs mm", "vs torch", "peak GiB", "mm GF/s", "");
+	printf("%-3s %-9s %9s %9s %10s %8s %8s %9s %9s %5s\n", "thr", "run", "step s", "tokens/s",
+	       "model GF/s", "vs mm", "vs torch", "peak GiB", "mm GF/s", "cpu");
 	for (int ti = 0; ti < nthreads; ti++) {
 		int th = threads[ti];
-		double mm_sgemm = matmul_rate(0, th), mm_prim = matmul_rate(1, th);
-		double mm_bf16 = cpu_bf16 ? matmul_rate(2, th) : 0;
+		double cs[3] = {0, 0, 0};
+		double mm_sgemm = matmul_rate(0, th, &cs[0]), mm_prim = matmul_rate(1, th, &cs[1]);
+		double mm_bf16 = cpu_bf16 ? matmul_rate(2, th, &cs[2]) : 0;
 		double mm_f32 = mm_sgemm > mm_prim ? mm_sgemm : mm_prim;
 		/* slicetrain first, PyTorch (slow) last */
 		run *st = malloc(2 * sizeof(run)); /* 1 MiB of output each */
@@ -295,23 +311,25 @@ int main(int argc, char **argv)
 			if (!ok[bf])
 				fail_tail(&st[bf], "slicetrain");
 		}
-		double torch_tok = 0, torch_gf = 0, torch_rss = 0;
+		double torch_tok = 0, torch_gf = 0, torch_rss = 0, torch_cpu = 0;
 		if (have_torch) {
 			torch_ref(r, th, torch_steps, &torch_tok, &torch_gf);
 			torch_rss = r->maxrss_gib;
+			torch_cpu = r->cpu_share;
 			if (r->rc != 0 || torch_tok <= 0)
 				fail_tail(r, "PyTorch reference");
 		}
-		printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f  sgemm fp32\n", th, "oneDNN", "", "", "",
-		       "", "", "", mm_sgemm);
-		printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f  matmul fp32\n", th, "oneDNN", "", "", "",
-		       "", "", "", mm_prim);
+		printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f %5.2f  sgemm fp32\n", th, "oneDNN", "", "",
+		       "", "", "", "", mm_sgemm, cs[0]);
+		printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f %5.2f  matmul fp32\n", th, "oneDNN", "", "",
+		       "", "", "", "", mm_prim, cs[1]);
 		if (cpu_bf16)
-			printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f  matmul bf16\n", th, "oneDNN", "", "",
-			       "", "", "", "", mm_bf16);
+			printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f %5.2f  matmul bf16\n", th, "oneDNN", "",
+			       "", "", "", "", "", mm_bf16, cs[2]);
 		if (have_torch && torch_tok > 0)
-			printf("%-3d %-9s %9.3f %9.1f %10.1f %8.2f %8s %9.2f\n", th, "pytorch",
-			       2048.0 / torch_tok, torch_tok, torch_gf, torch_gf / mm_f32, "1.00", torch_rss);
+			printf("%-3d %-9s %9.3f %9.1f %10.1f %8.2f %8s %9.2f %9s %5.2f\n", th, "pytorch",
+			       2048.0 / torch_tok, torch_tok, torch_gf, torch_gf / mm_f32, "1.00", torch_rss, "",
+			       torch_cpu);
 		else
 			printf("%-3d %-9s %s\n", th, "pytorch",
 			       do_torch ? "absent (../shared/bench/torch_llama_ref.py or /usr/bin/python3)"
@@ -329,9 +347,9 @@ int main(int argc, char **argv)
 			char vs_torch[16] = "-";
 			if (torch_tok > 0)
 				snprintf(vs_torch, sizeof(vs_torch), "%.2f", q->tokens / torch_tok);
-			printf("%-3d %-9s %9.3f %9.1f %10.1f %8.2f %8s %9.2f\n", th,
+			printf("%-3d %-9s %9.3f %9.1f %10.1f %8.2f %8s %9.2f %9s %5.2f\n", th,
 			       bf ? "st bf16" : "st fp32", q->step_s, q->tokens, q->tflops * 1000,
-			       mm > 0 ? q->tflops * 1000 / mm : 0, vs_torch, q->maxrss_gib);
+			       mm > 0 ? q->tflops * 1000 / mm : 0, vs_torch, q->maxrss_gib, "", q->cpu_share);
 		}
 		if (ok[0] && ok[1])
 			printf("%-3d bf16 / fp32 tokens/s: %.2fx\n", th, st[1].tokens / st[0].tokens);
@@ -339,13 +357,14 @@ int main(int argc, char **argv)
 		fflush(stdout);
 	}
 	printf("\n(vs mm: model GFLOP/s / the faster oneDNN fp32 rate of the same thread count, "
-	       "bf16 runs / the bf16 rate; vs torch: tokens/s / PyTorch's)\n");
+	       "bf16 runs / the bf16 rate; vs torch: tokens/s / PyTorch's;\n cpu: the child's CPU time / "
+	       "(wall time x threads), below about 0.9 when other jobs took cores)\n");
 
 	if (do_remat) {
 		int th = threads[nthreads - 1];
 		printf("\nremat policies: llama3-125m, batch 4 x 1024, fp32, %d threads\n", th);
-		printf("%-8s %9s %9s %10s %9s %9s %7s %11s %11s\n", "remat", "step s", "tokens/s",
-		       "model GF/s", "peak GiB", "plan GiB", "rss/pl", "act MiB", "plan act");
+		printf("%-8s %9s %9s %10s %9s %9s %7s %11s %11s %5s\n", "remat", "step s", "tokens/s",
+		       "model GF/s", "peak GiB", "plan GiB", "rss/pl", "act MiB", "plan act", "cpu");
 		const char *pol[] = {"none", "minimal", "full"};
 		double act[3] = {0};
 		for (int i = 0; i < 3; i++) {
@@ -356,9 +375,10 @@ int main(int argc, char **argv)
 				fail_tail(r, "slicetrain");
 				continue;
 			}
-			printf("%-8s %9.3f %9.1f %10.1f %9.2f %9.2f %7.2f %11.1f %11.1f\n", pol[i], r->step_s,
-			       r->tokens, r->tflops * 1000, r->maxrss_gib, ptot / (1 << 30),
-			       ptot > 0 ? r->maxrss_gib * (1 << 30) / ptot : 0, r->act_mib, pact / (1 << 20));
+			printf("%-8s %9.3f %9.1f %10.1f %9.2f %9.2f %7.2f %11.1f %11.1f %5.2f\n", pol[i],
+			       r->step_s, r->tokens, r->tflops * 1000, r->maxrss_gib, ptot / (1 << 30),
+			       ptot > 0 ? r->maxrss_gib * (1 << 30) / ptot : 0, r->act_mib, pact / (1 << 20),
+			       r->cpu_share);
 			fflush(stdout);
 		}
 		if (act[2] > 0)

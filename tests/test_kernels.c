@@ -43,7 +43,7 @@ static int same(const void *a, const void *b, int64_t bytes) { return memcmp(a, 
 
 typedef struct outs {
 	float *rms, *rstd, *drms_x, *drms_w, *rope, *att, *lse, *dq, *dk, *dv, *act, *dg, *du, *demb,
-		*dx, *dW, *gemm;
+		*dx, *dW, *gemm, *gemm_bf, *gemm_mm;
 	uint16_t *bf;
 	double loss;
 } outs;
@@ -102,6 +102,16 @@ static void run_kernels(outs *o, int threads)
 	CHECK(st_gemm('N', 'T', KN, KM, KE, 1.0f, x, KE, gate, KE, 0.0f, o->gemm, KM) == 0);
 	o->bf = malloc((size_t)ne * sizeof(uint16_t));
 	st_f32_to_bf16_array(o->bf, gate, ne);
+	/* the matmul primitive, fp32 and bf16 (created per thread count) */
+	uint16_t *xh = malloc(KN * KE * 2);
+	st_f32_to_bf16_array(xh, x, KN * KE);
+	o->gemm_bf = malloc(KN * KM * sizeof(float));
+	CHECK(st_gemm_bf16('N', 'T', KN, KM, KE, 1.0f, xh, KE, o->bf, KE, 0.0f, o->gemm_bf, KM) == 0);
+	o->gemm_mm = malloc(KN * KM * sizeof(float));
+	st_gemm_set_f32_backend(ST_GEMM_MATMUL);
+	CHECK(st_gemm('T', 'N', KN, KM, KE, 1.0f, g, KN, gate, KM, 0.0f, o->gemm_mm, KM) == 0);
+	st_gemm_set_f32_backend(ST_GEMM_SGEMM);
+	free(xh);
 
 	free(x), free(w), free(g), free(cs), free(sn), free(q), free(k), free(v), free(dout);
 	free(gate), free(up), free(da), free(tok), free(W), free(scratch);
@@ -111,7 +121,7 @@ static void free_outs(outs *o)
 {
 	float **f[] = {&o->rms, &o->rstd, &o->drms_x, &o->drms_w, &o->rope, &o->att, &o->lse,
 		       &o->dq, &o->dk, &o->dv, &o->act, &o->dg, &o->du, &o->demb, &o->dx, &o->dW,
-		       &o->gemm};
+		       &o->gemm, &o->gemm_bf, &o->gemm_mm};
 	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
 		free(*f[i]);
 	free(o->bf);
@@ -143,6 +153,8 @@ static void test_thread_counts(void)
 		SAME(dx, KN * KE);
 		SAME(dW, KV * KE);
 		SAME(gemm, KN * KM);
+		SAME(gemm_bf, KN * KM);
+		SAME(gemm_mm, KN * KM);
 		SAME(bf, ne);
 #undef SAME
 		CHECK_MSG(a->loss == b->loss, "loss %.17g vs %.17g at %d threads", a->loss, b->loss, t + 1);

@@ -1,5 +1,6 @@
 #include "kernels/cpu/gemm.h"
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@ enum { DT_F32 = 0, DT_BF16 = 1, DT_BF16_OUT = 2 };
 
 typedef struct gemm_key {
 	int dtype;
+	int threads; /* oneDNN fixes a primitive's thread partition when it is created */
 	char ta, tb;
 	int64_t M, N, K, lda, ldb, ldc;
 	float alpha, beta;
@@ -36,8 +38,8 @@ static struct {
 
 static int same_key(const gemm_key *a, const gemm_key *b)
 {
-	return a->dtype == b->dtype && a->ta == b->ta && a->tb == b->tb && a->M == b->M &&
-	       a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
+	return a->dtype == b->dtype && a->threads == b->threads && a->ta == b->ta && a->tb == b->tb &&
+	       a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
 	       a->ldc == b->ldc && a->alpha == b->alpha && a->beta == b->beta;
 }
 
@@ -191,7 +193,8 @@ static int gemm_any(int dtype, char ta, char tb, int64_t M, int64_t N, int64_t K
 		scale_only(dtype, M, N, beta, C, ldc);
 		return 0;
 	}
-	gemm_key k = {.dtype = dtype, .ta = (ta == 't' ? 'T' : ta == 'n' ? 'N' : ta),
+	gemm_key k = {.dtype = dtype, .threads = omp_get_max_threads(),
+		      .ta = (ta == 't' ? 'T' : ta == 'n' ? 'N' : ta),
 		      .tb = (tb == 't' ? 'T' : tb == 'n' ? 'N' : tb), .M = M, .N = N, .K = K,
 		      .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta};
 	pthread_mutex_lock(&G.lock);
@@ -254,7 +257,8 @@ int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, 
 const char *st_gemm_impl(int dtype, char transa, char transb, int64_t M, int64_t N, int64_t K,
 			 int64_t lda, int64_t ldb, int64_t ldc, float beta)
 {
-	gemm_key k = {.dtype = dtype, .ta = transa, .tb = transb, .M = M, .N = N, .K = K,
+	gemm_key k = {.dtype = dtype, .threads = omp_get_max_threads(), .ta = transa, .tb = transb,
+		      .M = M, .N = N, .K = K,
 		      .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = 1.0f, .beta = beta};
 	static _Thread_local char impl[sizeof(((gemm_entry *)0)->impl)];
 	impl[0] = 0;

@@ -16,7 +16,8 @@
  * st_gemm_set_f32_backend(ST_GEMM_MATMUL).
  *
  * Matmul primitives: each distinct call shape (dtypes, transposes, M, N, K,
- * leading dimensions, alpha, beta) creates one oneDNN matmul primitive on
+ * leading dimensions, alpha, beta) and thread count (a primitive keeps the
+ * thread partition of its creation) creates one oneDNN matmul primitive on
  * first use and keeps it in a process-wide cache; later calls only execute
  * it. Transposes are memory-descriptor strides (no copies); beta != 0 is
  * oneDNN's "sum" post-op, alpha != 1 an output scale. Both paths use all
