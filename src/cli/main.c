@@ -33,6 +33,8 @@ static const char usage[] =
 	"                                       start a worker group on this machine (docs/distributed.md)\n"
 	"  export CHECKPOINT_DIR OUT_DIR        write a checkpoint as a Hugging Face model directory\n"
 	"  ckpt list|verify DIR                 list checkpoints, or recompute their checksums\n"
+	"  plan CONFIG.yml [key=value ...] [--num-slices S --devices-per-slice D] [--memory GiB]\n"
+	"                                       per-device memory and FLOPs of a run, and whether it fits\n"
 	"  help [command]                       this text, or a command's help\n"
 	"  version                              print the version\n"
 	"\n"
