@@ -572,17 +572,26 @@ int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, 
 	return run(c, &j, c->cnt);
 }
 
+/* Sum of per-member counts; a negative one is ST_EINVAL naming the call. */
+static int sum_counts(const st_comm *c, const int64_t *counts, const char *what, int64_t *total)
+{
+	*total = 0;
+	for (int i = 0; i < c->n; i++) {
+		if (counts[i] < 0)
+			return st_fail(ST_EINVAL, "%s: counts[%d] = %lld is negative", what, i, (long long)counts[i]);
+		*total += counts[i];
+	}
+	return 0;
+}
+
 int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t *counts, enum st_dtype_c dt)
 {
 	int r = check_dt(dt, ST_SUM);
 	if (r < 0)
 		return r;
-	int64_t total = 0;
-	for (int i = 0; i < c->n; i++) {
-		if (counts[i] < 0)
-			return st_fail(ST_EINVAL, "reduce_scatter: counts[%d] = %lld is negative", i, (long long)counts[i]);
-		total += counts[i];
-	}
+	int64_t total;
+	if ((r = sum_counts(c, counts, "reduce_scatter", &total)) < 0)
+		return r;
 	if ((total > 0 && !in) || (counts[c->me] > 0 && !out))
 		return st_fail(ST_EINVAL, "reduce_scatter: NULL buffer");
 	size_t esz = dt_size(dt);
@@ -600,12 +609,9 @@ int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *coun
 	int r = check_dt(dt, ST_SUM);
 	if (r < 0)
 		return r;
-	int64_t total = 0;
-	for (int i = 0; i < c->n; i++) {
-		if (counts[i] < 0)
-			return st_fail(ST_EINVAL, "allgather: counts[%d] = %lld is negative", i, (long long)counts[i]);
-		total += counts[i];
-	}
+	int64_t total;
+	if ((r = sum_counts(c, counts, "allgather", &total)) < 0)
+		return r;
 	if ((total > 0 && !out) || (counts[c->me] > 0 && !in))
 		return st_fail(ST_EINVAL, "allgather: NULL buffer");
 	size_t esz = dt_size(dt);
