@@ -5,6 +5,9 @@
  *  - the two backward partitions of attention are bit-identical, and the
  *    tiled attention matches a plain float64 reference at sizes that leave
  *    partial tiles and use both the AVX-512 and the plain code paths;
+ *  - the same for the bf16 attention (to bf16 accuracy), plus bit-identical
+ *    results at 1, 2 and 3 threads, no change from rounding its inputs to
+ *    bf16 first, and exact results where the arithmetic is exact;
  *  - st_gemm (both fp32 back ends) and the bf16 products against a float64
  *    reference: transposes, leading dimensions, alpha, beta, K = 0;
  *  - fp32 <-> bf16 conversion on edge cases (ties, NaN, Inf, subnormals,
@@ -496,6 +499,198 @@ static void test_bf16_outputs(void)
 	free(ah), free(dgh), free(duh);
 }
 
+/* ---- bf16 attention ---- */
+
+typedef struct att_out {
+	float *o, *lse, *dq, *dk, *dv;
+} att_out;
+
+/* st_attention_forward_bf16, then st_attention_backward_bf16 in partition
+ * `part` (1 fused, 2 split), at `threads` threads. */
+static void att_bf16_run(att_out *r, const float *q, const float *k, const float *v,
+			 const float *g, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			 int part, int threads)
+{
+	int64_t nq = B * T * H * D, nk = B * T * K * D;
+	r->o = malloc((size_t)nq * sizeof(float));
+	r->lse = malloc((size_t)(B * H * T) * sizeof(float));
+	r->dq = malloc((size_t)nq * sizeof(float));
+	r->dk = malloc((size_t)nk * sizeof(float));
+	r->dv = malloc((size_t)nk * sizeof(float));
+	omp_set_num_threads(threads);
+	st_attention_forward_bf16(r->o, r->lse, q, k, v, B, T, H, K, D);
+	st_attention_set_partition(part);
+	st_attention_backward_bf16(r->dq, r->dk, r->dv, g, r->o, r->lse, q, k, v, B, T, H, K, D);
+	st_attention_set_partition(0);
+	omp_set_num_threads(omp_get_num_procs());
+}
+
+static int att_same(const att_out *a, const att_out *b, int64_t B, int64_t T, int64_t H,
+		    int64_t K, int64_t D)
+{
+	int64_t nq = B * T * H * D, nk = B * T * K * D;
+	return same(a->o, b->o, nq * 4) && same(a->lse, b->lse, B * H * T * 4) &&
+	       same(a->dq, b->dq, nq * 4) && same(a->dk, b->dk, nk * 4) && same(a->dv, b->dv, nk * 4);
+}
+
+static void att_free(att_out *r) { free(r->o), free(r->lse), free(r->dq), free(r->dk), free(r->dv); }
+
+/*
+ * Against the float64 reference, as max |error| / max |reference| per
+ * output: of the exact inputs, within 1.5e-2 (bf16 keeps 8 bits: 2^-9
+ * relative rounding per input; seen: 2.5e-3 to 6e-3); of the inputs rounded
+ * to bf16, what is left is the rounding of P (out: within 3e-3, seen 1e-3)
+ * and of dS (gradients: within 1e-2, seen up to 4e-3). The two backward
+ * partitions agree bitwise, and rounding q, k and v to bf16 first changes no
+ * bit of any output (the kernel rounds them once itself).
+ */
+static void test_attention_bf16_shape(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
+{
+	int64_t nq = B * T * H * D, nk = B * T * K * D;
+	float *q = randn(nq, 30, 1.0), *k = randn(nk, 31, 1.0), *v = randn(nk, 32, 1.0);
+	float *g = randn(nq, 33, 1.0);
+	att_out r[2], rr;
+	for (int p = 0; p < 2; p++)
+		att_bf16_run(&r[p], q, k, v, g, B, T, H, K, D, p + 1, 1);
+	CHECK_MSG(att_same(&r[0], &r[1], B, T, H, K, D),
+		  "bf16 attention backward partitions differ (B%lld T%lld H%lld K%lld D%lld)",
+		  (long long)B, (long long)T, (long long)H, (long long)K, (long long)D);
+
+	double *ro = malloc((size_t)nq * sizeof(double)), *rq = malloc((size_t)nq * sizeof(double));
+	double *rk = malloc((size_t)nk * sizeof(double)), *rv = malloc((size_t)nk * sizeof(double));
+	float *qh = copyf(q, nq), *kh = copyf(k, nk), *vh = copyf(v, nk), *gh = copyf(g, nq);
+	bf16_round(qh, nq), bf16_round(kh, nk), bf16_round(vh, nk), bf16_round(gh, nq);
+	double e[2][4];
+	for (int x = 0; x < 2; x++) {
+		if (x == 0)
+			attention_ref(ro, rq, rk, rv, q, k, v, g, B, T, H, K, D);
+		else
+			attention_ref(ro, rq, rk, rv, qh, kh, vh, gh, B, T, H, K, D);
+		e[x][0] = max_rel(r[0].o, ro, nq);
+		e[x][1] = max_rel(r[0].dq, rq, nq);
+		e[x][2] = max_rel(r[0].dk, rk, nk);
+		e[x][3] = max_rel(r[0].dv, rv, nk);
+		for (int i = 0; i < 4; i++)
+			CHECK_MSG(e[x][i] < (x == 0 ? 1.5e-2 : i == 0 ? 3e-3 : 1e-2),
+				  "bf16 attention B%lld T%lld H%lld K%lld D%lld: %s error %.2e vs the "
+				  "float64 reference of the %s inputs",
+				  (long long)B, (long long)T, (long long)H, (long long)K, (long long)D,
+				  (const char *[]){"out", "dq", "dk", "dv"}[i], e[x][i],
+				  x ? "bf16-rounded" : "exact");
+	}
+	printf("bf16 attention B%lld T%-3lld H%lld K%lld D%-3lld vs float64: out %.1e dq %.1e dk %.1e "
+	       "dv %.1e; of bf16 inputs: out %.1e dq %.1e dk %.1e dv %.1e\n",
+	       (long long)B, (long long)T, (long long)H, (long long)K, (long long)D, e[0][0], e[0][1],
+	       e[0][2], e[0][3], e[1][0], e[1][1], e[1][2], e[1][3]);
+
+	att_bf16_run(&rr, qh, kh, vh, g, B, T, H, K, D, 1, 1);
+	CHECK_MSG(att_same(&r[0], &rr, B, T, H, K, D),
+		  "bf16 attention: inputs rounded to bf16 beforehand change the results (B%lld T%lld "
+		  "H%lld K%lld D%lld)",
+		  (long long)B, (long long)T, (long long)H, (long long)K, (long long)D);
+	att_free(&r[0]), att_free(&r[1]), att_free(&rr);
+	free(q), free(k), free(v), free(g), free(qh), free(kh), free(vh), free(gh);
+	free(ro), free(rq), free(rk), free(rv);
+}
+
+/* Bit-identical results at 1, 2 and 3 threads, in both backward partitions. */
+static void test_attention_bf16_threads(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
+{
+	int64_t nq = B * T * H * D, nk = B * T * K * D;
+	float *q = randn(nq, 40, 1.0), *k = randn(nk, 41, 1.0), *v = randn(nk, 42, 1.0);
+	float *g = randn(nq, 43, 1.0);
+	att_out r0;
+	att_bf16_run(&r0, q, k, v, g, B, T, H, K, D, 1, 1);
+	for (int t = 1; t <= 3; t++)
+		for (int p = 1; p <= 2; p++) {
+			att_out r;
+			att_bf16_run(&r, q, k, v, g, B, T, H, K, D, p, t);
+			CHECK_MSG(att_same(&r0, &r, B, T, H, K, D),
+				  "bf16 attention (B%lld T%lld H%lld K%lld D%lld) at %d threads, "
+				  "partition %d differs from 1 thread, partition 1",
+				  (long long)B, (long long)T, (long long)H, (long long)K, (long long)D, t,
+				  p);
+			att_free(&r);
+		}
+	att_free(&r0);
+	free(q), free(k), free(v), free(g);
+}
+
+/* Small integers: every product and sum below is exact in bf16 and fp32. */
+static float *small_ints(int64_t n, uint64_t stream)
+{
+	float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float)((int)(st_rng_normal(99, stream, (uint64_t)i) * 1.5) % 4);
+	return x;
+}
+
+/*
+ * Exact expectations, on inputs that are small integers.
+ * T = 1: one key, P = 1: out = v, lse = scale * q.k, dv = dout, and
+ * dP = dout.v = rowsum(dout o out) exactly, so dq = dk = 0.
+ * q = 0: every score 0, uniform attention over the keys up to each query
+ * (across tiles, T = 150): out[t] = (sum of v[0..t]) * (1 / (t+1)) and
+ * lse[t] = log(t+1), in fp32 as the kernel does it.
+ */
+static void test_attention_bf16_exact(int64_t B, int64_t H, int64_t K, int64_t D)
+{
+	int64_t T = 1, nq = B * H * D, nk = B * K * D, group = H / K, bad = 0;
+	float *q = small_ints(nq, 50), *k = small_ints(nk, 51), *v = small_ints(nk, 52);
+	float *g = small_ints(nq, 53), scale = (float)(1.0 / sqrt((double)D));
+	att_out r;
+	att_bf16_run(&r, q, k, v, g, B, T, H, K, D, 1, 1);
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t h = 0; h < H; h++) {
+			const float *qi = q + (b * H + h) * D, *vj = v + (b * K + h / group) * D;
+			const float *kj = k + (b * K + h / group) * D;
+			float dot = 0.0f;
+			for (int64_t d = 0; d < D; d++) {
+				dot += qi[d] * kj[d];
+				bad += r.o[(b * H + h) * D + d] != vj[d];
+				bad += r.dq[(b * H + h) * D + d] != 0.0f;
+			}
+			bad += r.lse[b * H + h] != dot * scale;
+		}
+	for (int64_t i = 0; i < nk; i++) {
+		/* dv sums dout over the group's heads, in head order */
+		int64_t bk = i / D, d = i % D;
+		float s = 0.0f;
+		for (int64_t h = (bk % K) * group; h < (bk % K + 1) * group; h++)
+			s += g[((bk / K) * H + h) * D + d];
+		bad += r.dv[i] != s || r.dk[i] != 0.0f;
+	}
+	CHECK_MSG(bad == 0, "bf16 attention T=1 (B%lld H%lld K%lld D%lld): %lld values differ from "
+		  "the exact ones", (long long)B, (long long)H, (long long)K, (long long)D, (long long)bad);
+	att_free(&r);
+	free(q), free(k), free(v), free(g);
+
+	T = 150;
+	nq = B * T * H * D, nk = B * T * K * D;
+	q = calloc((size_t)nq, sizeof(float));
+	k = small_ints(nk, 54), v = small_ints(nk, 55), g = small_ints(nq, 56);
+	att_bf16_run(&r, q, k, v, g, B, T, H, K, D, 2, 1);
+	bad = 0;
+	float *sum = malloc((size_t)D * sizeof(float));
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t h = 0; h < H; h++) {
+			memset(sum, 0, (size_t)D * sizeof(float));
+			for (int64_t t = 0; t < T; t++) {
+				float inv = 1.0f / (float)(t + 1);
+				for (int64_t d = 0; d < D; d++) {
+					sum[d] += v[((b * T + t) * K + h / group) * D + d];
+					bad += r.o[((b * T + t) * H + h) * D + d] != sum[d] * inv;
+				}
+				bad += r.lse[(b * H + h) * T + t] != logf((float)(t + 1));
+			}
+		}
+	CHECK_MSG(bad == 0, "bf16 attention, uniform (B%lld T%lld H%lld K%lld D%lld): %lld values "
+		  "differ from the exact ones", (long long)B, (long long)T, (long long)H, (long long)K,
+		  (long long)D, (long long)bad);
+	att_free(&r);
+	free(q), free(k), free(v), free(g), free(sum);
+}
+
 /* ---- one model step at 1 and 2 threads ---- */
 
 static void model_step(int threads, double *loss, float **grads, int64_t *n)
@@ -546,6 +741,18 @@ int main(void)
 	test_attention_shape(1, 100, 4, 1, 128);
 	test_attention_shape(2, 33, 4, 4, 8); /* plain loops */
 	test_attention_shape(1, 65, 3, 3, 20);
+	test_attention_bf16_shape(2, 70, 4, 2, 16);
+	test_attention_bf16_shape(1, 130, 3, 1, 64);
+	test_attention_bf16_shape(2, 129, 6, 2, 64); /* odd T, B > 1, GQA 3 */
+	test_attention_bf16_shape(1, 64, 2, 2, 48);
+	test_attention_bf16_shape(1, 100, 4, 4, 128);
+	test_attention_bf16_shape(2, 33, 4, 4, 8); /* plain loops from here */
+	test_attention_bf16_shape(1, 65, 3, 3, 20);
+	test_attention_bf16_shape(2, 37, 3, 1, 5); /* odd D */
+	test_attention_bf16_threads(2, 150, 6, 2, 32);
+	test_attention_bf16_threads(1, 70, 3, 1, 20);
+	test_attention_bf16_exact(2, 6, 2, 64);
+	test_attention_bf16_exact(2, 4, 4, 6);
 	test_thread_counts();
 	test_model_threads();
 	return check_result();

@@ -29,56 +29,25 @@
  * accumulators) when head_dim is a multiple of 16, plain loops otherwise.
  * K (and V, in backward) are first transposed per (batch, kv head) into
  * (D, Tpad) arrays so score tiles read contiguous key vectors.
+ *
+ * The tasks, the online softmax and the elementwise backward step live in
+ * attention_impl.h, shared with the bf16 kernels (attention_bf16.c); this
+ * file supplies the fp32 tile products.
  */
-#include <math.h>
-#include <omp.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "base/err.h"
+#include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/simd.h"
-
-#define BQ 64
-#define BK 64
 
 static int split_mode; /* 0 auto, 1 fused, 2 split (tests) */
 
 void st_attention_set_partition(int mode) { split_mode = mode; }
 
-typedef struct attn {
-	int64_t B, T, H, K, D, group, Tpad, nb;
-	float scale;
-	int vec; /* AVX-512 tile kernels */
-} attn;
-
-static void attn_init(attn *a, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
-{
-	a->B = B;
-	a->T = T;
-	a->H = H;
-	a->K = K;
-	a->D = D;
-	a->group = H / K;
-	a->nb = (T + BK - 1) / BK;
-	a->Tpad = a->nb * BK;
-	a->scale = (float)(1.0 / sqrt((double)D));
-	a->vec = ST_HAVE_AVX512 && D % 16 == 0;
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-	if (!p)
-		ST_BUG("out of memory in attention (%zu bytes)", n);
-	return p;
-}
+int st_attention_partition_mode(void) { return split_mode; }
 
 /* xT (B*K, D, Tpad) = x (B, T, K, D) transposed per (batch, kv head), zero
  * columns past T. */
 static float *transpose_kv(const attn *a, const float *x)
 {
-	float *xt = xmalloc((size_t)(a->B * a->K * a->D * a->Tpad) * sizeof(float));
+	float *xt = attn_xmalloc((size_t)(a->B * a->K * a->D * a->Tpad) * sizeof(float));
 	int64_t D = a->D, T = a->T, K = a->K, Tpad = a->Tpad;
 #pragma omp parallel for schedule(static)
 	for (int64_t bk = 0; bk < a->B * a->K; bk++) {
@@ -257,108 +226,40 @@ static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const floa
 	}
 }
 
-/* Valid keys of row r in tile (query block ib, key block jb): causal and < T. */
-static inline int64_t row_limit(const attn *a, int64_t ib, int64_t jb, int64_t r)
-{
-	int64_t n = a->T - jb * BK < BK ? a->T - jb * BK : BK;
-	if (ib == jb && r + 1 < n)
-		return r + 1;
-	return n;
-}
-
 /* ---- forward ---- */
 
-/* One row of a forward tile: s (BK scores) -> p = exp(s - m_new) for the
- * first `lim` keys, 0 after; returns the row sum; updates *m, returns the
- * rescale factor of the old accumulator in *alpha. */
-static float softmax_row(const attn *a, float *s, int64_t lim, float *m, float *alpha)
+typedef struct fwd {
+	attn a;
+	const float *q, *v, *kt; /* kt: K^T (B*K, D, Tpad) */
+} fwd;
+
+static void fwd_scores(const void *ctx, float *S, void *scratch, int64_t b, int64_t h, int64_t ib,
+		       int64_t jb, int64_t mrows)
 {
-	float mold = *m, mx = -INFINITY, sum = 0.0f;
-#if ST_HAVE_AVX512
-	if (a->vec) {
-		__m512 vmax = _mm512_set1_ps(-INFINITY);
-		#pragma GCC unroll 4
-		for (int j = 0; j < BK / 16; j++)
-			vmax = _mm512_mask_max_ps(vmax, st_mask16(lim - 16 * j), vmax,
-						  _mm512_loadu_ps(s + 16 * j));
-		mx = _mm512_reduce_max_ps(vmax);
-		float mnew = mx > mold ? mx : mold;
-		__m512 vm = _mm512_set1_ps(mnew), vsum = _mm512_setzero_ps();
-		#pragma GCC unroll 4
-		for (int j = 0; j < BK / 16; j++) {
-			__m512 p = st_exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * j), vm));
-			p = _mm512_maskz_mov_ps(st_mask16(lim - 16 * j), p);
-			_mm512_storeu_ps(s + 16 * j, p);
-			vsum = _mm512_add_ps(vsum, p);
-		}
-		sum = _mm512_reduce_add_ps(vsum);
-		*alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-		*m = mnew;
-		return sum;
-	}
-#endif
-	for (int64_t j = 0; j < lim; j++)
-		mx = s[j] > mx ? s[j] : mx;
-	float mnew = mx > mold ? mx : mold;
-	for (int64_t j = 0; j < BK; j++) {
-		s[j] = j < lim ? expf(s[j] - mnew) : 0.0f;
-		sum += s[j];
-	}
-	*alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-	*m = mnew;
-	return sum;
+	const fwd *f = ctx;
+	const attn *a = &f->a;
+	const float *Q = f->q + ((b * a->T + ib * BQ) * a->H + h) * a->D;
+	const float *KT = f->kt + (b * a->K + h / a->group) * a->D * a->Tpad + jb * BK;
+	tile_scores(a, S, Q, a->H * a->D, mrows, KT, a->Tpad);
+}
+
+static void fwd_pv(const void *ctx, float *O, const float *S, void *scratch, int64_t b, int64_t kh,
+		   int64_t jb, int64_t mrows, int64_t n)
+{
+	const fwd *f = ctx;
+	const attn *a = &f->a;
+	tile_acc(a, O, a->D, mrows, S, BK, 1, n, f->v + ((b * a->T + jb * BK) * a->K + kh) * a->D,
+		 a->K * a->D);
 }
 
 void st_attention_forward(float *out, float *lse, const float *q, const float *k,
 			  const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
 {
-	attn a;
-	attn_init(&a, B, T, H, K, D);
-	float *kt = transpose_kv(&a, k);
-	int64_t nb = a.nb, ntask = B * H * nb, ldq = H * D, ldk = K * D;
-#pragma omp parallel
-	{
-		float *S = xmalloc((size_t)(BQ * BK) * sizeof(float));
-		float *O = xmalloc((size_t)(BQ * D) * sizeof(float));
-		float m[BQ], l[BQ];
-		/* largest tasks (last query blocks) first, for balance */
-#pragma omp for schedule(dynamic, 1)
-		for (int64_t t = 0; t < ntask; t++) {
-			int64_t ib = nb - 1 - t % nb, bh = t / nb, b = bh / H, h = bh % H;
-			int64_t kh = h / a.group, q0 = ib * BQ;
-			int64_t mrows = T - q0 < BQ ? T - q0 : BQ;
-			const float *Q = q + ((b * T + q0) * H + h) * D;
-			const float *KT = kt + (b * K + kh) * D * a.Tpad;
-			memset(O, 0, (size_t)(mrows * D) * sizeof(float));
-			for (int64_t r = 0; r < mrows; r++) {
-				m[r] = -INFINITY;
-				l[r] = 0.0f;
-			}
-			for (int64_t jb = 0; jb <= ib; jb++) {
-				int64_t k0 = jb * BK, n = T - k0 < BK ? T - k0 : BK;
-				tile_scores(&a, S, Q, ldq, mrows, KT + k0, a.Tpad);
-				for (int64_t r = 0; r < mrows; r++) {
-					float alpha;
-					float s = softmax_row(&a, S + r * BK, row_limit(&a, ib, jb, r), &m[r],
-							      &alpha);
-					l[r] = l[r] * alpha + s;
-					if (alpha != 1.0f)
-						for (int64_t d = 0; d < D; d++)
-							O[r * D + d] *= alpha;
-				}
-				tile_acc(&a, O, D, mrows, S, BK, 1, n, v + ((b * T + k0) * K + kh) * D, ldk);
-			}
-			for (int64_t r = 0; r < mrows; r++) {
-				float inv = 1.0f / l[r];
-				float *o = out + ((b * T + q0 + r) * H + h) * D;
-				for (int64_t d = 0; d < D; d++)
-					o[d] = O[r * D + d] * inv;
-				lse[(b * H + h) * T + q0 + r] = m[r] + logf(l[r]);
-			}
-		}
-		free(S);
-		free(O);
-	}
+	fwd f = {.q = q, .v = v};
+	attn_init(&f.a, B, T, H, K, D);
+	float *kt = transpose_kv(&f.a, k);
+	f.kt = kt;
+	attn_forward_tasks(&f.a, out, lse, &f, fwd_scores, fwd_pv, 0);
 	free(kt);
 }
 
@@ -386,42 +287,17 @@ static void tile_grads(const bwd *w, int64_t b, int64_t h, int64_t ib, int64_t j
 	attn one = *a;
 	one.scale = 1.0f;
 	tile_scores(&one, dS, dO, ldq, mrows, w->vt + kv, a->Tpad);
-	const float *L = w->lse + (b * a->H + h) * T + q0, *Di = w->di + (b * a->H + h) * T + q0;
-	float scale = a->scale;
-	for (int64_t r = 0; r < mrows; r++) {
-		int64_t lim = row_limit(a, ib, jb, r);
-		float *p = P + r * BK, *ds = dS + r * BK;
-#if ST_HAVE_AVX512
-		if (a->vec) {
-			__m512 vl = _mm512_set1_ps(L[r]), vd = _mm512_set1_ps(Di[r]);
-			__m512 vs = _mm512_set1_ps(scale);
-			#pragma GCC unroll 4
-			for (int j = 0; j < BK / 16; j++) {
-				__mmask16 mk = st_mask16(lim - 16 * j);
-				__m512 pv = _mm512_maskz_mov_ps(
-					mk, st_exp16(_mm512_sub_ps(_mm512_loadu_ps(p + 16 * j), vl)));
-				__m512 g = _mm512_sub_ps(_mm512_loadu_ps(ds + 16 * j), vd);
-				_mm512_storeu_ps(p + 16 * j, pv);
-				_mm512_storeu_ps(ds + 16 * j, _mm512_mul_ps(_mm512_mul_ps(pv, g), vs));
-			}
-			continue;
-		}
-#endif
-		for (int64_t j = 0; j < BK; j++) {
-			float pv = j < lim ? expf(p[j] - L[r]) : 0.0f;
-			p[j] = pv;
-			ds[j] = pv * (ds[j] - Di[r]) * scale;
-		}
-	}
+	attn_grads_rows(a, ib, jb, mrows, P, dS, w->lse + (b * a->H + h) * T + q0,
+			w->di + (b * a->H + h) * T + q0);
 }
 
-enum { G_DQ = 1, G_DKV = 2 };
-
-/* Accumulate the gradients `which` of one tile. */
-static void tile_backward(const bwd *w, int64_t b, int64_t h, int64_t ib, int64_t jb, float *P,
-			  float *dS, int which)
+/* Accumulate the gradients `which` of one tile; scratch: P and dS. */
+static void tile_backward(const void *ctx, int64_t b, int64_t h, int64_t ib, int64_t jb,
+			  void *scratch, int which)
 {
+	const bwd *w = ctx;
 	const attn *a = &w->a;
+	float *P = scratch, *dS = P + BQ * BK;
 	int64_t T = a->T, D = a->D, kh = h / a->group, q0 = ib * BQ, k0 = jb * BK;
 	int64_t mrows = T - q0 < BQ ? T - q0 : BQ, n = T - k0 < BK ? T - k0 : BK;
 	int64_t ldq = a->H * D, ldk = a->K * D;
@@ -443,66 +319,9 @@ void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, c
 	attn_init(&w.a, B, T, H, K, D);
 	w.kt = transpose_kv(&w.a, k);
 	w.vt = transpose_kv(&w.a, v);
-	w.di = xmalloc((size_t)(B * H * T) * sizeof(float));
-	int64_t nb = w.a.nb, group = w.a.group;
-
-	/* rowsum(dO o O) per (b, h, t); zero the outputs */
-#pragma omp parallel for schedule(static)
-	for (int64_t bt = 0; bt < B * T; bt++) {
-		int64_t b = bt / T, t = bt % T;
-		for (int64_t h = 0; h < H; h++) {
-			const float *g = dout + (bt * H + h) * D, *o = out + (bt * H + h) * D;
-			float s = 0.0f;
-			for (int64_t d = 0; d < D; d++)
-				s += g[d] * o[d];
-			w.di[(b * H + h) * T + t] = s;
-		}
-		memset(dq + bt * H * D, 0, (size_t)(H * D) * sizeof(float));
-		memset(dk + bt * K * D, 0, (size_t)(K * D) * sizeof(float));
-		memset(dv + bt * K * D, 0, (size_t)(K * D) * sizeof(float));
-	}
-
-	int mode = split_mode;
-	if (mode == 0)
-		mode = B * K >= 2 * (int64_t)omp_get_max_threads() ? 1 : 2;
-	if (mode == 1) {
-#pragma omp parallel
-		{
-			float *P = xmalloc((size_t)(BQ * BK) * sizeof(float));
-			float *dS = xmalloc((size_t)(BQ * BK) * sizeof(float));
-#pragma omp for schedule(dynamic, 1)
-			for (int64_t bk = 0; bk < B * K; bk++) {
-				int64_t b = bk / K, kh = bk % K;
-				for (int64_t h = kh * group; h < (kh + 1) * group; h++)
-					for (int64_t ib = 0; ib < nb; ib++)
-						for (int64_t jb = 0; jb <= ib; jb++)
-							tile_backward(&w, b, h, ib, jb, P, dS, G_DQ | G_DKV);
-			}
-			free(P);
-			free(dS);
-		}
-	} else {
-#pragma omp parallel
-		{
-			float *P = xmalloc((size_t)(BQ * BK) * sizeof(float));
-			float *dS = xmalloc((size_t)(BQ * BK) * sizeof(float));
-#pragma omp for schedule(dynamic, 1)
-			for (int64_t t = 0; t < B * H * nb; t++) {
-				int64_t ib = nb - 1 - t % nb, bh = t / nb;
-				for (int64_t jb = 0; jb <= ib; jb++)
-					tile_backward(&w, bh / H, bh % H, ib, jb, P, dS, G_DQ);
-			}
-#pragma omp for schedule(dynamic, 1)
-			for (int64_t t = 0; t < B * K * nb; t++) {
-				int64_t jb = t % nb, bk = t / nb, b = bk / K, kh = bk % K;
-				for (int64_t h = kh * group; h < (kh + 1) * group; h++)
-					for (int64_t ib = jb; ib < nb; ib++)
-						tile_backward(&w, b, h, ib, jb, P, dS, G_DKV);
-			}
-			free(P);
-			free(dS);
-		}
-	}
+	w.di = attn_xmalloc((size_t)(B * H * T) * sizeof(float));
+	attn_backward_init(&w.a, w.di, dq, dk, dv, dout, out);
+	attn_backward_tasks(&w.a, &w, tile_backward, (size_t)(2 * BQ * BK) * sizeof(float));
 	free(w.kt);
 	free(w.vt);
 	free(w.di);

@@ -60,9 +60,26 @@ void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, c
 			   const float *lse, const float *q, const float *k, const float *v,
 			   int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
 
+/*
+ * The same with bf16 tile products (attention_bf16.c), for dtype=bfloat16:
+ * same shapes, fp32 inputs and outputs, same tiling, partitions and
+ * thread-count independence. Every product reads bf16 inputs and
+ * accumulates in fp32: q, k, v and dout rounded once (st_f32_to_bf16), the
+ * probabilities P and the tiles dS rounded before the products that read
+ * them. Softmax statistics, lse, exp and rowsum(dout o out) stay fp32.
+ * AVX512_BF16 (VDPBF16PS) when built for it and D % 16 == 0; plain loops
+ * with the same roundings otherwise.
+ */
+void st_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
+			       const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+void st_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
+				const float *out, const float *lse, const float *q, const float *k,
+				const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+
 /* Backward work partition, for tests: 0 automatic (default), 1 one task per
  * (batch, kv head), 2 separate dq and dk/dv passes. All give bit-identical
- * results; the automatic choice depends on B*K and the thread count. */
+ * results; the automatic choice depends on B*K and the thread count. Applies
+ * to both precisions. */
 void st_attention_set_partition(int mode);
 
 /* act(n) = silu(gate) * up, elementwise over n values. */
