@@ -49,7 +49,7 @@ static void test_llama3_8b(void)
 	CHECK(p.params_device == (p.params_piece + 3) / 4);
 	CHECK(p.weights == 4 * p.params_device && p.grads == p.weights && p.optimizer == 2 * p.weights);
 	CHECK(p.fsdp_buffer > 0 && p.rows == 4 && p.global_batch == 32);
-	CHECK(p.activations > st_llama_act_bytes_for(&p.local, 4, 2048, ST_REMAT_FULL)); /* + tp buffers */
+	CHECK(p.activations > st_llama_act_bytes_for(&p.local, 4, 2048, ST_REMAT_FULL, NULL)); /* + tp buffers */
 	CHECK(p.total == p.weights + p.grads + p.optimizer + p.fsdp_buffer + p.bf16_weights +
 			 p.activations + p.workspace);
 	CHECK(p.fits);

@@ -104,9 +104,9 @@ typedef struct st_config {
  * steps -1 -> the schedule), empty run_name -> $JOBSET_NAME or
  * <model_name>_<YYYY-MM-DD-HH-MM>, empty base_output_directory ->
  * <cwd>/slicetrain_output. On success it may print these warnings (st_warn,
- * one line each): MaxText keys kept at their file value, dtype bfloat16
- * (runs in float32 for now; c->dtype stays BFLOAT16), dropout ignored,
- * base_output_directory derived. Keys and rules: docs/config.md.
+ * one line each): MaxText keys kept at their file value, dropout ignored,
+ * base_output_directory derived. (dtype bfloat16 on a CPU without
+ * AVX512_BF16 is warned about by the trainer, which then runs fp32.) Keys and rules: docs/config.md.
  */
 int st_config_load(st_config *c, const char *path, int noverrides, char **overrides);
 

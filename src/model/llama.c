@@ -10,9 +10,15 @@
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/gemm.h"
 
-/* Intermediates of one layer's forward pass (pointers into owned buffers). */
+/*
+ * Intermediates of one layer's forward pass (pointers into owned buffers).
+ * The inputs of matrix products (h1, h2, ctx, act) exist in fp32 in fp32
+ * mode and in bf16 (the *b fields) in bf16 mode; ctx is kept in fp32 in both
+ * (attention backward reads it). Unused fields are NULL.
+ */
 typedef struct layer_acts {
 	float *rstd1, *h1, *q, *k, *v, *ctx, *lse, *xmid, *rstd2, *h2, *gate, *up, *act;
+	uint16_t *h1b, *h2b, *ctxb, *actb;
 } layer_acts;
 
 typedef struct st_llama_acts {
@@ -22,14 +28,17 @@ typedef struct st_llama_acts {
 	float **xs;                /* L+1 residual-stream buffers (N,E) */
 	layer_acts *layer;         /* L: what each layer keeps (per policy) */
 	layer_acts scratch;        /* recomputed intermediates */
-	float *rstdf, *hf;         /* final norm */
+	float *rstdf, *hf;         /* final norm (hf: fp32 mode) */
+	uint16_t *hfb;             /* final norm output (bf16 mode) */
 	float *cos_t, *sin_t;      /* RoPE tables (T, D/2) */
-	/* gradient buffers */
+	/* gradient buffers (dm2: fp32 mode; the *b: bf16 copies, bf16 mode) */
 	float *dx, *dh, *dm1, *dm2, *dctx, *dq, *dk, *dv;
+	uint16_t *dxb, *dm1b, *dm2b, *dqb, *dkb, *dvb;
 	float *xent;               /* lm-head chunk (chunk_rows, V) */
+	uint16_t *xentb;           /* its gradient in bf16 (bf16 mode) */
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
-	uint16_t *bf16_a, *bf16_b; /* bf16 copies of a product's operands (bf16 mode) */
-	int64_t bf16_elems;        /* capacity of each */
+	uint16_t *wtmp;            /* bf16 mode, weights not resident: a weight's bf16 copy */
+	int64_t wtmp_elems;        /* its capacity */
 	float *xr_f;               /* split cross-entropy: 4 x chunk_rows floats */
 	double *xr_d;              /* ... and chunk_rows doubles */
 	int64_t chunk_rows;
@@ -231,15 +240,37 @@ const st_tensor *st_llama_find(const st_llama *m, const char *name)
 
 /* ---- activations ---- */
 
-static float *acts_alloc(st_llama_acts *a, int64_t nfloats)
+/*
+ * One function lays out every activation buffer, both to allocate them
+ * (st_llama_alloc_acts) and to count their bytes without allocating
+ * (st_llama_act_bytes_for, which `slicetrain plan` uses), so the two cannot
+ * disagree. Each piece is rounded up to 64 bytes.
+ */
+typedef struct carver {
+	st_llama_acts *a; /* NULL: count only */
+	int64_t bytes;
+	int oom;
+} carver;
+
+static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+static void *take(carver *c, int64_t bytes)
 {
+	bytes = align64(bytes > 0 ? bytes : 1);
+	c->bytes += bytes;
+	st_llama_acts *a = c->a;
+	if (!a || c->oom)
+		return NULL;
 	if (a->nblocks == (int)(sizeof(a->blocks) / sizeof(a->blocks[0])))
 		ST_BUG("too many activation blocks");
-	float *p = calloc((size_t)(nfloats > 0 ? nfloats : 1), sizeof(float));
-	if (p) {
-		a->blocks[a->nblocks++] = p;
-		a->bytes += nfloats * (int64_t)sizeof(float);
+	void *p = aligned_alloc(64, (size_t)bytes);
+	if (!p) {
+		c->oom = 1;
+		return NULL;
 	}
+	memset(p, 0, (size_t)bytes);
+	a->blocks[a->nblocks++] = p;
+	a->bytes += bytes;
 	return p;
 }
 
@@ -254,66 +285,75 @@ static void acts_free(st_llama_acts *a)
 	free(a);
 }
 
-/* Carve one layer_acts set out of a block; `which` selects the fields kept. */
+/* The fields of a layer_acts set; `which` selects them. */
 enum { K_NORMS = 1, K_MM = 2, K_ATTN = 4, K_ACT = 8 };
 
-static int64_t layer_floats(const st_llama_shape *s, int64_t B, int64_t T, int which)
+/* Lay out the selected fields of one layer in a block at base (NULL: only
+ * count); returns the block's bytes. */
+static int64_t layer_layout(layer_acts *la, char *base, const st_llama_shape *s, int64_t B,
+			    int64_t T, int which, int bf16)
 {
-	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
-	int64_t n = 0;
-	if (which & K_NORMS)
-		n += 2 * N + 2 * N * E;                /* rstd1, h1, rstd2, h2 */
-	if (which & K_MM)
-		n += N * HD + 2 * N * KD + N * E + 2 * N * M; /* q, k, v, xmid, gate, up */
-	if (which & K_ATTN)
-		n += N * HD + B * s->H * T;            /* ctx, lse */
-	if (which & K_ACT)
-		n += N * M;
-	return n;
-}
-
-static void layer_carve(layer_acts *la, float *p, const st_llama_shape *s, int64_t B, int64_t T,
-			int which)
-{
-	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
-#define TAKE(f, n) (la->f = p, p += (n))
+	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M, off = 0;
+#define TAKE(f, n, size)                                       \
+	do {                                                   \
+		if (base)                                      \
+			la->f = (void *)(base + off);          \
+		off += align64((n) * (int64_t)(size));         \
+	} while (0)
+#define F32(f, n) TAKE(f, n, sizeof(float))
+#define INPUT(f, n) /* a product input: bf16 in bf16 mode */  \
+	do {                                                   \
+		if (bf16)                                      \
+			TAKE(f##b, n, sizeof(uint16_t));       \
+		else                                           \
+			F32(f, n);                             \
+	} while (0)
 	if (which & K_NORMS) {
-		TAKE(rstd1, N);
-		TAKE(h1, N * E);
-		TAKE(rstd2, N);
-		TAKE(h2, N * E);
+		F32(rstd1, N);
+		INPUT(h1, N * E);
+		F32(rstd2, N);
+		INPUT(h2, N * E);
 	}
 	if (which & K_MM) {
-		TAKE(q, N * HD);
-		TAKE(k, N * KD);
-		TAKE(v, N * KD);
-		TAKE(xmid, N * E);
-		TAKE(gate, N * M);
-		TAKE(up, N * M);
+		F32(q, N * HD);
+		F32(k, N * KD);
+		F32(v, N * KD);
+		F32(xmid, N * E);
+		F32(gate, N * M);
+		F32(up, N * M);
 	}
 	if (which & K_ATTN) {
-		TAKE(ctx, N * HD);
-		TAKE(lse, B * s->H * T);
+		F32(ctx, N * HD);
+		if (bf16)
+			TAKE(ctxb, N * HD, sizeof(uint16_t));
+		F32(lse, B * s->H * T);
 	}
 	if (which & K_ACT)
-		TAKE(act, N * M);
+		INPUT(act, N * M);
+#undef INPUT
+#undef F32
 #undef TAKE
+	return off;
 }
 
 /* Fill the fields a layer does not keep from the shared scratch set. */
-static void layer_merge(layer_acts *dst, const layer_acts *scratch)
+static void layer_merge(layer_acts *d, const layer_acts *s)
 {
-	float **d = (float **)dst;
-	float *const *s = (float *const *)scratch;
-	for (size_t i = 0; i < sizeof(layer_acts) / sizeof(float *); i++)
-		if (!d[i])
-			d[i] = s[i];
+#define MERGE(f)              \
+	if (!d->f)            \
+		d->f = s->f
+	MERGE(rstd1); MERGE(h1); MERGE(q); MERGE(k); MERGE(v); MERGE(ctx); MERGE(lse);
+	MERGE(xmid); MERGE(rstd2); MERGE(h2); MERGE(gate); MERGE(up); MERGE(act);
+	MERGE(h1b); MERGE(h2b); MERGE(ctxb); MERGE(actb);
+#undef MERGE
 }
 
-/* Rows of logits per cross-entropy chunk: 16 MiB of fp32 logits. */
+/* Rows of logits per cross-entropy chunk: 64 MiB of fp32 logits (large
+ * enough that the output layer's weight-gradient product, whose inner
+ * dimension is the chunk's rows, runs near full speed). */
 static int64_t xent_chunk_rows(int64_t V, int64_t N)
 {
-	int64_t r = (16 << 20) / (int64_t)sizeof(float) / V;
+	int64_t r = (64 << 20) / (int64_t)sizeof(float) / V;
 	return r < 1 ? 1 : r > N ? N : r;
 }
 
@@ -323,17 +363,77 @@ static int keep_mask(enum st_remat policy)
 	return policy == ST_REMAT_NONE ? all : policy == ST_REMAT_MINIMAL ? K_MM : 0;
 }
 
-int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy)
+/* Every buffer, in one order: allocates into c->a, or only counts. */
+static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T,
+			enum st_remat policy, const st_llama_act_opts *o)
 {
-	int all = K_NORMS | K_MM | K_ATTN | K_ACT, keep = keep_mask(policy);
-	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
-	int64_t mx = HD > E ? HD : E;
-	int64_t f = layer_floats(s, B, T, all & ~keep) + s->L * layer_floats(s, B, T, keep);
-	f += (s->L + 1) * N * E;                           /* residual stream per layer */
-	f += N + N * E + 2 * T * (s->D / 2);               /* final norm, RoPE tables */
-	f += N * E + N * mx + 2 * N * M + 2 * N * HD + 2 * N * KD; /* gradient buffers */
-	f += xent_chunk_rows(s->V, N) * s->V + 2 * N;      /* logits chunk, token ids */
-	return f * (int64_t)sizeof(float);
+	st_llama_acts dummy = {0}, *a = c->a ? c->a : &dummy;
+	int64_t L = s->L, N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	int64_t mx = HD > E ? HD : E, R = xent_chunk_rows(s->V, N);
+	int bf = o->bf16;
+	int keep = keep_mask(policy), shared = (K_NORMS | K_MM | K_ATTN | K_ACT) & ~keep;
+	char *blk;
+	if (shared && (blk = take(c, layer_layout(NULL, NULL, s, B, T, shared, bf))))
+		layer_layout(&a->scratch, blk, s, B, T, shared, bf);
+	for (int64_t l = 0; l < L; l++) {
+		if (keep && (blk = take(c, layer_layout(NULL, NULL, s, B, T, keep, bf))))
+			layer_layout(&a->layer[l], blk, s, B, T, keep, bf);
+		if (c->a)
+			layer_merge(&a->layer[l], &a->scratch);
+	}
+	for (int64_t l = 0; l <= L; l++) {
+		float *x = take(c, N * E * 4); /* residual stream, fp32 in both modes */
+		if (c->a)
+			a->xs[l] = x;
+	}
+	a->rstdf = take(c, N * 4);
+	if (bf)
+		a->hfb = take(c, N * E * 2);
+	else
+		a->hf = take(c, N * E * 4);
+	a->cos_t = take(c, T * (s->D / 2) * 4);
+	a->sin_t = take(c, T * (s->D / 2) * 4);
+	a->dx = take(c, N * E * 4);
+	a->dh = take(c, N * mx * 4);
+	a->dm1 = take(c, N * M * 4);
+	a->dctx = take(c, N * HD * 4);
+	a->dq = take(c, N * HD * 4);
+	a->dk = take(c, N * KD * 4);
+	a->dv = take(c, N * KD * 4);
+	a->chunk_rows = R;
+	a->xent = take(c, R * s->V * 4);
+	if (!bf) {
+		a->dm2 = take(c, N * M * 4);
+	} else {
+		a->dxb = take(c, N * E * 2);
+		a->dm1b = take(c, N * M * 2);
+		a->dm2b = take(c, N * M * 2);
+		a->dqb = take(c, N * HD * 2);
+		a->dkb = take(c, N * KD * 2);
+		a->dvb = take(c, N * KD * 2);
+		a->xentb = take(c, R * s->V * 2);
+	}
+	if (bf && o->weight_copy_elems > 0) {
+		a->wtmp = take(c, o->weight_copy_elems * 2);
+		a->wtmp_elems = o->weight_copy_elems;
+	}
+	if (o->tp > 1)
+		a->tp_tmp = take(c, N * E * 4);
+	if (o->tp > 1 || bf) {
+		a->xr_f = take(c, 4 * R * 4);
+		a->xr_d = take(c, R * 8);
+	}
+	a->inputs = take(c, N * 4);
+	a->targets = take(c, N * 4);
+}
+
+int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
+			       const st_llama_act_opts *o)
+{
+	st_llama_act_opts fp32 = {.tp = 1};
+	carver c = {0};
+	acts_layout(&c, s, B, T, policy, o ? o : &fp32);
+	return c.bytes;
 }
 
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
@@ -343,72 +443,28 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	st_llama_acts *a = m->acts = calloc(1, sizeof(*a));
 	if (!a)
 		return st_fail(ST_ENOMEM, "out of memory for activations");
-	int64_t L = s->L, N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
 	a->B = B;
 	a->T = T;
-	a->N = N;
+	a->N = B * T;
 	a->policy = policy;
-	a->xs = calloc((size_t)(L + 1), sizeof(float *));
-	a->layer = calloc((size_t)L, sizeof(layer_acts));
-	if (!a->xs || !a->layer)
-		goto oom;
-	int keep = keep_mask(policy);
-	int shared = (K_NORMS | K_MM | K_ATTN | K_ACT) & ~keep;
-	float *blk;
-	if (shared) {
-		if (!(blk = acts_alloc(a, layer_floats(s, B, T, shared))))
-			goto oom;
-		layer_carve(&a->scratch, blk, s, B, T, shared);
-	}
-	for (int64_t l = 0; l < L; l++) {
-		if (keep) {
-			if (!(blk = acts_alloc(a, layer_floats(s, B, T, keep))))
-				goto oom;
-			layer_carve(&a->layer[l], blk, s, B, T, keep);
-		}
-		layer_merge(&a->layer[l], &a->scratch);
-	}
-	for (int64_t l = 0; l <= L; l++)
-		if (!(a->xs[l] = acts_alloc(a, N * E)))
-			goto oom;
-	a->chunk_rows = xent_chunk_rows(s->V, N);
-	int64_t mx = HD > E ? HD : E;
-	if (!(a->rstdf = acts_alloc(a, N)) || !(a->hf = acts_alloc(a, N * E)) ||
-	    !(a->cos_t = acts_alloc(a, T * (s->D / 2))) || !(a->sin_t = acts_alloc(a, T * (s->D / 2))) ||
-	    !(a->dx = acts_alloc(a, N * E)) || !(a->dh = acts_alloc(a, N * mx)) ||
-	    !(a->dm1 = acts_alloc(a, N * M)) || !(a->dm2 = acts_alloc(a, N * M)) ||
-	    !(a->dctx = acts_alloc(a, N * HD)) || !(a->dq = acts_alloc(a, N * HD)) ||
-	    !(a->dk = acts_alloc(a, N * KD)) || !(a->dv = acts_alloc(a, N * KD)) ||
-	    !(a->xent = acts_alloc(a, a->chunk_rows * s->V)))
-		goto oom;
-	if (m->tp_comm && !(a->tp_tmp = acts_alloc(a, N * E)))
-		goto oom;
-	if ((m->tp_comm || m->bf16) && (!(a->xr_f = acts_alloc(a, 4 * a->chunk_rows)) ||
-					!(a->xr_d = (double *)acts_alloc(a, 2 * a->chunk_rows))))
-		goto oom;
-	if (m->bf16) {
-		/* the largest operand: an activation, a weight piece, or a logits chunk */
-		int64_t big = N * (E > M ? E : M);
-		big = N * HD > big ? N * HD : big;
-		big = a->chunk_rows * s->V > big ? a->chunk_rows * s->V : big;
+	a->xs = calloc((size_t)(s->L + 1), sizeof(float *));
+	a->layer = calloc((size_t)s->L, sizeof(layer_acts));
+	st_llama_act_opts o = {.tp = m->tp_comm ? m->tp : 1, .bf16 = m->bf16};
+	if (m->bf16 && !m->params) /* weights bound per unit (ZeRO-3): converted per product */
 		for (int i = 0; i < m->ntensors; i++)
-			big = m->tensors[i].numel > big ? m->tensors[i].numel : big;
-		a->bf16_elems = big;
-		if (!(a->bf16_a = (uint16_t *)acts_alloc(a, (big + 1) / 2)) ||
-		    !(a->bf16_b = (uint16_t *)acts_alloc(a, (big + 1) / 2)))
-			goto oom;
+			if (m->tensors[i].numel > o.weight_copy_elems)
+				o.weight_copy_elems = m->tensors[i].numel;
+	carver c = {.a = a};
+	if (a->xs && a->layer)
+		acts_layout(&c, s, B, T, policy, &o);
+	if (!a->xs || !a->layer || c.oom) {
+		acts_free(a);
+		m->acts = NULL;
+		return st_fail(ST_ENOMEM, "out of memory for activations (batch %lld x %lld)",
+			       (long long)B, (long long)T);
 	}
-	a->inputs = (int32_t *)acts_alloc(a, N);
-	a->targets = (int32_t *)acts_alloc(a, N);
-	if (!a->inputs || !a->targets)
-		goto oom;
 	st_rope_tables(a->cos_t, a->sin_t, T, s->D, s->theta, &s->rope);
 	return 0;
-oom:
-	acts_free(a);
-	m->acts = NULL;
-	return st_fail(ST_ENOMEM, "out of memory for activations (batch %lld x %lld)", (long long)B,
-		       (long long)T);
 }
 
 int64_t st_llama_act_bytes(const st_llama *m) { return m->acts ? m->acts->bytes : 0; }
@@ -429,46 +485,95 @@ static int tp_sum(st_llama *m, float *buf, int64_t n)
 }
 
 /*
- * Every matrix product of the model. In bf16 mode (dtype=bfloat16) both
- * operands are rounded to bf16 on the way in and the product accumulates in
- * fp32 (MaxText's bf16 compute with fp32 weights); else plain fp32.
+ * A matrix-product operand: fp32 (f) in fp32 mode, bf16 (h) in bf16 mode.
+ * Activations are made in the mode's type where they are produced (norms,
+ * SwiGLU, gradient buffers converted once before their products); weights
+ * are passed as fp32 and mm finds their bf16 copy.
  */
-static int mm(st_llama *m, char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A,
-	      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+typedef struct opnd {
+	const float *f;
+	const uint16_t *h;
+} opnd;
+
+#define OPF(p) ((opnd){.f = (p)})
+/* A layer_acts field: fp32 or bf16, whichever this mode keeps. */
+#define OPA(la, field) ((opnd){.f = (la)->field, .h = (la)->field##b})
+
+static opnd op_at(opnd x, int64_t off)
 {
-	st_llama_acts *a = m->acts;
+	return (opnd){.f = x.f ? x.f + off : NULL, .h = x.h ? x.h + off : NULL};
+}
+
+/* An fp32 gradient buffer as an operand: in bf16 mode rounded once into its
+ * bf16 companion (then read by every product that uses it). */
+static opnd grad_op(const st_llama *m, const float *f, uint16_t *h, int64_t n)
+{
 	if (!m->bf16)
-		return st_gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-	int64_t na = (ta == 'N' ? M : K) * lda, nb = (tb == 'N' ? K : N) * ldb;
-	if (na > a->bf16_elems || nb > a->bf16_elems)
-		ST_BUG("bf16 scratch too small: %lld, %lld > %lld", (long long)na, (long long)nb,
-		       (long long)a->bf16_elems);
-	const uint16_t *bb = a->bf16_b;
-	if (m->wbf16 && B >= m->params && B < m->params + m->nparams)
-		bb = m->wbf16 + (B - m->params); /* a resident weight: its bf16 copy */
-	else
-		st_f32_to_bf16_array(a->bf16_b, B, nb);
-	st_f32_to_bf16_array(a->bf16_a, A, na);
-	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, a->bf16_a, lda, bb, ldb, beta, C, ldc);
+		return OPF(f);
+	st_f32_to_bf16_array(h, f, n);
+	return (opnd){.h = h};
+}
+
+/*
+ * Every matrix product of the model. In bf16 mode (dtype=bfloat16) both
+ * operands are bf16 and the product accumulates in fp32 (MaxText's bf16
+ * compute with fp32 weights); A must already be bf16, B may be a weight,
+ * whose bf16 copy is the resident one (st_llama_weights_changed) or made
+ * here. Else plain fp32.
+ */
+static int mm(st_llama *m, char ta, char tb, int64_t M, int64_t N, int64_t K, opnd A,
+	      int64_t lda, opnd B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+	if (!m->bf16) {
+		if (!A.f || !B.f)
+			ST_BUG("fp32 product without fp32 operands");
+		return st_gemm(ta, tb, M, N, K, 1.0f, A.f, lda, B.f, ldb, beta, C, ldc);
+	}
+	if (!A.h)
+		ST_BUG("bf16 product without a bf16 first operand");
+	const uint16_t *bb = B.h;
+	if (!bb && m->wbf16 && B.f >= m->params && B.f < m->params + m->nparams) {
+		bb = m->wbf16 + (B.f - m->params); /* a resident weight: its bf16 copy */
+	} else if (!bb) {
+		st_llama_acts *a = m->acts;
+		int64_t nb = (tb == 'N' ? K : N) * ldb;
+		if (nb > a->wtmp_elems)
+			ST_BUG("bf16 weight copy too small: %lld > %lld", (long long)nb,
+			       (long long)a->wtmp_elems);
+		st_f32_to_bf16_array(a->wtmp, B.f, nb);
+		bb = a->wtmp;
+	}
+	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, A.h, lda, bb, ldb, beta, C, ldc);
 }
 
 /* out(N,E) = res + a(N,k) W^T, W (E,k): a residual add of a row-parallel
  * product. Under tensor parallelism each process holds k/tp of the inner
  * dimension, so the partial products are summed over the group first. */
-static int residual_product(st_llama *m, float *out, const float *res, const float *a,
-			    const float *W, int64_t k)
+static int residual_product(st_llama *m, float *out, const float *res, opnd a, const float *W,
+			    int64_t k)
 {
 	st_llama_acts *ac = m->acts;
 	int64_t N = ac->N, E = m->s.E;
 	if (!m->tp_comm) {
 		memcpy(out, res, (size_t)(N * E) * sizeof(float));
-		return mm(m, 'N', 'T', N, E, k, a, k, W, k, 1, out, E);
+		return mm(m, 'N', 'T', N, E, k, a, k, OPF(W), k, 1, out, E);
 	}
-	TRY(mm(m, 'N', 'T', N, E, k, a, k, W, k, 0, ac->tp_tmp, E));
+	TRY(mm(m, 'N', 'T', N, E, k, a, k, OPF(W), k, 0, ac->tp_tmp, E));
 	TRY(tp_sum(m, ac->tp_tmp, N * E));
 	for (int64_t i = 0; i < N * E; i++)
 		out[i] = res[i] + ac->tp_tmp[i];
 	return 0;
+}
+
+/* RMSNorm forward into h (fp32 mode) or hb (bf16 mode). */
+static void norm_forward(const st_llama *m, float *h, uint16_t *hb, float *rstd, const float *x,
+			 const float *w)
+{
+	const st_llama_acts *a = m->acts;
+	if (m->bf16)
+		st_rmsnorm_forward_bf16(hb, rstd, x, w, a->N, m->s.E, m->s.eps);
+	else
+		st_rmsnorm_forward(h, rstd, x, w, a->N, m->s.E, m->s.eps);
 }
 
 /* One layer. do_mm: run the matrix products (else q, k, v, xmid, gate, up are
@@ -480,26 +585,35 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm,
 	const st_layer_view *w = &m->p.layers[l];
 	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
 	const float *x = a->xs[l];
+	opnd h1 = OPA(A, h1), h2 = OPA(A, h2);
 
-	st_rmsnorm_forward(A->h1, A->rstd1, x, w->ln1, N, E, s->eps);
+	norm_forward(m, A->h1, A->h1b, A->rstd1, x, w->ln1);
 	if (do_mm) {
-		TRY(mm(m, 'N', 'T', N, HD, E, A->h1, E, w->wq, E, 0, A->q, HD));
-		TRY(mm(m, 'N', 'T', N, KD, E, A->h1, E, w->wk, E, 0, A->k, KD));
-		TRY(mm(m, 'N', 'T', N, KD, E, A->h1, E, w->wv, E, 0, A->v, KD));
+		TRY(mm(m, 'N', 'T', N, HD, E, h1, E, OPF(w->wq), E, 0, A->q, HD));
+		TRY(mm(m, 'N', 'T', N, KD, E, h1, E, OPF(w->wk), E, 0, A->k, KD));
+		TRY(mm(m, 'N', 'T', N, KD, E, h1, E, OPF(w->wv), E, 0, A->v, KD));
 		st_rope_forward(A->q, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 		st_rope_forward(A->k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
 	}
-	st_attention_forward(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
-	if (do_mm)
-		TRY(residual_product(m, A->xmid, x, A->ctx, w->wo, HD));
-	st_rmsnorm_forward(A->h2, A->rstd2, A->xmid, w->ln2, N, E, s->eps);
-	if (do_mm) {
-		TRY(mm(m, 'N', 'T', N, M, E, A->h2, E, w->wg, E, 0, A->gate, M));
-		TRY(mm(m, 'N', 'T', N, M, E, A->h2, E, w->wu, E, 0, A->up, M));
+	if (m->bf16) {
+		st_attention_forward_bf16(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
+		st_f32_to_bf16_array(A->ctxb, A->ctx, N * HD);
+	} else {
+		st_attention_forward(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
 	}
-	st_swiglu_forward(A->act, A->gate, A->up, N * M);
+	if (do_mm)
+		TRY(residual_product(m, A->xmid, x, OPA(A, ctx), w->wo, HD));
+	norm_forward(m, A->h2, A->h2b, A->rstd2, A->xmid, w->ln2);
+	if (do_mm) {
+		TRY(mm(m, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, A->gate, M));
+		TRY(mm(m, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, A->up, M));
+	}
+	if (m->bf16)
+		st_swiglu_forward_bf16(A->actb, A->gate, A->up, N * M);
+	else
+		st_swiglu_forward(A->act, A->gate, A->up, N * M);
 	if (out)
-		TRY(residual_product(m, out, A->xmid, A->act, w->wd, M));
+		TRY(residual_product(m, out, A->xmid, OPA(A, act), w->wd, M));
 	return 0;
 }
 
@@ -512,31 +626,45 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
 	const st_layer_view *g = &m->g.layers[l];
 	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
 	float *dx = a->dx;
+	opnd h1 = OPA(A, h1), h2 = OPA(A, h2);
 
 	/* MLP: out = xmid + down(swiglu(gate(h2), up(h2))) */
-	TRY(mm(m, 'N', 'N', N, M, E, dx, E, w->wd, M, 0, a->dm1, M));
-	TRY(mm(m, 'T', 'N', E, M, N, dx, E, A->act, M, 1, g->wd, M));
-	st_swiglu_backward(a->dm2, a->dm1, a->dm1, A->gate, A->up, N * M); /* dm2=dgate, dm1=dup */
-	TRY(mm(m, 'N', 'N', N, E, M, a->dm2, M, w->wg, E, 0, a->dh, E));
-	TRY(mm(m, 'N', 'N', N, E, M, a->dm1, M, w->wu, E, 1, a->dh, E));
-	TRY(mm(m, 'T', 'N', M, E, N, a->dm2, M, A->h2, E, 1, g->wg, E));
-	TRY(mm(m, 'T', 'N', M, E, N, a->dm1, M, A->h2, E, 1, g->wu, E));
+	opnd dxo = grad_op(m, dx, a->dxb, N * E);
+	TRY(mm(m, 'N', 'N', N, M, E, dxo, E, OPF(w->wd), M, 0, a->dm1, M));
+	TRY(mm(m, 'T', 'N', E, M, N, dxo, E, OPA(A, act), M, 1, g->wd, M));
+	opnd dgate, dup;
+	if (m->bf16) {
+		st_swiglu_backward_bf16(a->dm2b, a->dm1b, a->dm1, A->gate, A->up, N * M);
+		dgate = (opnd){.h = a->dm2b};
+		dup = (opnd){.h = a->dm1b};
+	} else {
+		st_swiglu_backward(a->dm2, a->dm1, a->dm1, A->gate, A->up, N * M);
+		dgate = OPF(a->dm2);
+		dup = OPF(a->dm1);
+	}
+	TRY(mm(m, 'N', 'N', N, E, M, dgate, M, OPF(w->wg), E, 0, a->dh, E));
+	TRY(mm(m, 'N', 'N', N, E, M, dup, M, OPF(w->wu), E, 1, a->dh, E));
+	TRY(mm(m, 'T', 'N', M, E, N, dgate, M, h2, E, 1, g->wg, E));
+	TRY(mm(m, 'T', 'N', M, E, N, dup, M, h2, E, 1, g->wu, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E);
 
 	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
-	TRY(mm(m, 'N', 'N', N, HD, E, dx, E, w->wo, HD, 0, a->dctx, HD));
-	TRY(mm(m, 'T', 'N', E, HD, N, dx, E, A->ctx, HD, 1, g->wo, HD));
-	st_attention_backward(a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B,
-			      a->T, s->H, s->K, s->D);
+	dxo = grad_op(m, dx, a->dxb, N * E);
+	TRY(mm(m, 'N', 'N', N, HD, E, dxo, E, OPF(w->wo), HD, 0, a->dctx, HD));
+	TRY(mm(m, 'T', 'N', E, HD, N, dxo, E, OPA(A, ctx), HD, 1, g->wo, HD));
+	(m->bf16 ? st_attention_backward_bf16 : st_attention_backward)(
+		a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
 	st_rope_backward(a->dq, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 	st_rope_backward(a->dk, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
-	TRY(mm(m, 'N', 'N', N, E, HD, a->dq, HD, w->wq, E, 0, a->dh, E));
-	TRY(mm(m, 'N', 'N', N, E, KD, a->dk, KD, w->wk, E, 1, a->dh, E));
-	TRY(mm(m, 'N', 'N', N, E, KD, a->dv, KD, w->wv, E, 1, a->dh, E));
-	TRY(mm(m, 'T', 'N', HD, E, N, a->dq, HD, A->h1, E, 1, g->wq, E));
-	TRY(mm(m, 'T', 'N', KD, E, N, a->dk, KD, A->h1, E, 1, g->wk, E));
-	TRY(mm(m, 'T', 'N', KD, E, N, a->dv, KD, A->h1, E, 1, g->wv, E));
+	opnd dq = grad_op(m, a->dq, a->dqb, N * HD), dk = grad_op(m, a->dk, a->dkb, N * KD);
+	opnd dv = grad_op(m, a->dv, a->dvb, N * KD);
+	TRY(mm(m, 'N', 'N', N, E, HD, dq, HD, OPF(w->wq), E, 0, a->dh, E));
+	TRY(mm(m, 'N', 'N', N, E, KD, dk, KD, OPF(w->wk), E, 1, a->dh, E));
+	TRY(mm(m, 'N', 'N', N, E, KD, dv, KD, OPF(w->wv), E, 1, a->dh, E));
+	TRY(mm(m, 'T', 'N', HD, E, N, dq, HD, h1, E, 1, g->wq, E));
+	TRY(mm(m, 'T', 'N', KD, E, N, dk, KD, h1, E, 1, g->wk, E));
+	TRY(mm(m, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	st_rmsnorm_backward(dx, g->ln1, a->dh, a->xs[l], w->ln1, A->rstd1, N, E);
 	return 0;
@@ -554,13 +682,14 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 {
 	st_llama_acts *a = m->acts;
 	int64_t N = a->N, E = m->s.E, Vl = m->ls.V, v0 = Vl * m->tp_rank, R = a->chunk_rows;
-	const float *x = a->hf, *W = m->p.lm_head;
+	const float *W = m->p.lm_head;
+	opnd x = {.f = a->hf, .h = a->hfb};
 	float *lmax = a->xr_f, *gmax = lmax + R, *tlog = gmax + R, *rscale = tlog + R;
 	double *rsum = a->xr_d, total = 0;
 	for (int64_t r0 = 0; r0 < N; r0 += R) {
 		int64_t nr = N - r0 < R ? N - r0 : R;
 		float *l = a->xent;
-		TRY(mm(m, 'N', 'T', nr, Vl, E, x + r0 * E, E, W, E, 0, l, Vl));
+		TRY(mm(m, 'N', 'T', nr, Vl, E, op_at(x, r0 * E), E, OPF(W), E, 0, l, Vl));
 		st_xent_rows_exp(l, lmax, rsum, tlog, a->targets + r0, v0, nr, Vl);
 		memcpy(gmax, lmax, (size_t)nr * sizeof(float));
 		if (m->tp_comm)
@@ -577,9 +706,16 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 			continue;
 		for (int64_t r = 0; r < nr; r++)
 			rscale[r] = (float)(scale * exp((double)lmax[r] - (double)gmax[r]) / rsum[r]);
-		st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
-		TRY(mm(m, 'N', 'N', nr, E, Vl, l, Vl, W, E, 0, dx + r0 * E, E));
-		TRY(mm(m, 'T', 'N', Vl, E, nr, l, Vl, x + r0 * E, E, 1, dW, E));
+		opnd dl;
+		if (m->bf16) {
+			st_xent_rows_grad_bf16(a->xentb, l, rscale, a->targets + r0, v0, nr, Vl, scale);
+			dl = (opnd){.h = a->xentb};
+		} else {
+			st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
+			dl = OPF(l);
+		}
+		TRY(mm(m, 'N', 'N', nr, E, Vl, dl, Vl, OPF(W), E, 0, dx + r0 * E, E));
+		TRY(mm(m, 'T', 'N', Vl, E, nr, dl, Vl, op_at(x, r0 * E), E, 1, dW, E));
 	}
 	if (dx)
 		TRY(tp_sum(m, dx, N * E));
@@ -634,7 +770,7 @@ static int forward(st_llama *m, const int32_t *tokens)
 		TRY(layer_forward(m, l, &a->layer[l], 1, a->xs[l + 1]));
 	}
 	TRY(acquire(m, L + 1, 0));
-	st_rmsnorm_forward(a->hf, a->rstdf, a->xs[L], m->p.norm, a->N, m->s.E, m->s.eps);
+	norm_forward(m, a->hf, a->hfb, a->rstdf, a->xs[L], m->p.norm);
 	return 0;
 }
 
@@ -675,14 +811,24 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	return grads_ready(m, 0);
 }
 
-int st_llama_weights_changed(st_llama *m)
+int st_llama_bf16_weights(st_llama *m, uint16_t **out)
 {
+	*out = NULL;
 	if (!m->bf16 || !m->params)
 		return 0;
 	if (!m->wbf16 && !(m->wbf16 = malloc((size_t)m->nparams * sizeof(uint16_t))))
 		return st_fail(ST_ENOMEM, "out of memory for the bf16 weight copy");
-	st_f32_to_bf16_array(m->wbf16, m->params, m->nparams);
+	*out = m->wbf16;
 	return 0;
+}
+
+int st_llama_weights_changed(st_llama *m)
+{
+	uint16_t *wb;
+	int rc = st_llama_bf16_weights(m, &wb);
+	if (rc == 0 && wb)
+		st_f32_to_bf16_array(wb, m->params, m->nparams);
+	return rc;
 }
 
 void st_llama_release(st_llama *m)

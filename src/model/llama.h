@@ -139,12 +139,25 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 int st_llama_forward_loss(st_llama *m, const int32_t *tokens, double *loss_sum);
 /* Bytes of activation memory allocated by st_llama_alloc_acts. */
 int64_t st_llama_act_bytes(const st_llama *m);
-/* The same figure computed without allocating (for planning). */
-int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy);
+/* What st_llama_alloc_acts allocates beyond the shape, batch and policy. */
+typedef struct st_llama_act_opts {
+	int tp;                    /* tensor-parallel group size (partial-sum buffers when > 1) */
+	int bf16;                  /* bf16 mode: product inputs stored in bf16 */
+	int64_t weight_copy_elems; /* bf16 mode with weights not resident: the largest tensor */
+} st_llama_act_opts;
+/* The same figure computed without allocating (for planning), from the same
+ * layout code; o NULL: one process, fp32. s is the process's shape
+ * (st_llama.ls: heads, mlp and vocabulary divided by tp). */
+int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
+			       const st_llama_act_opts *o);
 const st_tensor *st_llama_find(const st_llama *m, const char *name);
 /* The resident weights changed (optimizer step, restore): refresh their bf16
  * copy, which bf16 products then read instead of converting each time. */
 int st_llama_weights_changed(st_llama *m);
+/* The bf16 copy itself (allocated on first use), for an optimizer that
+ * writes it while updating the weights; *out NULL when there is none (fp32,
+ * or weights not resident). */
+int st_llama_bf16_weights(st_llama *m, uint16_t **out);
 void st_llama_release(st_llama *m);
 
 #endif

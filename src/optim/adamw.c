@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "base/err.h"
+#include "kernels/cpu/bf16.h"
 
 double st_lr_at(const st_config *c, int64_t step)
 {
@@ -47,19 +48,36 @@ double st_sum_squares(const float *g, int64_t n)
 	return s;
 }
 
-void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, const st_adamw *h)
+/* Elements per parallel block of the update (fixed: each element's result
+ * depends only on its own values, so any partition gives the same bits). */
+#define UPDATE_BLOCK 16384
+
+void st_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n,
+			  const st_adamw *h)
 {
 	float b1 = (float)h->b1, b2 = (float)h->b2;
 	float c1 = (float)(1.0 / (1.0 - pow(h->b1, (double)h->t)));
 	float c2 = (float)(1.0 / (1.0 - pow(h->b2, (double)h->t)));
 	float lr = (float)h->lr, eps = (float)h->eps, wd = (float)h->wd, gs = h->grad_scale;
-#pragma omp parallel for simd schedule(static)
-	for (int64_t i = 0; i < n; i++) {
-		float gi = g[i] * gs;
-		float mi = b1 * m[i] + (1.0f - b1) * gi;
-		float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-		m[i] = mi;
-		v[i] = vi;
-		p[i] -= lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * p[i]);
+	int64_t nb = (n + UPDATE_BLOCK - 1) / UPDATE_BLOCK;
+#pragma omp parallel for schedule(static)
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t i0 = b * UPDATE_BLOCK, i1 = i0 + UPDATE_BLOCK < n ? i0 + UPDATE_BLOCK : n;
+#pragma omp simd
+		for (int64_t i = i0; i < i1; i++) {
+			float gi = g[i] * gs;
+			float mi = b1 * m[i] + (1.0f - b1) * gi;
+			float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+			m[i] = mi;
+			v[i] = vi;
+			p[i] -= lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * p[i]);
+		}
+		if (pb) /* while the block is still in cache */
+			st_f32_to_bf16_serial(pb + i0, p + i0, i1 - i0);
 	}
+}
+
+void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, const st_adamw *h)
+{
+	st_adamw_update_bf16(p, NULL, g, m, v, n, h);
 }

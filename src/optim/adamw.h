@@ -35,5 +35,9 @@ typedef struct st_adamw {
 /* One update of n parameters with moments m, v (all fp32). */
 void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
 		     const st_adamw *h);
+/* The same, also writing pb[i] = bf16(new p[i]) (pb NULL: none) in the
+ * same pass over memory: the bf16 weight copy of dtype=bfloat16. */
+void st_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n,
+			  const st_adamw *h);
 
 #endif

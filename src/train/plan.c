@@ -34,34 +34,6 @@ static int divisible(const char *what, int64_t n, int64_t tp)
 	return 0;
 }
 
-/*
- * Buffers st_llama_alloc_acts adds beyond st_llama_act_bytes_for (which
- * counts the fp32, single-process layout): the tensor-parallel partial sums
- * and cross-entropy row statistics, and in bf16 mode two bf16 operand
- * buffers as large as the largest product operand. Mirrors src/model/llama.c;
- * tests/test_plan.c checks the sum against st_llama_act_bytes.
- */
-static int64_t act_extra_bytes(const st_llama_shape *l, int64_t rows, int64_t T, int tp, int bf16,
-			       int64_t largest_tensor)
-{
-	int64_t N = rows * T, E = l->E, M = l->M, HD = l->H * l->D;
-	int64_t chunk = (16 << 20) / 4 / l->V;
-	chunk = chunk < 1 ? 1 : chunk > N ? N : chunk;
-	int64_t f = 0;
-	if (tp > 1)
-		f += N * E; /* partial sums over the tensor group */
-	if (tp > 1 || bf16)
-		f += 4 * chunk + 2 * chunk; /* row max, target logit, ... and two doubles per row */
-	if (bf16) {
-		int64_t big = N * (E > M ? E : M);
-		big = N * HD > big ? N * HD : big;
-		big = chunk * l->V > big ? chunk * l->V : big;
-		big = largest_tensor > big ? largest_tensor : big;
-		f += 2 * ((big + 1) / 2); /* two bf16 buffers of `big` elements */
-	}
-	return 4 * f;
-}
-
 int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t devices_per_slice,
 		    double memory_bytes)
 {
@@ -99,20 +71,36 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	p->weights = 4 * p->params_device;
 	p->grads = 4 * p->params_device;
 	p->optimizer = 8 * p->params_device;
-	p->fsdp_buffer = F > 1 ? 4 * p->layer_piece : 0;
+	if (F > 1) {
+		/* st_fsdp_create's buffers: two gathered layers (the one in use and
+		 * the prefetched next), the embedding and final unit (norm + output
+		 * layer), one unit's gradients before the reduce-scatter, and one
+		 * tensor's reduced shard */
+		int64_t HDl = p->local.H * s->D, KDl = p->local.K * s->D, Ml = p->local.M;
+		int64_t embed = s->V * E, head = E + p->local.V * E;
+		int64_t most = p->layer_piece > embed ? p->layer_piece : embed;
+		most = head > most ? head : most;
+		int64_t shape[][2] = {{s->V, E}, {p->local.V, E}, {E, 1}, {HDl, E}, {KDl, E},
+				      {E, HDl}, {Ml, E}, {E, Ml}};
+		int64_t rs = 0;
+		for (size_t i = 0; i < sizeof(shape) / sizeof(shape[0]); i++)
+			rs = ceil_div(shape[i][0], F) * shape[i][1] > rs ? ceil_div(shape[i][0], F) * shape[i][1] : rs;
+		p->fsdp_buffer = 4 * (2 * p->layer_piece + embed + head + most + rs);
+	}
 
 	/* activations: a tensor-parallel group's micro-batch, one device's heads */
 	p->rows = B * tp;
 	p->T = c->max_target_length;
 	p->global_batch = B * p->devices * c->gradient_accumulation_steps;
-	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy);
 	int bf16 = c->dtype == ST_DTYPE_BFLOAT16;
+	/* bf16 products read a bf16 copy of the resident weights; under ZeRO-3
+	 * (weights gathered per unit) each weight is converted into one buffer
+	 * as large as the largest tensor, counted with the activations */
 	int64_t largest = s->V * E > p->local.V * E ? s->V * E : p->local.V * E; /* embedding */
 	largest = p->local.M * E > largest ? p->local.M * E : largest;
-	p->activations += act_extra_bytes(&p->local, p->rows, p->T, (int)tp, bf16, largest);
-	/* bf16 products read a bf16 copy of the resident weights: the whole piece,
-	 * or under ZeRO-3 the gathered layer */
-	p->bf16_weights = bf16 ? 2 * (F > 1 ? p->layer_piece : p->params_piece) : 0;
+	st_llama_act_opts ao = {.tp = (int)tp, .bf16 = bf16, .weight_copy_elems = bf16 && F > 1 ? largest : 0};
+	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
+	p->bf16_weights = bf16 && F == 1 ? 2 * p->params_piece : 0;
 
 	/* transient kernel buffers (largest phase: attention backward) + runtime */
 	int64_t N = p->rows * p->T, Tpad = ceil_div(p->T, 64) * 64;
@@ -154,7 +142,7 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		"global batch %lld sequences (%lld tokens) per step, remat %s, dtype %s\n",
 		c->per_device_batch_size, (long long)p->T, (long long)p->rows, (long long)p->global_batch,
 		(long long)(p->global_batch * p->T), remat_name(c->remat_policy),
-		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (bf16 product inputs, fp32 activations and weights)"
+		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (bf16 product inputs and stored product inputs; fp32 residual stream, weights and AdamW state)"
 					       : "float32");
 	fprintf(out, "per device:\n");
 	snprintf(note, sizeof(note), "fp32, %lld parameters: tensor piece %lld / fsdp %lld",
@@ -164,7 +152,8 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 	line(out, "gradients", p->grads, "fp32, sharded as the weights");
 	line(out, "optimizer", p->optimizer, "AdamW m and v, fp32, sharded as the weights");
 	if (p->fsdp_buffer)
-		line(out, "fsdp buffer", p->fsdp_buffer, "one layer's weights, gathered over fsdp");
+		line(out, "fsdp buffers", p->fsdp_buffer,
+		     "gathered weights (2 layers, embedding, output layer) and one unit's gradients");
 	if (p->bf16_weights)
 		line(out, "bf16 weights", p->bf16_weights, "bf16 copy of the resident weights for products");
 	snprintf(note, sizeof(note),

@@ -156,11 +156,16 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	double clip = c->gradient_clipping_threshold;
 	if (clip > 0 && gnorm > clip)
 		h.grad_scale = (float)(clip / gnorm);
-	st_adamw_update(t->shard.p, t->shard.g, t->shard.m, t->shard.v, t->shard.n, &h);
+	/* bf16 with the model's own weights updated in place: the update writes
+	 * their bf16 copy in the same pass */
+	uint16_t *wb = NULL;
+	if (t->shard.alias && (rc = st_llama_bf16_weights(&t->model, &wb)) < 0)
+		return rc;
+	st_adamw_update_bf16(t->shard.p, wb, t->shard.g, t->shard.m, t->shard.v, t->shard.n, &h);
 	if (t->fsdp)
 		st_fsdp_end_step(t->fsdp); /* gathered lazily by the next forward */
-	else if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) < 0 ||
-		 (rc = st_llama_weights_changed(&t->model)) < 0)
+	else if (!wb && ((rc = st_shard_gather_params(&t->shard, &t->model, p)) < 0 ||
+			 (rc = st_llama_weights_changed(&t->model)) < 0))
 		return rc;
 	*loss_out = loss;
 	*gnorm_out = gnorm;
@@ -356,9 +361,14 @@ int st_train(const st_config *c, st_train_result *res)
 			goto out;
 		}
 	}
-	if (t.lead)
-		st_info("activations %.1f MiB (remat %s)", (double)st_llama_act_bytes(&t.model) / (1 << 20),
-			remat_name(c->remat_policy));
+	if (t.lead) {
+		st_info("activations %.1f MiB (remat %s; %lld bytes)", (double)st_llama_act_bytes(&t.model) / (1 << 20),
+			remat_name(c->remat_policy), (long long)st_llama_act_bytes(&t.model));
+		if (t.fsdp)
+			st_info("fsdp buffers %.1f MiB (%lld bytes)",
+				(double)st_fsdp_buffer_bytes(t.fsdp) / (1 << 20),
+				(long long)st_fsdp_buffer_bytes(t.fsdp));
+	}
 
 	struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
 	sigemptyset(&sa.sa_mask);

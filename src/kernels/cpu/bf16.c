@@ -8,7 +8,7 @@
 /* Elements per parallel block; below two blocks the loop stays serial. */
 #define CONV_BLOCK 32768
 
-static void to_bf16_range(uint16_t *dst, const float *src, int64_t n)
+void st_f32_to_bf16_serial(uint16_t *dst, const float *src, int64_t n)
 {
 	int64_t i = 0;
 #ifdef __AVX512F__
@@ -44,7 +44,7 @@ void st_f32_to_bf16_array(uint16_t *dst, const float *src, int64_t n)
 #pragma omp parallel for schedule(static) if (nb > 1)
 	for (int64_t b = 0; b < nb; b++) {
 		int64_t i0 = b * CONV_BLOCK, len = n - i0 < CONV_BLOCK ? n - i0 : CONV_BLOCK;
-		to_bf16_range(dst + i0, src + i0, len);
+		st_f32_to_bf16_serial(dst + i0, src + i0, len);
 	}
 }
 

@@ -38,6 +38,8 @@ static inline float st_bf16_to_f32(uint16_t h)
 
 /* dst[i] = bf16(src[i]), i < n. */
 void st_f32_to_bf16_array(uint16_t *dst, const float *src, int64_t n);
+/* The same on the calling thread only (for use inside parallel loops). */
+void st_f32_to_bf16_serial(uint16_t *dst, const float *src, int64_t n);
 /* dst[i] = fp32(src[i]), i < n. */
 void st_bf16_to_f32_array(float *dst, const uint16_t *src, int64_t n);
 

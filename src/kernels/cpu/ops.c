@@ -375,26 +375,43 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 	}
 }
 
-void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
-		       int64_t nr, int64_t V, float scale)
+/* dst row r = l row r * rscale[r], minus scale at the target column; dst is
+ * fp32 (may be l itself) or bf16. */
+static void xent_rows_grad(void *dst, int bf16, const float *l, const float *rscale,
+			   const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale)
 {
+	size_t sz = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static)
 	for (int64_t r = 0; r < nr; r++) {
-		float *lr = l + r * V;
+		const float *lr = l + r * V;
+		char *dr = (char *)dst + (size_t)(r * V) * sz;
+		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
+		float tval = tg >= 0 && tg < V ? lr[tg] * rscale[r] - scale : 0.0f;
 #if ST_HAVE_AVX512
 		__m512 f = _mm512_set1_ps(rscale[r]);
 		for (int64_t c = 0; c < V; c += 16) {
 			__mmask16 mk = st_mask16(V - c);
-			_mm512_mask_storeu_ps(lr + c, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, lr + c), f));
+			st_store16(dr + c * sz, bf16, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, lr + c), f));
 		}
 #else
 		for (int64_t c = 0; c < V; c++)
-			lr[c] *= rscale[r];
+			put(dr, bf16, c, lr[c] * rscale[r]);
 #endif
-		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
 		if (tg >= 0 && tg < V)
-			lr[tg] -= scale;
+			put(dr, bf16, tg, tval);
 	}
+}
+
+void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
+		       int64_t nr, int64_t V, float scale)
+{
+	xent_rows_grad(l, 0, l, rscale, targets, v0, nr, V, scale);
+}
+
+void st_xent_rows_grad_bf16(uint16_t *out, const float *l, const float *rscale,
+			    const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale)
+{
+	xent_rows_grad(out, 1, l, rscale, targets, v0, nr, V, scale);
 }
 
 static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const float *W,

@@ -121,6 +121,10 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 		      int64_t v0, int64_t nr, int64_t V);
 void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
 		       int64_t nr, int64_t V, float scale);
+/* The same written to a separate bf16 array (each value the fp32 result
+ * above rounded once); l is left unchanged. */
+void st_xent_rows_grad_bf16(uint16_t *out, const float *l, const float *rscale,
+			    const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale);
 
 /*
  * Output layer and cross-entropy, fused and chunked over rows so the (N,V)

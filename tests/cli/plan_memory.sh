@@ -1,0 +1,29 @@
+# `slicetrain plan` counts the buffers a run really allocates: its activation
+# and FSDP buffer bytes equal the bytes the trainer reports after allocating
+# them, for fp32 and bf16 under ici_fsdp=2 (ZeRO-3 buffers, weights converted
+# per product) and ici_tensor=2 (partial-sum buffers), every remat policy.
+. "$(dirname "$0")/../cli_lib.sh"
+common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=1 per_device_batch_size=2 max_target_length=48
+	dataset_type=synthetic enable_checkpointing=false base_output_directory="$TMP/o")
+field() { /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+for mesh in ici_fsdp_parallelism=2 ici_tensor_parallelism=2; do
+	for dtype in float32 bfloat16; do
+		for remat in none full; do
+			name="$mesh $dtype $remat"
+			args=("${common[@]}" "$mesh" dtype=$dtype remat_policy=$remat run_name=pm)
+			"$SLICETRAIN" plan "${args[@]}" --devices-per-slice 2 --json >"$TMP/plan.json" 2>/dev/null ||
+				{ fail "$name: plan failed"; continue; }
+			"$SLICETRAIN" launch --num-slices 1 --devices-per-slice 2 -- "${args[@]}" >"$TMP/run" 2>&1 ||
+				{ fail "$name: run failed: $(tail -2 "$TMP/run")"; continue; }
+			if grep -q 'running in float32' "$TMP/run"; then echo "skipped bf16: no AVX512_BF16"; continue; fi
+			act=$(sed -n 's/.*activations .* MiB (remat [a-z]*; \([0-9]*\) bytes).*/\1/p' "$TMP/run" | head -1)
+			want=$(field "$TMP/plan.json" activation_bytes)
+			[ -n "$act" ] && [ "$act" = "$want" ] || fail "$name: activations planned $want, allocated '$act'"
+			fsdp=$(sed -n 's/.*fsdp buffers .* MiB (\([0-9]*\) bytes).*/\1/p' "$TMP/run" | head -1)
+			want=$(field "$TMP/plan.json" fsdp_buffer_bytes)
+			[ "${fsdp:-0}" = "$want" ] || fail "$name: fsdp buffers planned $want, allocated '${fsdp:-none}'"
+			echo "ok   $name: activations $act, fsdp buffers ${fsdp:-0} bytes"
+		done
+	done
+done
+finish
