@@ -7,6 +7,7 @@
  */
 #include <libgen.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +153,12 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *cmd = argv[1];
+	/* Kernels allocate per-call work buffers of a few MiB (attention's
+	 * key/value layouts); glibc would map and unmap each one, and the
+	 * training step would pay a page fault per 4 KiB every call. Keep
+	 * blocks under 64 MiB on the heap and freed memory for reuse. */
+	mallopt(M_MMAP_THRESHOLD, 64 << 20);
+	mallopt(M_TRIM_THRESHOLD, 256 << 20);
 	if (!strcmp(cmd, "train"))
 		return cmd_train(argc - 2, argv + 2);
 	if (!strcmp(cmd, "plan")) {
