@@ -57,7 +57,7 @@ check:
 run: $(BUILD)/slicetrain
 	$(BUILD)/slicetrain train
 
-BENCH := $(BUILD)/bench/collectives $(BUILD)/bench/train_step
+BENCH := $(BUILD)/bench/collectives $(BUILD)/bench/train_step $(BUILD)/bench/attention
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libslicetrain.a
 	@mkdir -p $(dir $@)

@@ -452,7 +452,7 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	st_llama_act_opts o = {.tp = m->tp_comm ? m->tp : 1, .bf16 = m->bf16};
 	if (m->bf16 && !m->params) /* weights bound per unit (ZeRO-3): converted per product */
 		for (int i = 0; i < m->ntensors; i++)
-			if (m->tensors[i].numel > o.weight_copy_elems)
+			if (m->tensors[i].kind == ST_T_LINEAR && m->tensors[i].numel > o.weight_copy_elems)
 				o.weight_copy_elems = m->tensors[i].numel;
 	carver c = {.a = a};
 	if (a->xs && a->layer)

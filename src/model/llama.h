@@ -143,7 +143,7 @@ int64_t st_llama_act_bytes(const st_llama *m);
 typedef struct st_llama_act_opts {
 	int tp;                    /* tensor-parallel group size (partial-sum buffers when > 1) */
 	int bf16;                  /* bf16 mode: product inputs stored in bf16 */
-	int64_t weight_copy_elems; /* bf16 mode with weights not resident: the largest tensor */
+	int64_t weight_copy_elems; /* bf16 mode with weights not resident: the largest linear tensor */
 } st_llama_act_opts;
 /* The same figure computed without allocating (for planning), from the same
  * layout code; o NULL: one process, fp32. s is the process's shape

@@ -95,9 +95,10 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	int bf16 = c->dtype == ST_DTYPE_BFLOAT16;
 	/* bf16 products read a bf16 copy of the resident weights; under ZeRO-3
 	 * (weights gathered per unit) each weight is converted into one buffer
-	 * as large as the largest tensor, counted with the activations */
-	int64_t largest = s->V * E > p->local.V * E ? s->V * E : p->local.V * E; /* embedding */
-	largest = p->local.M * E > largest ? p->local.M * E : largest;
+	 * as large as the largest product weight, counted with the activations */
+	int64_t largest = p->local.V * E; /* the largest product weight: output layer, */
+	largest = p->local.M * E > largest ? p->local.M * E : largest;     /* MLP, */
+	largest = p->local.H * s->D * E > largest ? p->local.H * s->D * E : largest; /* q, o */
 	st_llama_act_opts ao = {.tp = (int)tp, .bf16 = bf16, .weight_copy_elems = bf16 && F > 1 ? largest : 0};
 	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
 	p->bf16_weights = bf16 && F == 1 ? 2 * p->params_piece : 0;
