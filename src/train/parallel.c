@@ -114,7 +114,7 @@ void st_par_describe(const st_par *p, char *buf, size_t n)
 
 /* ---- sharded state ---- */
 
-int st_shard_init(st_shard *s, const st_llama *m, const st_par *p, uint64_t seed)
+int st_shard_init(st_shard *s, const st_llama *m, const st_par *p)
 {
 	memset(s, 0, sizeof(*s));
 	int nt = m->ntensors, F = (int)p->mesh.size[ST_AXIS_FSDP], f = p->coord[ST_AXIS_FSDP];
@@ -146,12 +146,16 @@ int st_shard_init(st_shard *s, const st_llama *m, const st_par *p, uint64_t seed
 	s->v = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
 	if (!s->p || !s->g || !s->m || !s->v)
 		goto oom;
-	for (int i = 0; i < nt; i++)
-		st_llama_init_rows(m, seed, i, s->row0[i], s->rows[i], s->p + s->off[i]);
 	return 0;
 oom:
 	st_shard_release(s);
 	return st_fail(ST_ENOMEM, "out of memory for the sharded optimizer state");
+}
+
+void st_shard_init_weights(st_shard *s, const st_llama *m, uint64_t seed)
+{
+	for (int i = 0; i < s->ntensors; i++)
+		st_llama_init_rows(m, seed, i, s->row0[i], s->rows[i], s->p + s->off[i]);
 }
 
 void st_shard_release(st_shard *s)

@@ -60,9 +60,11 @@ typedef struct st_shard {
 	int alias;                   /* p and g are the model's blocks (fsdp 1, resident) */
 } st_shard;
 
-/* Lay out the shard of model m and fill its weights with their initial
- * values (init_weights_seed): the same values on every mesh. */
-int st_shard_init(st_shard *s, const st_llama *m, const st_par *p, uint64_t seed);
+/* Lay out the shard of model m (weights not yet set, moments zero). */
+int st_shard_init(st_shard *s, const st_llama *m, const st_par *p);
+/* Fill the shard's weights with their initial values (init_weights_seed):
+ * the same values on every mesh. Not needed when a checkpoint fills them. */
+void st_shard_init_weights(st_shard *s, const st_llama *m, uint64_t seed);
 void st_shard_release(st_shard *s);
 /* Model gradients -> shard gradients: reduce-scatter over fsdp (unless the
  * ZeRO-3 hooks did it already), sum over dp. */

@@ -175,8 +175,9 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 
 /* Weights and moments from a checkpoint, or weights from load_parameters_path.
  * MaxText's order: the run's own newest checkpoint first (auto-resume), then
- * load_full_state_path, then load_parameters_path. */
-static int restore(trainer *t)
+ * load_full_state_path, then load_parameters_path. *found: the weights were
+ * filled (else they still need their initial values). */
+static int restore(trainer *t, int *found_out)
 {
 	const st_config *c = t->c;
 	const st_par *p = &t->par;
@@ -184,6 +185,7 @@ static int restore(trainer *t)
 	int n = 0, found = 0, rc;
 	st_ckpt_meta meta = {0};
 	int params_only = !c->enable_checkpointing && !c->load_full_state_path[0];
+	*found_out = 0;
 	if (params_only && !c->load_parameters_path[0])
 		return 0;
 	if ((rc = st_shard_pieces(&t->shard, &t->model, p, 1, 0, &pieces, &n)) < 0)
@@ -216,6 +218,7 @@ static int restore(trainer *t)
 	}
 	st_ckpt_meta_release(&meta);
 	st_shard_pieces_free(pieces, n);
+	*found_out = rc == 0 && found;
 	return rc;
 }
 
@@ -330,9 +333,12 @@ int st_train(const st_config *c, st_train_result *res)
 		if (!t.model.bf16)
 			st_warn("dtype bfloat16: %s; running in float32", st_cpu_bf16_message());
 	}
-	if ((rc = st_shard_init(&t.shard, &t.model, p, (uint64_t)c->init_weights_seed)) < 0 ||
-	    (rc = setup_checkpoints(&t)) < 0 || (rc = restore(&t)) < 0)
+	int restored;
+	if ((rc = st_shard_init(&t.shard, &t.model, p)) < 0 || (rc = setup_checkpoints(&t)) < 0 ||
+	    (rc = restore(&t, &restored)) < 0)
 		goto out;
+	if (!restored) /* a fresh start (or every checkpoint was unusable): initial weights */
+		st_shard_init_weights(&t.shard, &t.model, (uint64_t)c->init_weights_seed);
 	if (!resident)
 		rc = st_fsdp_create(&t.fsdp, &t.shard, &t.model, p);
 	else if ((rc = st_shard_gather_params(&t.shard, &t.model, p)) == 0)
