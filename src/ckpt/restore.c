@@ -58,6 +58,59 @@ static int64_t total_bytes(int n, const st_ckpt_piece *pieces)
 	return b;
 }
 
+/* Readers working on one restore: pieces are independent (each fills its
+ * own destination), so reading, checksumming and the first touch of the
+ * destination memory run on several threads; more than the cores, since
+ * part of the time is spent waiting for the disk. */
+#define RESTORE_READERS 4
+
+/*
+ * Fill pieces[0..n) from the checkpoint in step_dir. Pieces are handed out
+ * in increasing order; on failure the error reported is that of the lowest
+ * failing piece, as a sequential loop would report it (every lower piece
+ * was handed out before and completes).
+ */
+static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n, st_ckpt_piece *pieces,
+		       struct ck_progress *prog)
+{
+	int next = 0, failed = 0, err_rc = 0, err_at = n;
+	char err_msg[1024] = "";
+	int nthreads = n < RESTORE_READERS ? (n > 0 ? n : 1) : RESTORE_READERS;
+#pragma omp parallel num_threads(nthreads)
+	{
+		struct ck_reader r;
+		ck_reader_init(&r, step_dir, m);
+		for (;;) {
+			int i, stop;
+#pragma omp atomic read
+			stop = failed;
+			if (stop)
+				break;
+#pragma omp atomic capture
+			i = next++;
+			if (i >= n)
+				break;
+			int rc = ck_fill_piece(&r, &pieces[i]);
+#pragma omp critical(ck_restore_state)
+			{
+				if (rc < 0 && i < err_at) {
+					err_at = i;
+					err_rc = rc;
+					snprintf(err_msg, sizeof(err_msg), "%s", st_errmsg());
+				}
+				if (rc == 0)
+					ck_progress_add(prog, ck_piece_numel(&pieces[i]) * (int64_t)sizeof(float));
+			}
+			if (rc < 0) {
+#pragma omp atomic write
+				failed = 1;
+			}
+		}
+		ck_reader_release(&r);
+	}
+	return err_rc < 0 ? st_fail(err_rc, "%s", err_msg) : 0;
+}
+
 /*
  * Restore step_dir into the pieces. Returns 0, ST_EIO for a damaged
  * checkpoint (bad or unreadable manifest, damaged shard), ST_EINVAL when the
@@ -66,22 +119,17 @@ static int64_t total_bytes(int n, const st_ckpt_piece *pieces)
 static int try_step(const char *step_dir, int64_t step, st_ckpt_meta *meta, int n, st_ckpt_piece *pieces)
 {
 	struct ck_manifest m;
-	struct ck_reader r;
 	struct ck_progress prog;
 	char what[64];
 	int rc;
 
 	if ((rc = ck_manifest_load(&m, step_dir, step)) < 0)
 		return rc == ST_ENOMEM ? rc : refail(ST_EIO); /* a bad manifest: unusable */
-	ck_reader_init(&r, step_dir, &m);
 	snprintf(what, sizeof(what), "restore of step %" PRId64, m.step);
 	ck_progress_init(&prog, what, total_bytes(n, pieces));
-	r.progress = &prog;
-	for (int i = 0; i < n && rc == 0; i++)
-		rc = ck_fill_piece(&r, &pieces[i]);
+	rc = read_pieces(step_dir, &m, n, pieces, &prog);
 	if (rc == 0)
 		ck_progress_end(&prog);
-	ck_reader_release(&r);
 	if (rc == 0 && meta) {
 		meta->step = m.step;
 		meta->next_sample = m.next_sample;
