@@ -25,7 +25,9 @@ typedef struct st_llama_acts {
 	int64_t B, T, N;
 	enum st_remat policy;
 	int32_t *inputs, *targets; /* (N) */
-	float **xs;                /* L+1 residual-stream buffers (N,E) */
+	float **xs;                /* L+1 residual-stream buffers (N,E), fp32 mode */
+	uint16_t **xsb;            /* the same in bf16 (bf16 mode, as MaxText's bf16 activations) */
+	float *xin, *xout;         /* bf16 mode: a layer's input and output in fp32 (N,E) */
 	layer_acts *layer;         /* L: what each layer keeps (per policy) */
 	layer_acts scratch;        /* recomputed intermediates */
 	float *rstdf, *hf;         /* final norm (hf: fp32 mode) */
@@ -281,6 +283,7 @@ static void acts_free(st_llama_acts *a)
 	for (int i = 0; i < a->nblocks; i++)
 		free(a->blocks[i]);
 	free(a->xs);
+	free(a->xsb);
 	free(a->layer);
 	free(a);
 }
@@ -381,10 +384,16 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 		if (c->a)
 			layer_merge(&a->layer[l], &a->scratch);
 	}
-	for (int64_t l = 0; l <= L; l++) {
-		float *x = take(c, N * E * 4); /* residual stream, fp32 in both modes */
-		if (c->a)
+	for (int64_t l = 0; l <= L; l++) { /* the residual stream between layers */
+		void *x = take(c, N * E * (bf ? 2 : 4));
+		if (c->a && bf)
+			a->xsb[l] = x;
+		else if (c->a)
 			a->xs[l] = x;
+	}
+	if (bf) {
+		a->xin = take(c, N * E * 4);
+		a->xout = take(c, N * E * 4);
 	}
 	a->rstdf = take(c, N * 4);
 	if (bf)
@@ -448,6 +457,7 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	a->N = B * T;
 	a->policy = policy;
 	a->xs = calloc((size_t)(s->L + 1), sizeof(float *));
+	a->xsb = calloc((size_t)(s->L + 1), sizeof(uint16_t *));
 	a->layer = calloc((size_t)s->L, sizeof(layer_acts));
 	st_llama_act_opts o = {.tp = m->tp_comm ? m->tp : 1, .bf16 = m->bf16};
 	if (m->bf16 && !m->params) /* weights bound per unit (ZeRO-3): converted per product */
@@ -455,9 +465,9 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 			if (m->tensors[i].kind == ST_T_LINEAR && m->tensors[i].numel > o.weight_copy_elems)
 				o.weight_copy_elems = m->tensors[i].numel;
 	carver c = {.a = a};
-	if (a->xs && a->layer)
+	if (a->xs && a->xsb && a->layer)
 		acts_layout(&c, s, B, T, policy, &o);
-	if (!a->xs || !a->layer || c.oom) {
+	if (!a->xs || !a->xsb || !a->layer || c.oom) {
 		acts_free(a);
 		m->acts = NULL;
 		return st_fail(ST_ENOMEM, "out of memory for activations (batch %lld x %lld)",
@@ -576,6 +586,30 @@ static void norm_forward(const st_llama *m, float *h, uint16_t *hb, float *rstd,
 		st_rmsnorm_forward(h, rstd, x, w, a->N, m->s.E, m->s.eps);
 }
 
+/* The residual stream at layer l's input (l = L: the final norm's input) in
+ * fp32: the kept buffer, or in bf16 mode its values converted into a->xin. */
+static const float *stream_in(const st_llama *m, int64_t l)
+{
+	st_llama_acts *a = m->acts;
+	if (!m->bf16)
+		return a->xs[l];
+	st_bf16_to_f32_array(a->xin, a->xsb[l], a->N * m->s.E);
+	return a->xin;
+}
+
+/* Where layer l-1 (or the embedding, l = 0) writes its fp32 output, and
+ * stream_keep(m, l) after it: in bf16 mode the output is kept rounded. */
+static float *stream_out(const st_llama *m, int64_t l)
+{
+	return m->bf16 ? m->acts->xout : m->acts->xs[l];
+}
+
+static void stream_keep(const st_llama *m, int64_t l)
+{
+	if (m->bf16)
+		st_f32_to_bf16_array(m->acts->xsb[l], m->acts->xout, m->acts->N * m->s.E);
+}
+
 /* One layer. do_mm: run the matrix products (else q, k, v, xmid, gate, up are
  * already there, kept by the remat policy). out: write the layer output. */
 static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm, float *out)
@@ -584,7 +618,7 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm,
 	st_llama_acts *a = m->acts;
 	const st_layer_view *w = &m->p.layers[l];
 	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
-	const float *x = a->xs[l];
+	const float *x = stream_in(m, l);
 	opnd h1 = OPA(A, h1), h2 = OPA(A, h2);
 
 	norm_forward(m, A->h1, A->h1b, A->rstd1, x, w->ln1);
@@ -666,7 +700,7 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
 	TRY(mm(m, 'T', 'N', KD, E, N, dk, KD, h1, E, 1, g->wk, E));
 	TRY(mm(m, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
-	st_rmsnorm_backward(dx, g->ln1, a->dh, a->xs[l], w->ln1, A->rstd1, N, E);
+	st_rmsnorm_backward(dx, g->ln1, a->dh, stream_in(m, l), w->ln1, A->rstd1, N, E);
 	return 0;
 }
 
@@ -764,13 +798,15 @@ static int forward(st_llama *m, const int32_t *tokens)
 		ST_BUG("forward before st_llama_alloc_acts");
 	split_tokens(a, tokens);
 	TRY(acquire(m, 0, 0));
-	st_embedding_forward(a->xs[0], m->p.embed, a->inputs, a->N, m->s.E);
+	st_embedding_forward(stream_out(m, 0), m->p.embed, a->inputs, a->N, m->s.E);
+	stream_keep(m, 0);
 	for (int l = 0; l < L; l++) {
 		TRY(acquire(m, l + 1, 0));
-		TRY(layer_forward(m, l, &a->layer[l], 1, a->xs[l + 1]));
+		TRY(layer_forward(m, l, &a->layer[l], 1, stream_out(m, l + 1)));
+		stream_keep(m, l + 1);
 	}
 	TRY(acquire(m, L + 1, 0));
-	norm_forward(m, a->hf, a->hfb, a->rstdf, a->xs[L], m->p.norm);
+	norm_forward(m, a->hf, a->hfb, a->rstdf, stream_in(m, L), m->p.norm);
 	return 0;
 }
 
@@ -793,7 +829,7 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	TRY(acquire(m, L + 1, 1));
 	TRY(lm_head(m, loss_sum, a->dh, loss_scale));
 	memset(a->dx, 0, (size_t)(N * E) * sizeof(float));
-	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, a->xs[L], m->p.norm, a->rstdf, N, E);
+	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, stream_in(m, L), m->p.norm, a->rstdf, N, E);
 	TRY(grads_ready(m, L + 1));
 
 	for (int l = L - 1; l >= 0; l--) {

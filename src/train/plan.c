@@ -143,7 +143,7 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		"global batch %lld sequences (%lld tokens) per step, remat %s, dtype %s\n",
 		c->per_device_batch_size, (long long)p->T, (long long)p->rows, (long long)p->global_batch,
 		(long long)(p->global_batch * p->T), remat_name(c->remat_policy),
-		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (bf16 product inputs and stored product inputs; fp32 residual stream, weights and AdamW state)"
+		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (bf16 product inputs, residual stream and stored product inputs; fp32 weights and AdamW state)"
 					       : "float32");
 	fprintf(out, "per device:\n");
 	snprintf(note, sizeof(note), "fp32, %lld parameters: tensor piece %lld / fsdp %lld",
