@@ -477,8 +477,19 @@ static void body_loop(st_group *g, const world *w, int rank)
 		}
 	}
 	rep->fail_at[rank] = now_s();
-	rep->rc[rank] = rc;
 	snprintf(rep->msg[rank], sizeof(rep->msg[rank]), "%s", st_errmsg());
+	__atomic_store_n(&rep->rc[rank], rc, __ATOMIC_RELEASE);
+	/* stay connected until every survivor has seen the failure: a survivor
+	 * that left at once would be the first failure that a slower one sees
+	 * (its message would name that survivor, not the victim) */
+	for (double until = now_s() + 10;;) {
+		int waiting = 0;
+		for (int r = 0; r < w->n; r++)
+			waiting += r != victim && __atomic_load_n(&rep->rc[r], __ATOMIC_ACQUIRE) == 0;
+		if (!waiting || now_s() > until)
+			break;
+		usleep(1000);
+	}
 	/* after a failure everything fails fast, and leave is prompt */
 	CHECK(st_comm_barrier(c) == rc);
 	free(x);
