@@ -797,8 +797,12 @@ static int forward(st_llama *m, const int32_t *tokens)
 	if (!a)
 		ST_BUG("forward before st_llama_alloc_acts");
 	split_tokens(a, tokens);
-	TRY(acquire(m, 0, 0));
-	st_embedding_forward(stream_out(m, 0), m->p.embed, a->inputs, a->N, m->s.E);
+	if (m->hooks && m->hooks->embed_forward) {
+		TRY(m->hooks->embed_forward(m->hooks->ctx, m, a->inputs, a->N, stream_out(m, 0)));
+	} else {
+		TRY(acquire(m, 0, 0));
+		st_embedding_forward(stream_out(m, 0), m->p.embed, a->inputs, a->N, m->s.E);
+	}
 	stream_keep(m, 0);
 	for (int l = 0; l < L; l++) {
 		TRY(acquire(m, l + 1, 0));
@@ -842,6 +846,8 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 		TRY(layer_backward(m, l, A));
 		TRY(grads_ready(m, l + 1));
 	}
+	if (m->hooks && m->hooks->embed_backward)
+		return m->hooks->embed_backward(m->hooks->ctx, m, a->inputs, N, a->dx);
 	TRY(acquire(m, 0, 1));
 	st_embedding_backward(m->g.embed, a->dx, a->inputs, N, E);
 	return grads_ready(m, 0);

@@ -81,6 +81,12 @@ struct st_llama;
 typedef struct st_llama_hooks {
 	int (*acquire)(void *ctx, struct st_llama *m, int unit, int for_backward);
 	int (*grads_ready)(void *ctx, struct st_llama *m, int unit);
+	/* Optional: the embedding without gathering its weights (unit 0 is then
+	 * never acquired). embed_forward: x (n,E) = embedding rows of tokens;
+	 * embed_backward: accumulate dx (n,E) into the embedding's gradient,
+	 * complete for this micro-batch on return (no grads_ready(0)). */
+	int (*embed_forward)(void *ctx, struct st_llama *m, const int32_t *tokens, int64_t n, float *x);
+	int (*embed_backward)(void *ctx, struct st_llama *m, const int32_t *tokens, int64_t n, const float *dx);
 	void *ctx;
 } st_llama_hooks;
 

@@ -275,8 +275,15 @@ struct st_fsdp {
 	int F, L;
 	float *slot[4];      /* 0, 1: layers (alternating); 2: embedding; 3: output layer */
 	int slot_unit[4];    /* unit held, -1 if none or stale */
-	float *gslot;        /* one unit's gradients */
+	float *gslot;        /* one unit's gradients (layers and the final unit) */
 	float *rs;           /* one tensor's reduce-scattered gradient */
+	/* the embedding, sharded by vocabulary rows and never gathered: every
+	 * member looks up its rows for the whole fsdp group's tokens */
+	int shard_embed;     /* st_fsdp_shards_embedding: else gathered like the other units */
+	int64_t ntok;        /* tokens per micro-batch of one member */
+	int64_t *tok_all;    /* the group's tokens (F x ntok) */
+	float *emb_all;      /* (F x ntok, E): partial embeddings, or the group's dx */
+	int64_t *counts;     /* F entries: per-member counts of a collective */
 	int64_t bytes;
 	st_llama_hooks hooks;
 	/* the prefetch thread */
@@ -389,6 +396,73 @@ static int fsdp_acquire(void *ctx, st_llama *m, int u, int for_backward)
 	return 0;
 }
 
+/* Embedding forward over a vocabulary-sharded table: gather the group's
+ * tokens, look up the rows this member holds for all of them (zero rows for
+ * the others), and reduce-scatter: member r receives its tokens' rows, each
+ * the one nonzero term of its sum, so the result is exact. */
+static int fsdp_embed_forward(void *ctx, st_llama *m, const int32_t *tokens, int64_t n, float *x)
+{
+	st_fsdp *f = ctx;
+	st_shard *s = f->s;
+	int64_t E = m->s.E, r0 = s->row0[0], nr = s->rows[0], *counts = f->counts;
+	if (n != f->ntok)
+		ST_BUG("fsdp embedding: %lld tokens per micro-batch, set up for %lld", (long long)n,
+		       (long long)f->ntok);
+	int64_t *mine = f->tok_all + (int64_t)f->p->coord[ST_AXIS_FSDP] * n;
+	for (int64_t t = 0; t < n; t++)
+		mine[t] = tokens[t];
+	for (int j = 0; j < f->F; j++)
+		counts[j] = n;
+	int rc = st_comm_allgather(f->p->fsdp, mine, f->tok_all, counts, ST_C_I64);
+	if (rc < 0)
+		return rc;
+	const float *rows = s->p + s->off[0];
+#pragma omp parallel for schedule(static)
+	for (int64_t t = 0; t < f->F * n; t++) {
+		int64_t v = f->tok_all[t] - r0;
+		if (v >= 0 && v < nr)
+			memcpy(f->emb_all + t * E, rows + v * E, (size_t)E * sizeof(float));
+		else
+			memset(f->emb_all + t * E, 0, (size_t)E * sizeof(float));
+	}
+	for (int j = 0; j < f->F; j++)
+		counts[j] = n * E;
+	return st_comm_reduce_scatter(f->p->fsdp, f->emb_all, x, counts, ST_C_F32);
+}
+
+/* Embedding backward: gather the group's dx; this member adds, in the
+ * group's token order, the rows for the tokens it holds into its shard of
+ * the gradient. */
+static int fsdp_embed_backward(void *ctx, st_llama *m, const int32_t *tokens, int64_t n, const float *dx)
+{
+	st_fsdp *f = ctx;
+	st_shard *s = f->s;
+	int64_t E = m->s.E, r0 = s->row0[0], nr = s->rows[0], *counts = f->counts;
+	(void)tokens; /* the group's tokens are still in tok_all from the forward pass */
+	for (int j = 0; j < f->F; j++)
+		counts[j] = n * E;
+	int rc = st_comm_allgather(f->p->fsdp, dx, f->emb_all, counts, ST_C_F32);
+	if (rc < 0)
+		return rc;
+	float *g = s->g + s->off[0];
+	/* columns split over threads: each gradient element still adds its terms
+	 * in token order */
+#pragma omp parallel for schedule(static)
+	for (int64_t c0 = 0; c0 < E; c0 += 64) {
+		int64_t c1 = c0 + 64 < E ? c0 + 64 : E;
+		for (int64_t t = 0; t < f->F * n; t++) {
+			int64_t v = f->tok_all[t] - r0;
+			if (v < 0 || v >= nr)
+				continue;
+			const float *d = f->emb_all + t * E;
+			float *gr = g + v * E;
+			for (int64_t c = c0; c < c1; c++)
+				gr[c] += d[c];
+		}
+	}
+	return 0;
+}
+
 static int fsdp_grads_ready(void *ctx, st_llama *m, int u)
 {
 	st_fsdp *f = ctx;
@@ -409,7 +483,9 @@ static int fsdp_grads_ready(void *ctx, st_llama *m, int u)
 	return 0;
 }
 
-int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p)
+int st_fsdp_shards_embedding(int64_t F, int64_t ntok, int64_t vocab) { return F * ntok < vocab; }
+
+int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p, int64_t ntok)
 {
 	st_fsdp *f = calloc(1, sizeof(*f));
 	if (!f)
@@ -419,21 +495,30 @@ int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p)
 	f->p = p;
 	f->F = (int)p->mesh.size[ST_AXIS_FSDP];
 	f->L = (int)m->s.L;
+	f->ntok = ntok;
+	f->shard_embed = st_fsdp_shards_embedding(f->F, ntok, m->s.V);
+	int u0 = f->shard_embed ? 1 : 0; /* a sharded embedding (unit 0) is never gathered */
 	int64_t layer = st_llama_unit_numel(m, 1), most = layer, rs = 0;
-	for (int u = 0; u <= f->L + 1; u++)
+	for (int u = u0; u <= f->L + 1; u++)
 		most = st_llama_unit_numel(m, u) > most ? st_llama_unit_numel(m, u) : most;
-	for (int i = 0; i < s->ntensors; i++)
+	for (int i = u0; i < s->ntensors; i++)
 		rs = s->rows[i] * s->cols[i] > rs ? s->rows[i] * s->cols[i] : rs;
-	int64_t sizes[4] = {layer, layer, st_llama_unit_numel(m, 0), st_llama_unit_numel(m, f->L + 1)};
+	int64_t sizes[4] = {layer, layer, f->shard_embed ? 0 : st_llama_unit_numel(m, 0),
+			    st_llama_unit_numel(m, f->L + 1)};
 	int ok = 1;
 	for (int k = 0; k < 4; k++) {
-		ok &= (f->slot[k] = malloc((size_t)sizes[k] * sizeof(float))) != NULL;
+		ok &= (f->slot[k] = malloc((size_t)(sizes[k] ? sizes[k] : 1) * sizeof(float))) != NULL;
 		f->slot_unit[k] = -1;
 		f->bytes += sizes[k] * (int64_t)sizeof(float);
 	}
 	ok &= (f->gslot = malloc((size_t)most * sizeof(float))) != NULL;
 	ok &= (f->rs = malloc((size_t)(rs ? rs : 1) * sizeof(float))) != NULL;
 	f->bytes += (most + rs) * (int64_t)sizeof(float);
+	int64_t nall = f->shard_embed ? (int64_t)f->F * ntok : 0;
+	ok &= (f->tok_all = malloc((size_t)(nall ? nall : 1) * sizeof(int64_t))) != NULL;
+	ok &= (f->counts = malloc((size_t)f->F * sizeof(int64_t))) != NULL;
+	ok &= (f->emb_all = malloc((size_t)(nall ? nall : 1) * (size_t)m->s.E * sizeof(float))) != NULL;
+	f->bytes += nall * (int64_t)sizeof(int64_t) + nall * m->s.E * (int64_t)sizeof(float);
 	f->req_unit = -1;
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_cond_init(&f->cv, NULL);
@@ -443,6 +528,10 @@ int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p)
 	}
 	f->have_thread = 1;
 	f->hooks = (st_llama_hooks){.acquire = fsdp_acquire, .grads_ready = fsdp_grads_ready, .ctx = f};
+	if (f->shard_embed) {
+		f->hooks.embed_forward = fsdp_embed_forward;
+		f->hooks.embed_backward = fsdp_embed_backward;
+	}
 	m->hooks = &f->hooks;
 	*out = f;
 	return 0;
@@ -477,5 +566,8 @@ void st_fsdp_free(st_fsdp *f)
 		free(f->slot[k]);
 	free(f->gslot);
 	free(f->rs);
+	free(f->tok_all);
+	free(f->emb_all);
+	free(f->counts);
 	free(f);
 }

@@ -91,19 +91,28 @@ void st_shard_pieces_free(struct st_ckpt_piece *pieces, int n);
 
 /*
  * ZeRO-3: the model is not resident; weights are gathered over fsdp one unit
- * (embedding, layer, output layer) at a time just before use, into two
- * alternating layer buffers (and one each for the embedding and the output
- * layer), while a thread gathers the next unit in the order of the pass
- * (forward: up, backward: down) over its own communicator. Each unit's
- * gradients are reduce-scattered into the shard right after its backward
- * and accumulated over micro-batches.
+ * (layer, output layer) at a time just before use, into two alternating
+ * layer buffers (and one for the output layer), while a thread gathers the
+ * next unit in the order of the pass (forward: up, backward: down) over its
+ * own communicator. Each unit's gradients are reduce-scattered into the
+ * shard right after its backward and accumulated over micro-batches. The
+ * embedding is gathered the same way unless the group's tokens per
+ * micro-batch are fewer than the vocabulary (st_fsdp_shards_embedding): then
+ * it stays sharded by vocabulary rows, each member looks up its rows for the
+ * whole group's tokens (a reduce-scatter delivers each member its tokens'
+ * rows) and adds the group's gathered dx into its rows of the gradient,
+ * moving tokens x E values instead of vocabulary x E.
  *
  *   st_fsdp *f;
- *   rc = st_fsdp_create(&f, &shard, &model, &par);   // sets model.hooks
+ *   rc = st_fsdp_create(&f, &shard, &model, &par, rows * T);   // sets model.hooks
  *   per step: st_fsdp_begin_step(f) ... forward/backward ... st_fsdp_end_step(f) after AdamW
  */
 typedef struct st_fsdp st_fsdp;
-int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p);
+/* 1 when F members with ntok tokens each keep the embedding sharded (F x
+ * ntok < vocab), 0 when they gather it. */
+int st_fsdp_shards_embedding(int64_t F, int64_t ntok, int64_t vocab);
+/* ntok: tokens per micro-batch of this member (rows x T). */
+int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p, int64_t ntok);
 /* Zero the shard gradients (before the first micro-batch). */
 void st_fsdp_begin_step(st_fsdp *f);
 /* The weights changed (after AdamW): gathered copies are stale. */

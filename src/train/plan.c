@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "train/parallel.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 /* Libraries, oneDNN's JIT code and scratch, stacks: measured 40-60 MiB. */
@@ -73,19 +74,25 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	p->optimizer = 8 * p->params_device;
 	if (F > 1) {
 		/* st_fsdp_create's buffers: two gathered layers (the one in use and
-		 * the prefetched next), the embedding and final unit (norm + output
-		 * layer), one unit's gradients before the reduce-scatter, and one
-		 * tensor's reduced shard */
+		 * the prefetched next), the final unit (norm + output layer), one
+		 * unit's gradients before the reduce-scatter, one tensor's reduced
+		 * shard; and the embedding: gathered like a unit, or, when the
+		 * group's tokens are fewer than the vocabulary, kept sharded with
+		 * the group's tokens and one (F x tokens, E) exchange buffer */
 		int64_t HDl = p->local.H * s->D, KDl = p->local.K * s->D, Ml = p->local.M;
+		int64_t ntok = B * tp * (int64_t)c->max_target_length, group_tokens = F * ntok;
+		int sharded = st_fsdp_shards_embedding(F, ntok, s->V);
 		int64_t embed = s->V * E, head = E + p->local.V * E;
-		int64_t most = p->layer_piece > embed ? p->layer_piece : embed;
-		most = head > most ? head : most;
-		int64_t shape[][2] = {{s->V, E}, {p->local.V, E}, {E, 1}, {HDl, E}, {KDl, E},
-				      {E, HDl}, {Ml, E}, {E, Ml}};
+		int64_t most = p->layer_piece > head ? p->layer_piece : head;
+		int64_t shape[][2] = {{s->V, E}, {p->local.V, E}, {E, 1}, {HDl, E}, {KDl, E}, {E, HDl}, {Ml, E}, {E, Ml}};
 		int64_t rs = 0;
-		for (size_t i = 0; i < sizeof(shape) / sizeof(shape[0]); i++)
+		for (size_t i = sharded ? 1 : 0; i < sizeof(shape) / sizeof(shape[0]); i++)
 			rs = ceil_div(shape[i][0], F) * shape[i][1] > rs ? ceil_div(shape[i][0], F) * shape[i][1] : rs;
-		p->fsdp_buffer = 4 * (2 * p->layer_piece + embed + head + most + rs);
+		if (sharded)
+			p->fsdp_buffer = 4 * (2 * p->layer_piece + head + most + rs) + 8 * group_tokens +
+					 4 * group_tokens * E;
+		else
+			p->fsdp_buffer = 4 * (2 * p->layer_piece + embed + head + (embed > most ? embed : most) + rs);
 	}
 
 	/* activations: a tensor-parallel group's micro-batch, one device's heads */
@@ -154,7 +161,7 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 	line(out, "optimizer", p->optimizer, "AdamW m and v, fp32, sharded as the weights");
 	if (p->fsdp_buffer)
 		line(out, "fsdp buffers", p->fsdp_buffer,
-		     "gathered weights (2 layers, embedding, output layer) and one unit's gradients");
+		     "gathered weights (2 layers, output layer, embedding or the group's embedded tokens), one unit's gradients");
 	if (p->bf16_weights)
 		line(out, "bf16 weights", p->bf16_weights, "bf16 copy of the resident weights for products");
 	snprintf(note, sizeof(note),

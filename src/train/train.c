@@ -340,7 +340,7 @@ int st_train(const st_config *c, st_train_result *res)
 	if (!restored) /* a fresh start (or every checkpoint was unusable): initial weights */
 		st_shard_init_weights(&t.shard, &t.model, (uint64_t)c->init_weights_seed);
 	if (!resident)
-		rc = st_fsdp_create(&t.fsdp, &t.shard, &t.model, p);
+		rc = st_fsdp_create(&t.fsdp, &t.shard, &t.model, p, t.rows * t.T);
 	else if ((rc = st_shard_gather_params(&t.shard, &t.model, p)) == 0)
 		rc = st_llama_weights_changed(&t.model);
 	if (rc < 0 ||
