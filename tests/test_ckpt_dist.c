@@ -23,6 +23,7 @@
 
 #include "base/err.h"
 #include "check.h"
+#include "free_port.h"
 #include "ckpt/ckpt.h"
 #include "dist/comm.h"
 
@@ -90,19 +91,6 @@ static void free_pieces(st_ckpt_piece *ps, int n)
 {
 	for (int k = 0; k < n; k++)
 		free(ps[k].data);
-}
-
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t l = sizeof(a);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || getsockname(fd, (struct sockaddr *)&a, &l) < 0) {
-		perror("free_port");
-		exit(1);
-	}
-	close(fd);
-	return ntohs(a.sin_port);
 }
 
 typedef void (*body_fn)(st_comm *c, int rank, int P);

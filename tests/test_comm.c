@@ -27,6 +27,7 @@
 
 #include "base/err.h"
 #include "check.h"
+#include "free_port.h"
 #include "dist/comm.h"
 #include "dist/dist_int.h"
 
@@ -54,19 +55,6 @@ static double now_s(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t l = sizeof(a);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || getsockname(fd, (struct sockaddr *)&a, &l) < 0) {
-		perror("free_port");
-		exit(1);
-	}
-	close(fd);
-	return ntohs(a.sin_port);
 }
 
 static void set_place(const world *w, int rank, int port)

@@ -149,11 +149,16 @@ int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, 
 		     int resident)
 {
 	memset(m, 0, sizeof(*m));
-	if (tp < 1 || s->H % tp || s->K % tp || s->M % tp || s->V % tp)
-		return st_fail(ST_EINVAL,
-			       "tensor parallelism %d must divide the query heads (%lld), kv heads (%lld), "
-			       "mlp_dim (%lld) and vocab_size (%lld)",
-			       tp, (long long)s->H, (long long)s->K, (long long)s->M, (long long)s->V);
+	if (tp < 1)
+		return st_fail(ST_EINVAL, "tensor parallelism %d: must be at least 1", tp);
+	const char *what[4] = {"num_query_heads", "num_kv_heads", "mlp_dim", "vocab_size"};
+	const int64_t dim[4] = {s->H, s->K, s->M, s->V};
+	for (int i = 0; i < 4; i++)
+		if (dim[i] % tp)
+			return st_fail(ST_EINVAL,
+				       "%s %lld is not divisible by the tensor parallelism %d "
+				       "(ici_tensor_parallelism x dcn_tensor_parallelism)",
+				       what[i], (long long)dim[i], tp);
 	m->s = *s;
 	m->ls = *s;
 	m->ls.H /= tp;
@@ -230,6 +235,15 @@ void st_llama_zero_grads(st_llama *m)
 {
 	if (m->grads) /* else the gradient slots are zeroed as units are acquired */
 		memset(m->grads, 0, (size_t)m->nparams * sizeof(float));
+}
+
+int64_t st_llama_largest_linear(const st_llama *m)
+{
+	int64_t n = 0;
+	for (int i = 0; i < m->ntensors; i++)
+		if (m->tensors[i].kind == ST_T_LINEAR && m->tensors[i].numel > n)
+			n = m->tensors[i].numel;
+	return n;
 }
 
 const st_tensor *st_llama_find(const st_llama *m, const char *name)
@@ -461,9 +475,7 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	a->layer = calloc((size_t)s->L, sizeof(layer_acts));
 	st_llama_act_opts o = {.tp = m->tp_comm ? m->tp : 1, .bf16 = m->bf16};
 	if (m->bf16 && !m->params) /* weights bound per unit (ZeRO-3): converted per product */
-		for (int i = 0; i < m->ntensors; i++)
-			if (m->tensors[i].kind == ST_T_LINEAR && m->tensors[i].numel > o.weight_copy_elems)
-				o.weight_copy_elems = m->tensors[i].numel;
+		o.weight_copy_elems = st_llama_largest_linear(m);
 	carver c = {.a = a};
 	if (a->xs && a->xsb && a->layer)
 		acts_layout(&c, s, B, T, policy, &o);
@@ -610,15 +622,16 @@ static void stream_keep(const st_llama *m, int64_t l)
 		st_f32_to_bf16_array(m->acts->xsb[l], m->acts->xout, m->acts->N * m->s.E);
 }
 
-/* One layer. do_mm: run the matrix products (else q, k, v, xmid, gate, up are
- * already there, kept by the remat policy). out: write the layer output. */
-static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm, float *out)
+/* One layer on input x (stream_in). do_mm: run the matrix products (else q,
+ * k, v, xmid, gate, up are already there, kept by the remat policy). out:
+ * write the layer output. */
+static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const float *x, int do_mm,
+			 float *out)
 {
 	const st_llama_shape *s = &m->ls;
 	st_llama_acts *a = m->acts;
 	const st_layer_view *w = &m->p.layers[l];
 	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
-	const float *x = stream_in(m, l);
 	opnd h1 = OPA(A, h1), h2 = OPA(A, h2);
 
 	norm_forward(m, A->h1, A->h1b, A->rstd1, x, w->ln1);
@@ -651,8 +664,8 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, int do_mm,
 	return 0;
 }
 
-/* a->dx holds d/d(layer output) on entry and d/d(layer input) on return. */
-static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
+/* a->dx holds d/d(layer output) on entry and d/d(layer input) x on return. */
+static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const float *x)
 {
 	const st_llama_shape *s = &m->ls;
 	st_llama_acts *a = m->acts;
@@ -700,7 +713,7 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A)
 	TRY(mm(m, 'T', 'N', KD, E, N, dk, KD, h1, E, 1, g->wk, E));
 	TRY(mm(m, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
-	st_rmsnorm_backward(dx, g->ln1, a->dh, stream_in(m, l), w->ln1, A->rstd1, N, E);
+	st_rmsnorm_backward(dx, g->ln1, a->dh, x, w->ln1, A->rstd1, N, E);
 	return 0;
 }
 
@@ -806,7 +819,7 @@ static int forward(st_llama *m, const int32_t *tokens)
 	stream_keep(m, 0);
 	for (int l = 0; l < L; l++) {
 		TRY(acquire(m, l + 1, 0));
-		TRY(layer_forward(m, l, &a->layer[l], 1, stream_out(m, l + 1)));
+		TRY(layer_forward(m, l, &a->layer[l], stream_in(m, l), 1, stream_out(m, l + 1)));
 		stream_keep(m, l + 1);
 	}
 	TRY(acquire(m, L + 1, 0));
@@ -839,11 +852,10 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	for (int l = L - 1; l >= 0; l--) {
 		const layer_acts *A = &a->layer[l];
 		TRY(acquire(m, l + 1, 1));
-		if (a->policy == ST_REMAT_FULL)
-			TRY(layer_forward(m, l, A, 1, NULL));
-		else if (a->policy == ST_REMAT_MINIMAL)
-			TRY(layer_forward(m, l, A, 0, NULL));
-		TRY(layer_backward(m, l, A));
+		const float *x = stream_in(m, l);
+		if (a->policy != ST_REMAT_NONE) /* minimal: the products' outputs are kept */
+			TRY(layer_forward(m, l, A, x, a->policy == ST_REMAT_FULL, NULL));
+		TRY(layer_backward(m, l, A, x));
 		TRY(grads_ready(m, l + 1));
 	}
 	if (m->hooks && m->hooks->embed_backward)

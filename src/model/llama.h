@@ -157,6 +157,8 @@ typedef struct st_llama_act_opts {
 int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
 			       const st_llama_act_opts *o);
 const st_tensor *st_llama_find(const st_llama *m, const char *name);
+/* Elements of the largest matrix-product weight (linear tensor) of this process. */
+int64_t st_llama_largest_linear(const st_llama *m);
 /* The resident weights changed (optimizer step, restore): refresh their bf16
  * copy, which bf16 products then read instead of converting each time. */
 int st_llama_weights_changed(st_llama *m);

@@ -485,6 +485,51 @@ static int fsdp_grads_ready(void *ctx, st_llama *m, int u)
 
 int st_fsdp_shards_embedding(int64_t F, int64_t ntok, int64_t vocab) { return F * ntok < vocab; }
 
+/* Sizes (elements) of st_fsdp's buffers for model m (its tensor table),
+ * fsdp size F and ntok tokens per member: what st_fsdp_create allocates and
+ * st_fsdp_bytes_for counts. */
+typedef struct fsdp_sizes {
+	int shard_embed;
+	int64_t slot[4], gslot, rs, tokens; /* tokens: the group's (sharded embedding), 0 if gathered */
+} fsdp_sizes;
+
+static fsdp_sizes fsdp_layout(const st_llama *m, int64_t F, int64_t ntok)
+{
+	fsdp_sizes z = {.shard_embed = st_fsdp_shards_embedding(F, ntok, m->s.V)};
+	int L = (int)m->s.L, u0 = z.shard_embed ? 1 : 0; /* a sharded embedding (unit 0) is never gathered */
+	int64_t layer = st_llama_unit_numel(m, 1);
+	z.slot[0] = z.slot[1] = layer;
+	z.slot[2] = z.shard_embed ? 0 : st_llama_unit_numel(m, 0);
+	z.slot[3] = st_llama_unit_numel(m, L + 1);
+	z.gslot = layer;
+	for (int u = u0; u <= L + 1; u++)
+		z.gslot = st_llama_unit_numel(m, u) > z.gslot ? st_llama_unit_numel(m, u) : z.gslot;
+	for (int i = u0; i < m->ntensors; i++) { /* the largest member's piece of a tensor */
+		const st_tensor *t = &m->tensors[i];
+		int64_t R = t->shape[0], C = t->ndim == 2 ? t->shape[1] : 1, piece = (R + F - 1) / F * C;
+		z.rs = piece > z.rs ? piece : z.rs;
+	}
+	z.tokens = z.shard_embed ? F * ntok : 0;
+	return z;
+}
+
+static int64_t fsdp_bytes(const fsdp_sizes *z, int64_t E)
+{
+	int64_t n = z->gslot + z->rs + z->tokens * E;
+	for (int k = 0; k < 4; k++)
+		n += z->slot[k];
+	return n * (int64_t)sizeof(float) + z->tokens * (int64_t)sizeof(int64_t);
+}
+
+int64_t st_fsdp_bytes_for(const st_llama *m, int64_t F, int64_t ntok)
+{
+	fsdp_sizes z = fsdp_layout(m, F, ntok);
+	return fsdp_bytes(&z, m->s.E);
+}
+
+/* malloc of n elements of size sz (at least one byte). */
+static void *alloc_n(int64_t n, size_t sz) { return malloc(n > 0 ? (size_t)n * sz : 1); }
+
 int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p, int64_t ntok)
 {
 	st_fsdp *f = calloc(1, sizeof(*f));
@@ -496,29 +541,19 @@ int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p, int
 	f->F = (int)p->mesh.size[ST_AXIS_FSDP];
 	f->L = (int)m->s.L;
 	f->ntok = ntok;
-	f->shard_embed = st_fsdp_shards_embedding(f->F, ntok, m->s.V);
-	int u0 = f->shard_embed ? 1 : 0; /* a sharded embedding (unit 0) is never gathered */
-	int64_t layer = st_llama_unit_numel(m, 1), most = layer, rs = 0;
-	for (int u = u0; u <= f->L + 1; u++)
-		most = st_llama_unit_numel(m, u) > most ? st_llama_unit_numel(m, u) : most;
-	for (int i = u0; i < s->ntensors; i++)
-		rs = s->rows[i] * s->cols[i] > rs ? s->rows[i] * s->cols[i] : rs;
-	int64_t sizes[4] = {layer, layer, f->shard_embed ? 0 : st_llama_unit_numel(m, 0),
-			    st_llama_unit_numel(m, f->L + 1)};
+	fsdp_sizes z = fsdp_layout(m, f->F, ntok);
+	f->shard_embed = z.shard_embed;
 	int ok = 1;
 	for (int k = 0; k < 4; k++) {
-		ok &= (f->slot[k] = malloc((size_t)(sizes[k] ? sizes[k] : 1) * sizeof(float))) != NULL;
+		ok &= (f->slot[k] = alloc_n(z.slot[k], sizeof(float))) != NULL;
 		f->slot_unit[k] = -1;
-		f->bytes += sizes[k] * (int64_t)sizeof(float);
 	}
-	ok &= (f->gslot = malloc((size_t)most * sizeof(float))) != NULL;
-	ok &= (f->rs = malloc((size_t)(rs ? rs : 1) * sizeof(float))) != NULL;
-	f->bytes += (most + rs) * (int64_t)sizeof(float);
-	int64_t nall = f->shard_embed ? (int64_t)f->F * ntok : 0;
-	ok &= (f->tok_all = malloc((size_t)(nall ? nall : 1) * sizeof(int64_t))) != NULL;
-	ok &= (f->counts = malloc((size_t)f->F * sizeof(int64_t))) != NULL;
-	ok &= (f->emb_all = malloc((size_t)(nall ? nall : 1) * (size_t)m->s.E * sizeof(float))) != NULL;
-	f->bytes += nall * (int64_t)sizeof(int64_t) + nall * m->s.E * (int64_t)sizeof(float);
+	ok &= (f->gslot = alloc_n(z.gslot, sizeof(float))) != NULL;
+	ok &= (f->rs = alloc_n(z.rs, sizeof(float))) != NULL;
+	ok &= (f->tok_all = alloc_n(z.tokens, sizeof(int64_t))) != NULL;
+	ok &= (f->emb_all = alloc_n(z.tokens * m->s.E, sizeof(float))) != NULL;
+	ok &= (f->counts = alloc_n(f->F, sizeof(int64_t))) != NULL;
+	f->bytes = fsdp_bytes(&z, m->s.E);
 	f->req_unit = -1;
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_cond_init(&f->cv, NULL);

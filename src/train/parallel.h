@@ -111,6 +111,9 @@ typedef struct st_fsdp st_fsdp;
 /* 1 when F members with ntok tokens each keep the embedding sharded (F x
  * ntok < vocab), 0 when they gather it. */
 int st_fsdp_shards_embedding(int64_t F, int64_t ntok, int64_t vocab);
+/* The bytes st_fsdp_create allocates for model m (only its tensor table is
+ * read: a non-resident st_llama will do), fsdp size F, ntok tokens per member. */
+int64_t st_fsdp_bytes_for(const st_llama *m, int64_t F, int64_t ntok);
 /* ntok: tokens per micro-batch of this member (rows x T). */
 int st_fsdp_create(st_fsdp **out, st_shard *s, st_llama *m, const st_par *p, int64_t ntok);
 /* Zero the shard gradients (before the first micro-batch). */

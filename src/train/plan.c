@@ -25,16 +25,6 @@ static double machine_memory(void)
 	return pages > 0 && size > 0 ? pages * size : 0;
 }
 
-static int divisible(const char *what, int64_t n, int64_t tp)
-{
-	if (n % tp != 0)
-		return st_fail(ST_EINVAL,
-			       "%s %lld is not divisible by the tensor parallelism %lld "
-			       "(ici_tensor_parallelism x dcn_tensor_parallelism)",
-			       what, (long long)n, (long long)tp);
-	return 0;
-}
-
 int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t devices_per_slice,
 		    double memory_bytes)
 {
@@ -51,64 +41,37 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	int64_t B = (int64_t)b, tp = p->mesh.size[ST_AXIS_TENSOR], F = p->mesh.size[ST_AXIS_FSDP];
 	st_llama_shape_from_config(&p->shape, c);
 	const st_llama_shape *s = &p->shape;
-	if ((rc = divisible("num_query_heads", s->H, tp)) < 0 ||
-	    (rc = divisible("num_kv_heads", s->K, tp)) < 0 || (rc = divisible("mlp_dim", s->M, tp)) < 0 ||
-	    (rc = divisible("vocab_size", s->V, tp)) < 0)
+	/* this process's tensor table (weights not allocated): the tensor-parallel
+	 * parts divided by tp, the rest replicated; buffers are sized from it by
+	 * the same functions that allocate them */
+	st_llama m = ST_LLAMA_INIT;
+	if ((rc = st_llama_init_tp(&m, s, (int)tp, 0, NULL, 0)) < 0)
 		return rc;
-	p->local = *s;
-	p->local.H /= tp;
-	p->local.K /= tp;
-	p->local.M /= tp;
-	p->local.V /= tp;
-
-	/* parameters: tensor-parallel parts divided by tp, the rest replicated */
-	int64_t E = s->E, L = s->L, HD = s->H * s->D, KD = s->K * s->D;
-	int64_t layer_tp = 2 * E * HD + 2 * E * KD + 3 * E * s->M, layer_rep = 2 * E;
+	p->local = m.ls;
+	int64_t E = s->E;
 	p->params = st_llama_count_params(s);
-	p->layer_piece = layer_tp / tp + layer_rep;
-	p->params_piece = L * p->layer_piece + s->V * E /* embedding */ + E /* final norm */ +
-			  s->V / tp * E /* output layer */;
+	p->layer_piece = st_llama_unit_numel(&m, 1);
+	p->params_piece = m.nparams;
 	p->params_device = ceil_div(p->params_piece, F);
 	p->weights = 4 * p->params_device;
 	p->grads = 4 * p->params_device;
 	p->optimizer = 8 * p->params_device;
-	if (F > 1) {
-		/* st_fsdp_create's buffers: two gathered layers (the one in use and
-		 * the prefetched next), the final unit (norm + output layer), one
-		 * unit's gradients before the reduce-scatter, one tensor's reduced
-		 * shard; and the embedding: gathered like a unit, or, when the
-		 * group's tokens are fewer than the vocabulary, kept sharded with
-		 * the group's tokens and one (F x tokens, E) exchange buffer */
-		int64_t HDl = p->local.H * s->D, KDl = p->local.K * s->D, Ml = p->local.M;
-		int64_t ntok = B * tp * (int64_t)c->max_target_length, group_tokens = F * ntok;
-		int sharded = st_fsdp_shards_embedding(F, ntok, s->V);
-		int64_t embed = s->V * E, head = E + p->local.V * E;
-		int64_t most = p->layer_piece > head ? p->layer_piece : head;
-		int64_t shape[][2] = {{s->V, E}, {p->local.V, E}, {E, 1}, {HDl, E}, {KDl, E}, {E, HDl}, {Ml, E}, {E, Ml}};
-		int64_t rs = 0;
-		for (size_t i = sharded ? 1 : 0; i < sizeof(shape) / sizeof(shape[0]); i++)
-			rs = ceil_div(shape[i][0], F) * shape[i][1] > rs ? ceil_div(shape[i][0], F) * shape[i][1] : rs;
-		if (sharded)
-			p->fsdp_buffer = 4 * (2 * p->layer_piece + head + most + rs) + 8 * group_tokens +
-					 4 * group_tokens * E;
-		else
-			p->fsdp_buffer = 4 * (2 * p->layer_piece + embed + head + (embed > most ? embed : most) + rs);
-	}
 
 	/* activations: a tensor-parallel group's micro-batch, one device's heads */
 	p->rows = B * tp;
 	p->T = c->max_target_length;
 	p->global_batch = B * p->devices * c->gradient_accumulation_steps;
+	if (F > 1) /* ZeRO-3 (st_fsdp) working buffers */
+		p->fsdp_buffer = st_fsdp_bytes_for(&m, F, p->rows * p->T);
 	int bf16 = c->dtype == ST_DTYPE_BFLOAT16;
 	/* bf16 products read a bf16 copy of the resident weights; under ZeRO-3
 	 * (weights gathered per unit) each weight is converted into one buffer
 	 * as large as the largest product weight, counted with the activations */
-	int64_t largest = p->local.V * E; /* the largest product weight: output layer, */
-	largest = p->local.M * E > largest ? p->local.M * E : largest;     /* MLP, */
-	largest = p->local.H * s->D * E > largest ? p->local.H * s->D * E : largest; /* q, o */
-	st_llama_act_opts ao = {.tp = (int)tp, .bf16 = bf16, .weight_copy_elems = bf16 && F > 1 ? largest : 0};
+	st_llama_act_opts ao = {.tp = (int)tp, .bf16 = bf16,
+				.weight_copy_elems = bf16 && F > 1 ? st_llama_largest_linear(&m) : 0};
 	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
 	p->bf16_weights = bf16 && F == 1 ? 2 * p->params_piece : 0;
+	st_llama_release(&m);
 
 	/* transient kernel buffers (largest phase: attention backward) + runtime */
 	int64_t N = p->rows * p->T, Tpad = ceil_div(p->T, 64) * 64;
