@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 enum { MAXN = 64, MAXROWS = 64 };
 

@@ -8,7 +8,7 @@
  * failure policies; malformed manifests and done records; verify and list;
  * Hugging Face export (sharded) and import.
  *
- * The communicator here is a stand-in for src/dist (threads as processes):
+ * The communicator here is a stand-in for src/comm (threads as processes):
  * it implements only what src/ckpt calls.
  */
 #include <dirent.h>
@@ -517,7 +517,7 @@ static double hook_start;
 static void slow_hook(void *arg, int64_t step)
 {
 	(void)step;
-	hook_start = ck_now();
+	hook_start = st_mono_s();
 	usleep(*(int *)arg * 1000);
 }
 
@@ -535,16 +535,16 @@ static void test_async(void)
 
 	CHECK(st_ckpt_saver_create(&s, &o) == 0);
 	make_pieces(&pl, model, NT, 0, 1, 0, 1);
-	double t0 = ck_now();
+	double t0 = st_mono_s();
 	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
-	double returned = ck_now() - t0;
+	double returned = st_mono_s() - t0;
 	CHECK_MSG(returned < 0.2, "save took %.3f s with a %d ms write", returned, delay_ms);
 	CHECK(!exists(tp("async/1/manifest.json")));
 	/* the caller may change its buffers at once: the saved values are the copy */
 	for (int k = 0; k < pl.n; k++)
 		pl.p[k].data[0] = -1;
 	CHECK(st_ckpt_wait(s) == 0);
-	CHECK(ck_now() - t0 >= delay_ms / 1000.0);
+	CHECK(st_mono_s() - t0 >= delay_ms / 1000.0);
 	CHECK(exists(tp("async/1/manifest.json")));
 	st_ckpt_saver_stats(s, &st);
 	CHECK(st.saves == 1 && st.committed == 1 && st.last_step == 1 && st.last_stall_s < 0.2 && st.last_bytes > 0);
@@ -552,7 +552,7 @@ static void test_async(void)
 	m = meta_for(2);
 	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
 	m = meta_for(3);
-	t0 = ck_now();
+	t0 = st_mono_s();
 	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
 	st_ckpt_saver_stats(s, &st);
 	CHECK_MSG(st.last_wait_s > 0.2, "wait %.3f", st.last_wait_s);
@@ -700,11 +700,11 @@ static void test_policies(void)
 	st_ckpt_saver_free(s);
 	CHECK(st_ckpt_saver_create(&s, &o) == 0);
 	m = meta_for(2);
-	double t0 = ck_now();
+	double t0 = st_mono_s();
 	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
 	usleep(50000);
 	st_ckpt_saver_abort(s);
-	CHECK(st_ckpt_wait(s) == ST_EPEER && ck_now() - t0 < 5);
+	CHECK(st_ckpt_wait(s) == ST_EPEER && st_mono_s() - t0 < 5);
 	st_ckpt_saver_free(s);
 	free_pieces(&pl);
 	/* invalid pieces are rejected at once */

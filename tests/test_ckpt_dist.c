@@ -1,5 +1,5 @@
 /*
- * Checkpoints across real processes (src/dist's communicator, forked
+ * Checkpoints across real processes (src/comm's communicator, forked
  * members on loopback): 4 processes save row pieces of three steps
  * (async); step 3 is then damaged in a piece that, restoring as 3 processes
  * with column splits, only one of them reads. All 3 must agree to fall back
@@ -25,7 +25,7 @@
 #include "check.h"
 #include "free_port.h"
 #include "ckpt/ckpt.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 static char dir[600];
 

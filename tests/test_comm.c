@@ -25,11 +25,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "check.h"
 #include "free_port.h"
-#include "dist/comm.h"
-#include "dist/dist_int.h"
+#include "comm/comm.h"
+#include "comm/comm_int.h"
 
 enum { MAXP = 8 };
 
@@ -50,13 +51,6 @@ typedef struct report {
 
 static report *rep;
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void set_place(const world *w, int rank, int port)
 {
 	char b[64];
@@ -74,9 +68,9 @@ static int join(st_group **g, const world *w, int rank, int port)
 {
 	set_place(w, rank, port);
 	st_group_opts o = { .timeout_ms = w->timeout_ms, .use_shm = w->shm ? 1 : -1 };
-	double t0 = now_s();
+	double t0 = st_mono_s();
 	int rc = st_group_join(g, &o);
-	rep->join_ms[rank] = (now_s() - t0) * 1e3;
+	rep->join_ms[rank] = (st_mono_s() - t0) * 1e3;
 	if (rc)
 		fprintf(stderr, "rank %d: join: %s\n", rank, st_errmsg());
 	return rc;
@@ -98,9 +92,9 @@ static void spawn(const world *w, body_fn body, pid_t *pids)
 			if (join(&g, w, r, port))
 				exit(2);
 			body(g, w, r);
-			double t0 = now_s();
+			double t0 = st_mono_s();
 			st_group_leave(g);
-			rep->leave_ms[r] = (now_s() - t0) * 1e3;
+			rep->leave_ms[r] = (st_mono_s() - t0) * 1e3;
 			exit(check_result());
 		}
 	}
@@ -110,7 +104,7 @@ static void spawn(const world *w, body_fn body, pid_t *pids)
 static int reap(pid_t *pids, int n, double limit)
 {
 	int bad = 0;
-	double end = now_s() + limit;
+	double end = st_mono_s() + limit;
 	for (int r = 0; r < n; r++) {
 		if (pids[r] <= 0)
 			continue;
@@ -119,7 +113,7 @@ static int reap(pid_t *pids, int n, double limit)
 			pid_t p = waitpid(pids[r], &st, WNOHANG);
 			if (p == pids[r])
 				break;
-			if (now_s() > end) {
+			if (st_mono_s() > end) {
 				fprintf(stderr, "rank %d (pid %d) hangs: killing it\n", r, (int)pids[r]);
 				kill(pids[r], SIGKILL);
 				waitpid(pids[r], &st, 0);
@@ -422,14 +416,14 @@ static void test_collectives(void)
 	for (size_t k = 0; k < sizeof(layouts) / sizeof(layouts[0]); k++) {
 		const world *w = &layouts[k];
 		pid_t pids[MAXP];
-		double t0 = now_s();
+		double t0 = st_mono_s();
 		spawn(w, body_collectives, pids);
 		int bad = reap(pids, w->n, 120);
 		double jmax = 0;
 		for (int r = 0; r < w->n; r++)
 			jmax = rep->join_ms[r] > jmax ? rep->join_ms[r] : jmax;
 		printf("collectives: %d ranks, %d slices, shm %s: %s, join <= %.1f ms, %.2f s\n", w->n, w->slices,
-		       w->shm ? "on" : "off", bad ? "FAILED" : "ok", jmax, now_s() - t0);
+		       w->shm ? "on" : "off", bad ? "FAILED" : "ok", jmax, st_mono_s() - t0);
 		CHECK_MSG(bad == 0, "%d of %d members failed", bad, w->n);
 		CHECK_MSG(jmax < 1000, "join took %.1f ms", jmax);
 	}
@@ -464,17 +458,17 @@ static void body_loop(st_group *g, const world *w, int rank)
 		default: rc = st_comm_allgather(c, x, x + count / 2, counts, ST_C_F32); break;
 		}
 	}
-	rep->fail_at[rank] = now_s();
+	rep->fail_at[rank] = st_mono_s();
 	snprintf(rep->msg[rank], sizeof(rep->msg[rank]), "%s", st_errmsg());
 	__atomic_store_n(&rep->rc[rank], rc, __ATOMIC_RELEASE);
 	/* stay connected until every survivor has seen the failure: a survivor
 	 * that left at once would be the first failure that a slower one sees
 	 * (its message would name that survivor, not the victim) */
-	for (double until = now_s() + 10;;) {
+	for (double until = st_mono_s() + 10;;) {
 		int waiting = 0;
 		for (int r = 0; r < w->n; r++)
 			waiting += r != victim && __atomic_load_n(&rep->rc[r], __ATOMIC_ACQUIRE) == 0;
-		if (!waiting || now_s() > until)
+		if (!waiting || st_mono_s() > until)
 			break;
 		usleep(1000);
 	}
@@ -491,12 +485,12 @@ static double failure_case(const world *w, int sig, int v, const char *what)
 	memset(rep, 0, sizeof(*rep));
 	victim = v;
 	spawn(w, body_loop, pids);
-	double t_wait = now_s() + 10;
+	double t_wait = st_mono_s() + 10;
 	for (int r = 0; r < w->n; r++)
-		while (!rep->ok[r] && now_s() < t_wait)
+		while (!rep->ok[r] && st_mono_s() < t_wait)
 			usleep(1000);
 	usleep(300000);
-	rep->t_signal = now_s();
+	rep->t_signal = st_mono_s();
 	kill(pids[v], sig);
 	double worst = 0;
 	/* survivors exit on their own */
@@ -551,7 +545,7 @@ static void body_slow(st_group *g, const world *w, int rank)
 	CHECK(st_comm_allreduce(c, &x, 1, ST_C_F64, ST_SUM) == 0);
 	if (rank == w->n - 1)
 		usleep((useconds_t)slow_ms * 1000); /* "computing" */
-	double t0 = now_s();
+	double t0 = st_mono_s();
 	double y[1000];
 	for (int i = 0; i < 1000; i++)
 		y[i] = rank;
@@ -559,7 +553,7 @@ static void body_slow(st_group *g, const world *w, int rank)
 	CHECK_MSG(rc == 0, "rank %d: slow peer declared dead: %s", rank, st_errmsg());
 	CHECK(y[999] == (double)(w->n * (w->n - 1) / 2));
 	if (rank == 0)
-		rep->fail_at[0] = now_s() - t0;
+		rep->fail_at[0] = st_mono_s() - t0;
 	st_comm_free(c);
 }
 
@@ -603,15 +597,15 @@ static void body_abort(st_group *g, const world *w, int rank)
 		pthread_t th;
 		abort_arg a = { g, 200 };
 		pthread_create(&th, NULL, aborter, &a);
-		double t0 = now_s();
+		double t0 = st_mono_s();
 		int rc = st_comm_allreduce(c, &x, 1, ST_C_F32, ST_SUM); /* rank 1 never joins it */
 		CHECK_MSG(rc == ST_EINTR, "abort: rc %d (%s)", rc, st_errmsg());
-		CHECK(now_s() - t0 < 1.0);
+		CHECK(st_mono_s() - t0 < 1.0);
 		CHECK(st_group_status(g) == ST_EINTR);
 		pthread_join(th, NULL);
 	} else {
-		double t0 = now_s();
-		while (st_group_status(g) == 0 && now_s() - t0 < 5)
+		double t0 = st_mono_s();
+		while (st_group_status(g) == 0 && st_mono_s() - t0 < 5)
 			usleep(1000);
 		int rc = st_comm_allreduce(c, &x, 1, ST_C_F32, ST_SUM);
 		CHECK_MSG(rc == ST_EPEER && strstr(st_errmsg(), "rank 0 aborted"), "peer of abort: %d %s", rc, st_errmsg());
@@ -728,11 +722,11 @@ static void test_join_errors(void)
 	if (p == 0) {
 		check_failures = 0;
 		set_place(&w, 0, port);
-		double t0 = now_s();
+		double t0 = st_mono_s();
 		int rc = st_group_join(&g, NULL);
 		CHECK_MSG(rc == ST_EPEER && strstr(st_errmsg(), "rank 1 did not join within 300 ms"), "got %d '%s'", rc,
 			  st_errmsg());
-		CHECK(now_s() - t0 < 2.0);
+		CHECK(st_mono_s() - t0 < 2.0);
 		exit(check_result());
 	}
 	CHECK(reap(&p, 1, 10) == 0);
@@ -888,7 +882,7 @@ int main(int argc, char **argv)
 		return 1;
 	static char before[256][64], after[256][64];
 	int nb = shm_entries(before, 256);
-	double t0 = now_s();
+	double t0 = st_mono_s();
 	if (want(argc, argv, "collectives"))
 		test_collectives();
 	if (want(argc, argv, "failures"))
@@ -917,6 +911,6 @@ int main(int argc, char **argv)
 			found = strcmp(after[i], before[k]) == 0;
 		CHECK_MSG(found, "left in /dev/shm: %s", after[i]);
 	}
-	printf("test_comm: %.1f s\n", now_s() - t0);
+	printf("test_comm: %.1f s\n", st_mono_s() - t0);
 	return check_result();
 }

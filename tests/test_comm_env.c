@@ -14,9 +14,9 @@
 
 #include "base/err.h"
 #include "check.h"
-#include "dist/comm.h"
-#include "dist/dist_int.h"
-#include "dist/store.h"
+#include "comm/comm.h"
+#include "comm/comm_int.h"
+#include "comm/store.h"
 
 static const char *const all_vars[] = {
 	"SLICETRAIN_COORDINATOR", "SLICETRAIN_RANK", "SLICETRAIN_WORLD_SIZE", "SLICETRAIN_NUM_SLICES",

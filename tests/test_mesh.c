@@ -3,7 +3,7 @@
 
 #include "base/err.h"
 #include "check.h"
-#include "dist/mesh.h"
+#include "comm/mesh.h"
 
 static st_config cfg(int64_t id, int64_t if_, int64_t it, int64_t dd, int64_t df, int64_t dt)
 {

@@ -52,7 +52,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 typedef struct st_ckpt_piece {
 	const char *name;        /* global tensor name */

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/clock.h"
+
 #include "ckpt/ckpt.h"
 
 #define CK_MANIFEST "manifest.json"
@@ -132,7 +134,6 @@ int ck_remove_dir(const char *path);
 /* The whole file as a NUL-terminated string (malloc'd); ST_EIO if unreadable, ST_EINVAL if > max bytes. */
 int ck_read_text(const char *path, size_t max, char **out, size_t *len);
 int ck_file_exists(const char *path);
-double ck_now(void);
 uint32_t ck_crc32(uint32_t crc, const void *data, size_t n);
 /* Validate a caller's piece: ndim, shapes, box inside the tensor, data. */
 int ck_check_piece(const st_ckpt_piece *p, const char *what);

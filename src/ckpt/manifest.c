@@ -764,13 +764,6 @@ int ck_file_exists(const char *path)
 	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-double ck_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* CRC-32 (the gzip/zlib polynomial) through libdeflate: the same values as
  * zlib's crc32, 2.3x faster here (16 GB/s against 6.9, PCLMULQDQ). */
 uint32_t ck_crc32(uint32_t crc, const void *data, size_t n)
@@ -783,7 +776,7 @@ uint32_t ck_crc32(uint32_t crc, const void *data, size_t n)
 void ck_progress_init(struct ck_progress *p, const char *what, int64_t total_bytes)
 {
 	p->what = what;
-	p->t0 = p->last = ck_now();
+	p->t0 = p->last = st_mono_s();
 	p->total = total_bytes;
 	p->done = 0;
 	p->printed = 0;
@@ -802,7 +795,7 @@ void ck_progress_add(struct ck_progress *p, int64_t bytes)
 	if (!p)
 		return;
 	p->done += bytes;
-	double now = ck_now();
+	double now = st_mono_s();
 	if (now - p->t0 >= 3.0 && now - p->last >= (p->printed ? 5.0 : 3.0)) {
 		progress_line(p, now);
 		p->last = now;
@@ -813,5 +806,5 @@ void ck_progress_add(struct ck_progress *p, int64_t bytes)
 void ck_progress_end(struct ck_progress *p)
 {
 	if (p && p->printed)
-		progress_line(p, ck_now());
+		progress_line(p, st_mono_s());
 }

@@ -391,7 +391,7 @@ static int collect_done(st_ckpt_saver *s, const char *step_dir, int p, struct ck
 				break;
 			ck_manifest_free(&d);
 		}
-		if (ck_now() > deadline)
+		if (st_mono_s() > deadline)
 			return st_fail(ST_EIO, "checkpoint step %" PRId64 ": process %d did not finish its shard within %g s "
 				       "(no %s; is it alive?)", s->meta.step, p, s->o.commit_timeout_ms / 1000.0, path);
 		usleep(sleep_us);
@@ -453,7 +453,7 @@ static int commit(st_ckpt_saver *s, const char *step_dir)
 	struct ck_manifest m = {0};
 	char path[ST_PATH_MAX], where[ST_PATH_MAX + 32];
 	char *text = NULL;
-	double deadline = ck_now() + s->o.commit_timeout_ms / 1000.0;
+	double deadline = st_mono_s() + s->o.commit_timeout_ms / 1000.0;
 	int rc = 0;
 
 	m.step = s->meta.step;
@@ -491,7 +491,7 @@ out:
 static void run_job(st_ckpt_saver *s)
 {
 	char step_dir[ST_PATH_MAX];
-	double t0 = ck_now(), t1, t2;
+	double t0 = st_mono_s(), t1, t2;
 	int64_t bytes = 0;
 	int rc, wrote;
 
@@ -503,10 +503,10 @@ static void run_job(st_ckpt_saver *s)
 	if (rc == 0)
 		rc = write_shard(s, step_dir, &bytes);
 	wrote = rc == 0;
-	t1 = ck_now();
+	t1 = st_mono_s();
 	if (wrote && s->o.process == 0)
 		rc = commit(s, step_dir);
-	t2 = ck_now();
+	t2 = st_mono_s();
 	pthread_mutex_lock(&s->mu);
 	s->stats.last_write_s = t1 - t0;
 	s->stats.last_commit_s = wrote && s->o.process == 0 ? t2 - t1 : 0;
@@ -667,14 +667,14 @@ static int check_args(const st_ckpt_saver *s, const st_ckpt_meta *meta, int n, c
 int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckpt_piece *pieces)
 {
 	char step_dir[ST_PATH_MAX], path[ST_PATH_MAX], fname[64];
-	double t0 = ck_now(), t1, t2;
+	double t0 = st_mono_s(), t1, t2;
 	struct seg *segs = NULL;
 	char *hdr = NULL;
 	size_t total = 0, hlen = 0;
 	int rc;
 
 	join(s);
-	t1 = ck_now();
+	t1 = st_mono_s();
 	if ((rc = consume_result(s)) < 0)
 		return rc;
 	free_job(s);
@@ -739,7 +739,7 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 	parallel_copy(segs, n, total);
 	free(segs);
 	segs = NULL;
-	t2 = ck_now();
+	t2 = st_mono_s();
 
 	pthread_mutex_lock(&s->mu);
 	s->stats.saves++;

@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+
 static const char launch_usage[] =
 	"usage: slicetrain launch --num-slices S --devices-per-slice D [--threads-per-device T]\n"
 	"                         [--port P] -- [CONFIG.yml] [key=value ...]\n"
@@ -168,13 +170,6 @@ static pid_t spawn(int rank, int argc, char **argv, const char *exe, int *out_fd
 	return pid;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int exit_code(int status)
 {
 	if (WIFEXITED(status))
@@ -264,7 +259,7 @@ int st_cmd_launch(int argc, char **argv)
 	if (stopping) {
 		for (int r = 0; r < started; r++)
 			kill(w[r].pid, SIGTERM);
-		stop_at = now_s() + 10;
+		stop_at = st_mono_s() + 10;
 	}
 	struct pollfd *pfd = calloc((size_t)(2 * world), sizeof(struct pollfd));
 	for (;;) {
@@ -313,13 +308,13 @@ int st_cmd_launch(int argc, char **argv)
 			for (int r = 0; r < started; r++)
 				if (!w[r].done)
 					kill(w[r].pid, SIGTERM);
-			stop_at = now_s() + 10;
+			stop_at = st_mono_s() + 10;
 		}
-		if (stopping && alive > 0 && now_s() > stop_at) {
+		if (stopping && alive > 0 && st_mono_s() > stop_at) {
 			for (int r = 0; r < started; r++)
 				if (!w[r].done)
 					kill(w[r].pid, SIGKILL);
-			stop_at = now_s() + 1e9;
+			stop_at = st_mono_s() + 1e9;
 		}
 	}
 	free(pfd);

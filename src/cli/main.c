@@ -17,7 +17,7 @@
 #include "ckpt/ckpt_cli.h"
 #include "cli/launch.h"
 #include "config/config.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "train/plan.h"
 #include "train/train.h"
 

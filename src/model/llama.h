@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "kernels/cpu/ops.h"
 
 typedef struct st_llama_shape {

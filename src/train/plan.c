@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
-#include "train/parallel.h"
+#include "shard/fsdp.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 /* Libraries, oneDNN's JIT code and scratch, stacks: measured 40-60 MiB. */

@@ -34,7 +34,7 @@
 #include <stdio.h>
 
 #include "config/config.h"
-#include "dist/mesh.h"
+#include "comm/mesh.h"
 #include "model/llama.h"
 #include "train/flops.h"
 

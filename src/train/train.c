@@ -11,27 +11,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "ckpt/ckpt.h"
 #include "data/data.h"
 #include "kernels/cpu/bf16.h"
-#include "dist/comm.h"
-#include "dist/mesh.h"
+#include "comm/comm.h"
+#include "comm/mesh.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/flops.h"
-#include "train/parallel.h"
+#include "shard/fsdp.h"
 
 static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig) { stop_signal = sig; }
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct trainer {
 	const st_config *c;
@@ -190,7 +184,7 @@ static int restore(trainer *t, int *found_out)
 		return 0;
 	if ((rc = st_shard_pieces(&t->shard, &t->model, p, 1, 0, &pieces, &n)) < 0)
 		return rc;
-	double t0 = now_s();
+	double t0 = st_mono_s();
 	if (c->enable_checkpointing)
 		rc = st_ckpt_restore_latest(t->ckpt_dir, p->world_comm, &meta, n, pieces, &found);
 	if (rc == 0 && !found && c->load_full_state_path[0]) {
@@ -203,8 +197,8 @@ static int restore(trainer *t, int *found_out)
 		if (t->lead)
 			st_info("restored step %lld (saved on %s; next sample %lld): %.1f MB in %.3f s (%.0f MB/s)",
 				(long long)meta.step, meta.mesh, (long long)meta.next_sample,
-				3.0 * 4e-6 * (double)t->shard.n, now_s() - t0,
-				3.0 * 4e-6 * (double)t->shard.n / (now_s() - t0));
+				3.0 * 4e-6 * (double)t->shard.n, st_mono_s() - t0,
+				3.0 * 4e-6 * (double)t->shard.n / (st_mono_s() - t0));
 		if (meta.data_shuffle_seed != c->data_shuffle_seed)
 			st_warn("data_shuffle_seed changed from %lld (checkpoint) to %lld: the data order changes, "
 				"samples may repeat or be skipped",
@@ -385,11 +379,11 @@ int st_train(const st_config *c, st_train_result *res)
 	if (t.step0 >= c->steps && t.lead)
 		st_info("the run already completed its %lld steps", (long long)c->steps);
 	for (int64_t step = t.step0; step < c->steps; step++) {
-		double t0 = now_s(), loss = 0, gnorm = 0, lr = 0;
+		double t0 = st_mono_s(), loss = 0, gnorm = 0, lr = 0;
 		int sig = 0;
 		if ((rc = train_step(&t, step, &loss, &gnorm, &lr)) < 0)
 			break;
-		double secs = now_s() - t0;
+		double secs = st_mono_s() - t0;
 		double tflops = t.flops.total / secs / 1e12;
 		double tokens = (double)(t.T * t.B * c->gradient_accumulation_steps) / secs;
 		if (t.lead) {

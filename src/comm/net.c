@@ -12,14 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/dist_int.h"
-
-int64_t st_mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+#include "comm/comm_int.h"
 
 int st_parse_long(const char *s, long lo, long hi, long *out)
 {

@@ -1,5 +1,5 @@
 /*
- * dist_int.h - internals shared by the files of src/dist (not an API).
+ * comm_int.h - internals shared by the files of src/comm (not an API).
  *
  * net.c    socket helpers: host:port parsing, listen, connect, deadlines
  * store.c  the rendezvous store (store.h)
@@ -7,20 +7,21 @@
  * group.c  join/leave, the monitor thread (heartbeats, accepts, mailbox)
  * comm.c   communicators and collectives
  */
-#ifndef ST_DIST_INT_H
-#define ST_DIST_INT_H
+#ifndef ST_COMM_INT_H
+#define ST_COMM_INT_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dist/comm.h"
-#include "dist/store.h"
+#include "base/clock.h"
+
+#include "comm/comm.h"
+#include "comm/store.h"
 
 /* ---- time and sockets (net.c) ---- */
 
-int64_t st_mono_ns(void);
 /* "host:port" or "[v6]:port" -> host, port (1..65535). 0 or -1 (no message). */
 int st_split_hostport(const char *s, char *host, size_t hostcap, int *port);
 /* Strict decimal integer in [lo, hi]: no sign, spaces or trailing characters. 0 or -1. */

@@ -28,8 +28,8 @@
  * global: several groups may exist in one process (the elastic layer builds
  * a new one after a failure in the same process).
  */
-#ifndef ST_DIST_COMM_H
-#define ST_DIST_COMM_H
+#ifndef ST_COMM_COMM_H
+#define ST_COMM_COMM_H
 
 #include <stddef.h>
 #include <stdint.h>

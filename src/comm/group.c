@@ -33,7 +33,8 @@
 #include <unistd.h>
 
 #include "base/err.h"
-#include "dist/dist_int.h"
+#include "base/hash.h"
+#include "comm/comm_int.h"
 
 enum { EP_MAGIC = 0x53544551u, CFG_MAGIC = 0x53544346u };
 
@@ -863,9 +864,7 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 		q->port = ep.port;
 		memcpy(q->addr, ep.addr, sizeof(q->addr));
 		memcpy(q->uname, ep.uname, sizeof(q->uname));
-		hk[p] = 0xcbf29ce484222325ull;
-		for (const char *c = ep.hostkey; *c; c++)
-			hk[p] = (hk[p] ^ (uint8_t)*c) * 0x100000001b3ull;
+		hk[p] = st_fnv1a(ST_FNV_INIT, ep.hostkey, strlen(ep.hostkey));
 		q->host = p;
 		for (int k = 0; k < p; k++) {
 			ep_wire ek;

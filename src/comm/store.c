@@ -1,5 +1,5 @@
 /* The rendezvous store: one server thread with poll(2), synchronous clients. */
-#include "dist/store.h"
+#include "comm/store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
-#include "dist/dist_int.h"
+#include "comm/comm_int.h"
 
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3 };
 enum { HDR = 12 };

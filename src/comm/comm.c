@@ -50,7 +50,8 @@
 #include <unistd.h>
 
 #include "base/err.h"
-#include "dist/dist_int.h"
+#include "base/hash.h"
+#include "comm/comm_int.h"
 
 enum { M_AR, M_RS, M_AG };
 enum { SHM_MAGIC = 0x5354534d };
@@ -651,16 +652,6 @@ st_comm *st_comm_next(st_comm *c) { return c->next; }
 
 /* ---- create / free ---- */
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-	const uint8_t *b = p;
-	for (size_t i = 0; i < n; i++) {
-		h ^= b[i];
-		h *= 0x100000001b3ull;
-	}
-	return h;
-}
-
 void st_comm_destroy(st_comm *c)
 {
 	if (!c)
@@ -838,11 +829,11 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	c->spin_ns = crowded ? 2000 : 1000000;
 	c->yields = crowded ? 2 : 0;
 
-	uint64_t lh = fnv(0xcbf29ce484222325ull, &g->nonce, sizeof(g->nonce));
-	lh = fnv(lh, &n, sizeof(n));
-	lh = fnv(lh, ranks, sizeof(int) * nn);
+	uint64_t lh = st_fnv1a(ST_FNV_INIT, &g->nonce, sizeof(g->nonce));
+	lh = st_fnv1a(lh, &n, sizeof(n));
+	lh = st_fnv1a(lh, ranks, sizeof(int) * nn);
 	uint64_t seq = st_group_next_comm_seq(g, lh);
-	uint64_t key = fnv(lh, &seq, sizeof(seq)) | 1;
+	uint64_t key = st_fnv1a(lh, &seq, sizeof(seq)) | 1;
 
 	if (n > 1 && c->ngrp > 1) {
 		c->scratch = aligned_alloc(64, (size_t)(c->ngrp - 1) * c->W);

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "base/err.h"
-#include "dist/dist_int.h"
+#include "comm/comm_int.h"
 
 enum { MAX_WORLD = 1 << 20 };
 

@@ -19,7 +19,7 @@
  *   st_store_close(s);
  *   st_store_server_stop(srv);
  *
- * Deadlines are CLOCK_MONOTONIC nanoseconds (see st_mono_ns in dist_int.h).
+ * Deadlines are CLOCK_MONOTONIC nanoseconds (st_mono_ns, base/clock.h).
  *
  * Wire format (little-endian hosts only, like the rest of the group
  * protocol): request = u32 op, u32 key length (1..1024), u32 value length
@@ -31,8 +31,8 @@
  * a deadline passes (the client is then unusable); ST_EIO when the server
  * cannot listen; ST_EINVAL for bad arguments.
  */
-#ifndef ST_DIST_STORE_H
-#define ST_DIST_STORE_H
+#ifndef ST_COMM_STORE_H
+#define ST_COMM_STORE_H
 
 #include <stddef.h>
 #include <stdint.h>
