@@ -90,6 +90,8 @@ static int check_memory(int64_t nparams, const char *model)
 static int write_metrics(trainer *t, int64_t step, double loss, int64_t total_weights,
 			 double secs, double tflops, double tokens, double lr, double gnorm)
 {
+	/* 17 significant digits: a double read back is the same double (tests
+	 * compare runs through this file, not through the 3-decimal log line) */
 	json_t *o = json_pack("{s:f, s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:s}", "learning/loss", loss,
 			      "learning/total_weights", (json_int_t)total_weights,
 			      "learning/current_learning_rate", lr, "learning/grad_norm", gnorm,
@@ -98,7 +100,7 @@ static int write_metrics(trainer *t, int64_t step, double loss, int64_t total_we
 			      "run_name", t->c->run_name);
 	if (!o)
 		return st_fail(ST_EINTERNAL, "cannot build the metrics record");
-	char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
+	char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
 	json_decref(o);
 	if (!line)
 		return st_fail(ST_ENOMEM, "out of memory (metrics)");
