@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/err.h"
 
 static const char launch_usage[] =
 	"usage: slicetrain launch --num-slices S --devices-per-slice D [--threads-per-device T]\n"
@@ -179,6 +180,15 @@ static int exit_code(int status)
 	return 1;
 }
 
+/* The launcher's status for a worker that failed on its own: a worker killed
+ * by a signal (that the launcher did not send) is a peer failure of the group,
+ * as its peers report it; whichever of them is reaped first, the launcher
+ * exits with the same status. */
+static int failure_code(int status)
+{
+	return WIFSIGNALED(status) ? st_exit_status(ST_EPEER) : exit_code(status);
+}
+
 int st_cmd_launch(int argc, char **argv)
 {
 	int slices = 0, dps = 0, threads = 1, port = 0, i;
@@ -296,8 +306,12 @@ int st_cmd_launch(int argc, char **argv)
 				alive--;
 				if (exit_code(st) != 0 && first_fail < 0 && !stopping) {
 					first_fail = r;
-					fprintf(stderr, "slicetrain launch: rank %d exited with status %d; stopping the others\n",
-						r, exit_code(st));
+					if (WIFSIGNALED(st))
+						fprintf(stderr, "slicetrain launch: rank %d was killed by signal %d; stopping the others\n",
+							r, WTERMSIG(st));
+					else
+						fprintf(stderr, "slicetrain launch: rank %d exited with status %d; stopping the others\n",
+							r, exit_code(st));
 				}
 			}
 		}
@@ -319,7 +333,7 @@ int st_cmd_launch(int argc, char **argv)
 	}
 	free(pfd);
 	if (rc == 0 && first_fail >= 0)
-		rc = exit_code(w[first_fail].status);
+		rc = failure_code(w[first_fail].status);
 	else if (rc == 0 && got_signal)
 		rc = 128 + got_signal;
 	else if (rc == 0)

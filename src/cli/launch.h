@@ -8,8 +8,9 @@
  * the SLICETRAIN_* variables giving its place (docs/distributed.md), streams
  * rank 0's output as is and other ranks' lines prefixed "[rank N] ", and
  * exits with the first failing rank's status after stopping the others
- * (SIGTERM, then SIGKILL after a grace period). Workers die with the
- * launcher (PR_SET_PDEATHSIG): no orphans.
+ * (SIGTERM, then SIGKILL after a grace period); a rank killed by a signal
+ * is a peer failure, status 3. Workers die with the launcher
+ * (PR_SET_PDEATHSIG): no orphans.
  */
 #ifndef ST_CLI_LAUNCH_H
 #define ST_CLI_LAUNCH_H
