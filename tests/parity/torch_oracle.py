@@ -5,6 +5,10 @@ Usage (the Debian interpreter, which imports python3-torch 1.13 and python3-nump
 
   /usr/bin/python3 tests/parity/torch_oracle.py --weights W.safetensors --tokens T.npy --out G.safetensors \
       [--rope-llama31 [--rope-scale-factor 8] [--rope-low-freq 1] [--rope-high-freq 4] [--rope-original-max 8192]]
+  /usr/bin/python3 tests/parity/torch_oracle.py --train STEPS --batch G --weights W.safetensors \
+      [--hf-config config.json] --tokens S.npy --out FINAL.safetensors --log LOG.jsonl \
+      [--lr 3e-5] [--warmup-fraction 0.1] [--final-fraction 0.1] [--schedule-steps STEPS] \
+      [--b1 0.9] [--b2 0.95] [--eps 1e-8] [--wd 0.1] [--clip 1.0]
   /usr/bin/python3 tests/parity/torch_oracle.py --selftest
 
 W.safetensors: the model shape in __metadata__ (string values): emb, layers, heads, kv_heads,
@@ -23,11 +27,27 @@ query head h reads kv head h // (H / K); SwiGLU down(silu(gate(x)) * up(x)); fin
 untied lm_head. Everything (weights, RoPE tables, softmax, loss) is float64, so the oracle is
 several orders of magnitude more precise than an fp32 implementation; gradients come from autograd.
 
+--train runs STEPS steps of training in float64 from W, as slicetrain defines them (MaxText's
+optax semantics; src/optim/adamw.h, docs/config.md), with the model shape from W's __metadata__
+or from a Hugging Face config.json (--hf-config, as `slicetrain export` writes it). Step s (from 0)
+trains on the mean cross-entropy of the G rows (s*G + r) mod N, r < G, of S.npy (N, T+1) (the
+order of a token file without shuffling). Then, with every gradient g of the step:
+  norm = |all g|; g *= clip / norm when clip > 0 and norm > clip (clip_by_global_norm)
+  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  t = s + 1
+  p -= lr_s * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * p )   (every weight decays)
+  lr_s: W = floor(schedule_steps * warmup_fraction); s < W: lr s / W (linear warmup from 0);
+        s < schedule_steps: lr a + lr final_fraction (1 - a), a = (cos(pi (s-W) / (schedule_steps-W)) + 1) / 2;
+        later: 0.
+FINAL.safetensors: the float64 weights after the last step (F64, Hugging Face names). LOG.jsonl:
+one line per step {"step", "loss", "grad_norm", "lr", "clipped"} (loss and norm before the update).
+
 --selftest builds a tiny random model in a temporary directory, runs this script on it
 (with and without Llama 3.1 RoPE scaling), and checks the result against (a) the team's
 PyTorch peer model bench/torch_llama_ref.py when it can be found (ST_TORCH_LLAMA_REF,
 <repo>/bench/, /work/shared/bench/), (b) central finite differences in float64, and (c) hand
-evaluation of the Llama 3.1 frequency rule. Exit status 0 when every check holds.
+evaluation of the Llama 3.1 frequency rule, and runs --train against torch.optim.AdamW with the
+same schedule and clipping, and against the schedule evaluated by hand. Exit status 0 when every
+check holds.
 """
 import argparse
 import json
@@ -210,9 +230,26 @@ def llama_loss(w, tokens, c, inv_freq):
     return F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
 
 
-def load_inputs(weights_path, tokens_path):
+def hf_model_config(path):
+    """The model shape from a Hugging Face config.json (LlamaForCausalLM's keys)."""
+    with open(path) as f:
+        j = json.load(f)
+    keys = dict(emb="hidden_size", layers="num_hidden_layers", heads="num_attention_heads",
+                kv_heads="num_key_value_heads", mlp="intermediate_size", vocab="vocab_size",
+                rope_theta="rope_theta", norm_eps="rms_norm_eps")
+    meta = {k: str(j[v]) for k, v in keys.items() if v in j}
+    if "head_dim" in j:
+        meta["head_dim"] = str(j["head_dim"])
+    elif "hidden_size" in j and "num_attention_heads" in j:
+        meta["head_dim"] = str(j["hidden_size"] // j["num_attention_heads"])
+    return model_config(meta, path)
+
+
+def load_inputs(weights_path, tokens_path, c=None):
+    """c: the model shape (else from the weights' __metadata__)."""
     arrays, meta = read_safetensors(weights_path)
-    c = model_config(meta, weights_path)
+    if c is None:
+        c = model_config(meta, weights_path)
     shapes = param_shapes(c)
     want = {n for n, _ in shapes}
     missing = [n for n, _ in shapes if n not in arrays]
@@ -259,6 +296,127 @@ def run(a):
     write_safetensors(a.out, [(n, g.numpy().astype(np.float32)) for n, g in grads.items()],
                       {"loss": repr(loss)})
     print(f"loss={loss:.10f}")
+
+
+# ---------------------------------------------------------------- training
+
+def lr_at(step, h):
+    """The learning rate of (0-based) step `step`: linear warmup, cosine decay, then 0."""
+    n, lr = h["schedule_steps"], h["lr"]
+    warm = math.floor(n * h["warmup_fraction"])
+    if step >= n:
+        return 0.0
+    if step < warm:
+        return lr * step / warm
+    a = 0.5 * (math.cos(math.pi * (step - warm) / (n - warm)) + 1.0)
+    return lr * a + lr * h["final_fraction"] * (1.0 - a)
+
+
+def train_adamw(c, arrays, samples, h, llama31=None):
+    """h: steps, batch, lr, warmup_fraction, final_fraction, schedule_steps, b1, b2, eps, wd,
+    clip. Returns the per-step log and the final {name: float64 tensor}."""
+    inv = rope_inv_freq(c["head_dim"], c["rope_theta"], llama31)
+    names = [n for n, _ in param_shapes(c)]
+    w = {n: torch.tensor(arrays[n], dtype=torch.float64, requires_grad=True) for n in names}
+    m = {n: torch.zeros_like(w[n]) for n in names}
+    v = {n: torch.zeros_like(w[n]) for n in names}
+    N, G, log = samples.shape[0], h["batch"], []
+    for step in range(h["steps"]):
+        tokens = samples[[(step * G + r) % N for r in range(G)]]
+        for n in names:
+            w[n].grad = None
+        loss = llama_loss(w, tokens, c, inv)
+        loss.backward()
+        norm = math.sqrt(sum(float((w[n].grad ** 2).sum()) for n in names))
+        scale = h["clip"] / norm if h["clip"] > 0 and norm > h["clip"] else 1.0
+        lr, t = lr_at(step, h), step + 1
+        c1, c2 = 1.0 - h["b1"] ** t, 1.0 - h["b2"] ** t
+        with torch.no_grad():
+            for n in names:
+                g = w[n].grad * scale
+                m[n].mul_(h["b1"]).add_((1 - h["b1"]) * g)
+                v[n].mul_(h["b2"]).add_((1 - h["b2"]) * g * g)
+                w[n] -= lr * ((m[n] / c1) / ((v[n] / c2).sqrt() + h["eps"]) + h["wd"] * w[n])
+        log.append({"step": step, "loss": loss.item(), "grad_norm": norm, "lr": lr, "clipped": scale < 1.0})
+    return log, {n: w[n].detach() for n in names}
+
+
+def train_hparams(a):
+    h = dict(steps=a.train, batch=a.batch, lr=a.lr, warmup_fraction=a.warmup_fraction,
+             final_fraction=a.final_fraction, schedule_steps=a.schedule_steps or a.train,
+             b1=a.b1, b2=a.b2, eps=a.eps, wd=a.wd, clip=a.clip)
+    if h["steps"] < 1 or h["batch"] is None or h["batch"] < 1 or h["schedule_steps"] < 1:
+        raise InputError("--train and --batch must be >= 1 (and --schedule-steps, when given)")
+    if not (0 <= h["warmup_fraction"] <= 1 and 0 <= h["b1"] < 1 and 0 <= h["b2"] < 1 and h["eps"] > 0
+            and h["lr"] >= 0 and h["clip"] >= 0):
+        raise InputError("need 0 <= warmup fraction <= 1, 0 <= b1, b2 < 1, eps > 0, lr >= 0, clip >= 0")
+    return h
+
+
+def run_train(a):
+    if not a.log:
+        raise InputError("--train needs --log")
+    c = hf_model_config(a.hf_config) if a.hf_config else None
+    c, arrays, samples = load_inputs(a.weights, a.tokens, c)
+    log, final = train_adamw(c, arrays, samples, train_hparams(a), scaling_from_args(a))
+    write_safetensors(a.out, [(n, t.numpy()) for n, t in final.items()],
+                      {"losses": json.dumps([r["loss"] for r in log])})
+    tmp = f"{a.log}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        for r in log:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, a.log)
+    print(f"trained {len(log)} steps: loss {log[0]['loss']:.10f} -> {log[-1]['loss']:.10f}")
+
+
+def selftest_train(check, d, c, arrays, me):
+    """--train against torch.optim.AdamW (decoupled weight decay: the same update) with the
+    schedule set by hand each step and the gradients clipped by hand."""
+    rng = np.random.default_rng(99)
+    samples = rng.integers(0, c["vocab"], size=(5, 8)).astype(np.int64)
+    wpath, tpath = os.path.join(d, "tw.safetensors"), os.path.join(d, "ts.npy")
+    opath, lpath = os.path.join(d, "tout.safetensors"), os.path.join(d, "tlog.jsonl")
+    write_safetensors(wpath, list(arrays.items()), {k: str(v) for k, v in c.items()})
+    np.save(tpath, samples)
+    h = dict(steps=7, batch=2, lr=0.02, warmup_fraction=0.3, final_fraction=0.1, schedule_steps=6,
+             b1=0.9, b2=0.95, eps=1e-8, wd=0.1, clip=0.5)
+    cmd = [sys.executable, me, "--train", "7", "--batch", "2", "--weights", wpath, "--tokens", tpath,
+           "--out", opath, "--log", lpath, "--lr", "0.02", "--warmup-fraction", "0.3",
+           "--final-fraction", "0.1", "--schedule-steps", "6", "--clip", "0.5"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    check(r.returncode == 0, f"--train exits 0 ({r.stderr.strip()[-300:]})")
+    if r.returncode:
+        return
+    log = [json.loads(x) for x in open(lpath)]
+    final, _ = read_safetensors(opath)
+    # the schedule by hand: warmup floor(6 * 0.3) = 1 step, cosine over 5, then 0
+    want_lr = [0.0] + [0.02 * (0.1 + 0.9 * 0.5 * (math.cos(math.pi * k / 5) + 1)) for k in range(5)] + [0.0]
+    check(all(abs(x["lr"] - y) <= 1e-15 for x, y in zip(log, want_lr)) and len(log) == 7,
+          f"--train schedule {[round(x['lr'], 6) for x in log]}")
+    check(sum(x["clipped"] for x in log) >= 4, f"--train clipping is active ({sum(x['clipped'] for x in log)} of 7 steps)")
+    # the same with torch.optim.AdamW
+    names = [n for n, _ in param_shapes(c)]
+    w = {n: torch.tensor(arrays[n], dtype=torch.float64, requires_grad=True) for n in names}
+    opt = torch.optim.AdamW([w[n] for n in names], lr=0.0, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    inv = rope_inv_freq(c["head_dim"], c["rope_theta"])
+    sam, worst_loss = torch.from_numpy(samples), 0.0
+    for step in range(7):
+        opt.zero_grad()
+        loss = llama_loss(w, sam[[(step * 2 + r) % 5 for r in range(2)]], c, inv)
+        loss.backward()
+        norm = math.sqrt(sum(float((w[n].grad ** 2).sum()) for n in names))
+        with torch.no_grad():
+            for n in names:
+                w[n].grad *= min(1.0, 0.5 / norm)
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step, h)
+        opt.step()
+        worst_loss = max(worst_loss, abs(loss.item() - log[step]["loss"]) / loss.item())
+    worst = max(float((w[n].detach() - torch.from_numpy(final[n])).norm() / w[n].detach().norm()) for n in names)
+    check(worst_loss < 1e-12 and worst < 1e-12,
+          f"--train matches torch.optim.AdamW (loss rel {worst_loss:.1e}, weights rel {worst:.1e})")
+    moved = min(float(np.linalg.norm(final[n] - arrays[n]) / np.linalg.norm(arrays[n])) for n in names)
+    check(moved > 1e-4, f"--train moves every weight (least relative change {moved:.1e})")
 
 
 # ---------------------------------------------------------------- self-test
@@ -429,6 +587,8 @@ def selftest():
                             os.path.join(d, "x.safetensors")], capture_output=True, text=True)
         check(r.returncode == 2 and "token ids must lie in" in r.stderr, "out-of-range tokens are rejected")
 
+        selftest_train(check, d, c, arrays, me)
+
     print("selftest: " + ("OK" if not failures else f"{len(failures)} FAILED"))
     return 0 if not failures else 1
 
@@ -446,6 +606,19 @@ def main():
                    help="original_max_position_embeddings")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--selftest", action="store_true", help="check the oracle itself and exit")
+    p.add_argument("--train", type=int, default=0, metavar="STEPS", help="train STEPS steps (see above)")
+    p.add_argument("--batch", type=int, help="--train: rows per step")
+    p.add_argument("--hf-config", help="--train: the model shape from this config.json")
+    p.add_argument("--log", help="--train: the per-step JSON lines")
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--warmup-fraction", type=float, default=0.1)
+    p.add_argument("--final-fraction", type=float, default=0.1)
+    p.add_argument("--schedule-steps", type=int, default=0, help="default: --train")
+    p.add_argument("--b1", type=float, default=0.9)
+    p.add_argument("--b2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--wd", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=1.0, help="global-norm clipping threshold, 0: none")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -454,7 +627,7 @@ def main():
     if not (a.weights and a.tokens and a.out):
         p.error("--weights, --tokens and --out are required (or --selftest)")
     try:
-        run(a)
+        run_train(a) if a.train else run(a)
     except (InputError, OSError, KeyError, ValueError) as e:
         print(f"torch_oracle: {e}", file=sys.stderr)
         sys.exit(2)
