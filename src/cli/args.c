@@ -1,0 +1,189 @@
+/*
+ * args.c - the argument parsing the subcommands share: the configs
+ * directory, "[CONFIG.yml] [key=value ...]", and typed options. The error
+ * messages are the commands' own (the bad_input tests in tests/cli pin them): each
+ * option kind keeps the wording of the command that introduced it.
+ */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "config/config.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+int st_cli_is_help(const char *arg)
+{
+	return !strcmp(arg, "--help") || !strcmp(arg, "-h");
+}
+
+const char *st_cli_use_config_dir(void)
+{
+	char dir[PATH_MAX];
+	const char *env = getenv("SLICETRAIN_CONFIG_DIR");
+	if (env && *env) {
+		st_config_set_config_dir(env);
+		return st_config_get_config_dir();
+	}
+	snprintf(dir, sizeof(dir), "configs");
+	char exe[PATH_MAX];
+	ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (len > 0) {
+		exe[len] = 0;
+		const char *bindir = dirname(exe);
+		char cand[PATH_MAX + 32];
+		snprintf(cand, sizeof(cand), "%s/../configs", bindir);
+		if (!realpath(cand, dir)) {
+			snprintf(cand, sizeof(cand), "%s/configs", bindir);
+			if (!realpath(cand, dir))
+				snprintf(dir, sizeof(dir), "configs");
+		}
+	}
+	st_config_set_config_dir(dir);
+	return st_config_get_config_dir();
+}
+
+static int has_suffix(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int is_config_file(const char *arg)
+{
+	return has_suffix(arg, ".yml") || has_suffix(arg, ".yaml");
+}
+
+/* "5GB", "200MB", "1000": bytes (powers of 1000, as transformers' max_shard_size). */
+static int parse_size(const char *s, int64_t *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	double mul = 1;
+	if (end == s || errno || v <= 0)
+		return -1;
+	if (!strcasecmp(end, "KB") || !strcasecmp(end, "K"))
+		mul = 1e3;
+	else if (!strcasecmp(end, "MB") || !strcasecmp(end, "M"))
+		mul = 1e6;
+	else if (!strcasecmp(end, "GB") || !strcasecmp(end, "G"))
+		mul = 1e9;
+	else if (*end && strcasecmp(end, "B"))
+		return -1;
+	if (v * mul < 1 || v * mul > 9e18)
+		return -1;
+	*out = (int64_t)(v * mul);
+	return 0;
+}
+
+/* v: the option's value, NULL when the command line ends after the option. */
+static int parse_value(const st_cli_opt *o, const char *v)
+{
+	const char *shown = v ? v : "";
+	char *end;
+	switch (o->kind) {
+	case ST_CLI_FLAG:
+		*(int *)o->value = 1;
+		return 0;
+	case ST_CLI_COUNT: {
+		long long x = v ? strtoll(v, &end, 10) : 0;
+		if (!v || !*v || *end || x < 1)
+			return st_fail(ST_EINVAL, "%s needs a whole number >= 1, got '%s'", o->name, shown);
+		*(int64_t *)o->value = x;
+		return 0;
+	}
+	case ST_CLI_INT: {
+		errno = 0;
+		long x = v ? strtol(v, &end, 10) : 0;
+		if (!v || errno || end == v || *end || x < o->min || x > o->max)
+			return st_fail(ST_EINVAL, "%s needs a positive integer (%d..%d)", o->name, o->min, o->max);
+		*(int *)o->value = (int)x;
+		return 0;
+	}
+	case ST_CLI_GIB: {
+		double x = v ? strtod(v, &end) : 0;
+		if (!v || !*v || *end || !(x > 0))
+			return st_fail(ST_EINVAL, "%s needs a size in GiB > 0, got '%s'", o->name, shown);
+		*(double *)o->value = x * GIB;
+		return 0;
+	}
+	case ST_CLI_SIZE:
+		if (!v)
+			return st_fail(ST_EINVAL, "%s needs a value", o->name);
+		if (parse_size(v, (int64_t *)o->value) < 0)
+			return st_fail(ST_EINVAL, "%s '%s' is not a size (e.g. 5GB)", o->name, v);
+		return 0;
+	}
+	ST_BUG("option %s: unknown kind %d", o->name, (int)o->kind);
+}
+
+int st_cli_option(const st_cli_opt *opts, int argc, char **argv, int *i)
+{
+	const char *arg = argv[*i];
+	for (const st_cli_opt *o = opts; o && o->name; o++) {
+		size_t n = strlen(o->name);
+		if (strncmp(arg, o->name, n) || (arg[n] && !(arg[n] == '=' && o->joined)))
+			continue;
+		const char *v = NULL;
+		if (arg[n])
+			v = arg + n + 1;
+		else if (o->kind != ST_CLI_FLAG && *i + 1 < argc)
+			v = argv[++*i];
+		int rc = parse_value(o, v);
+		return rc < 0 ? rc : 1;
+	}
+	return 0;
+}
+
+static int neither(const char *arg)
+{
+	return st_fail(ST_EINVAL, "'%s' is neither a CONFIG.yml nor a key=value override", arg);
+}
+
+int st_cli_config_args_parse(st_cli_config_args *a, int argc, char **argv, const st_cli_opt *opts,
+			     const char *cmd, int flags)
+{
+	int rc = 0;
+	*a = (st_cli_config_args)ST_CLI_CONFIG_ARGS_INIT;
+	if (!(a->kv = calloc((size_t)argc + 1, sizeof(char *))))
+		return st_fail(ST_ENOMEM, "out of memory");
+	for (int i = 0; i < argc && rc == 0; i++) {
+		char *arg = argv[i];
+		if (flags & ST_CLI_LEADING) {
+			if (i == 0 && is_config_file(arg))
+				a->config = arg;
+			else if (i == 0 && !strchr(arg, '='))
+				rc = neither(arg);
+			else
+				a->kv[a->nkv++] = arg;
+		} else if ((rc = st_cli_option(opts, argc, argv, &i)) != 0) {
+			rc = rc < 0 ? rc : 0;
+		} else if (arg[0] == '-' && arg[1] == '-') {
+			rc = st_fail(ST_EINVAL, "unknown option '%s' (see slicetrain %s --help)", arg, cmd);
+		} else if (!a->config && !strchr(arg, '=') && is_config_file(arg)) {
+			a->config = arg;
+		} else if (strchr(arg, '=')) {
+			a->kv[a->nkv++] = arg;
+		} else {
+			rc = neither(arg);
+		}
+	}
+	if (rc == 0 && !a->config && (flags & ST_CLI_NEED_CONFIG))
+		rc = st_fail(ST_EINVAL, "%s needs a CONFIG.yml (see slicetrain %s --help)", cmd, cmd);
+	return rc;
+}
+
+void st_cli_config_args_release(st_cli_config_args *a)
+{
+	free(a->kv);
+	*a = (st_cli_config_args)ST_CLI_CONFIG_ARGS_INIT;
+}

@@ -1,0 +1,125 @@
+/*
+ * cli.h - the subcommands of the slicetrain binary, and the argument
+ * parsing they share. Only src/cli holds command-line code: the library
+ * (libslicetrain.a) takes parsed values and returns error codes.
+ *
+ * Each st_cmd_X takes the arguments after its command name ("train",
+ * "plan", ...) and returns the process exit status (main exits with it):
+ * 0 done, 2 bad input (config, data, arguments: one "slicetrain: error:"
+ * line says what), 1 other failures, 3 a peer of the worker group failed,
+ * 128+N stopped by signal N. "--help" or "-h" prints the command's usage on
+ * stdout and returns 0.
+ */
+#ifndef ST_CLI_CLI_H
+#define ST_CLI_CLI_H
+
+#include <stdint.h>
+
+/* slicetrain train [CONFIG.yml] [key=value ...]: train.c */
+int st_cmd_train(int argc, char **argv);
+
+/*
+ * slicetrain plan CONFIG.yml [key=value ...] [--num-slices S]
+ * [--devices-per-slice D] [--memory GiB] [--json]: plan.c. 0 whether or not
+ * the run fits.
+ */
+int st_cmd_plan(int argc, char **argv);
+
+/*
+ * slicetrain launch --num-slices S --devices-per-slice D [--threads-per-device T]
+ *                   [--port P] -- [CONFIG.yml] [key=value ...]: launch.c
+ *
+ * Starts S x D worker processes (`slicetrain train CONFIG ...`), each with
+ * the SLICETRAIN_* variables giving its place (docs/distributed.md), streams
+ * rank 0's output as is and other ranks' lines prefixed "[rank N] ", and
+ * exits with the first failing rank's status after stopping the others
+ * (SIGTERM, then SIGKILL after a grace period); a rank killed by a signal
+ * is a peer failure, status 3. Workers die with the launcher
+ * (PR_SET_PDEATHSIG): no orphans.
+ */
+int st_cmd_launch(int argc, char **argv);
+
+/* slicetrain export CHECKPOINT_DIR OUT_DIR [--shard-size SIZE]: ckpt.c */
+int st_cmd_export(int argc, char **argv);
+/* slicetrain ckpt list|verify DIR: ckpt.c; 1 when a checkpoint is damaged. */
+int st_cmd_ckpt(int argc, char **argv);
+
+/* ---- shared argument parsing: args.c ---- */
+
+/* "--help" or "-h". */
+int st_cli_is_help(const char *arg);
+
+/*
+ * Find the configs directory and hand it to the config loader
+ * (st_config_set_config_dir): $SLICETRAIN_CONFIG_DIR, else configs/ next to
+ * the binary (build/slicetrain -> ../configs, then ./configs beside it),
+ * else "configs". Returns the directory (the loader's copy).
+ */
+const char *st_cli_use_config_dir(void);
+
+/*
+ * A command's options: a table ending with {0}. Each option takes the next
+ * argument as its value (whatever it is), or, with .joined, also
+ * "--name=VALUE". The kind gives the value's type, where it is stored and
+ * the message of a missing or bad value (the commands' messages, kept as
+ * they were):
+ *   ST_CLI_FLAG   int, set to 1; takes no value
+ *   ST_CLI_COUNT  int64_t, a whole number >= 1
+ *                 "--x needs a whole number >= 1, got 'V'"
+ *   ST_CLI_INT    int, a whole number in [min, max]
+ *                 "--x needs a positive integer (min..max)"
+ *   ST_CLI_GIB    double, a size in GiB > 0, stored in bytes
+ *                 "--x needs a size in GiB > 0, got 'V'"
+ *   ST_CLI_SIZE   int64_t, bytes: "5GB", "200MB", "1000" (powers of 1000,
+ *                 as transformers' max_shard_size)
+ *                 "--x needs a value", "--x 'V' is not a size (e.g. 5GB)"
+ */
+enum st_cli_kind { ST_CLI_FLAG = 1, ST_CLI_COUNT, ST_CLI_INT, ST_CLI_GIB, ST_CLI_SIZE };
+
+typedef struct st_cli_opt {
+	const char *name; /* "--num-slices" */
+	enum st_cli_kind kind;
+	void *value;      /* int, int64_t or double, as the kind says */
+	int min, max;     /* ST_CLI_INT's range */
+	int joined;       /* "--name=VALUE" accepted too */
+} st_cli_opt;
+
+/*
+ * If argv[*i] is an option of opts, parse it (and its value, advancing *i
+ * past it) and return 1; return 0 if it is not one of them; ST_EINVAL with
+ * the kind's message for a missing or bad value.
+ */
+int st_cli_option(const st_cli_opt *opts, int argc, char **argv, int *i);
+
+/* "[CONFIG.yml] [key=value ...]" split out of a command line. */
+typedef struct st_cli_config_args {
+	const char *config; /* the CONFIG.yml argument, NULL if none */
+	char **kv;          /* the key=value overrides, in order (pointers into argv) */
+	int nkv;
+} st_cli_config_args;
+#define ST_CLI_CONFIG_ARGS_INIT {NULL, NULL, 0}
+
+/*
+ * Flags of st_cli_config_args_parse:
+ *   ST_CLI_LEADING   the config part leads and the rest is overrides (train,
+ *                    and what launch hands its workers after "--"): only
+ *                    argv[0] is classified, as CONFIG.yml when it ends in
+ *                    .yml or .yaml, else it must hold a '='; the arguments
+ *                    after it are all overrides, which the config loader
+ *                    checks. No options.
+ *   otherwise        options of opts anywhere; the first argument ending in
+ *                    .yml or .yaml without a '=' is CONFIG.yml; other
+ *                    arguments with a '=' are overrides; any other "--x" is
+ *                    "unknown option '--x' (see slicetrain CMD --help)".
+ *   ST_CLI_NEED_CONFIG  no CONFIG.yml is "CMD needs a CONFIG.yml (see
+ *                    slicetrain CMD --help)".
+ * Any other argument is "'X' is neither a CONFIG.yml nor a key=value
+ * override". Returns 0 or ST_EINVAL / ST_ENOMEM with a message; a->kv is
+ * allocated: st_cli_config_args_release (also after an error).
+ */
+enum { ST_CLI_LEADING = 1, ST_CLI_NEED_CONFIG = 2 };
+int st_cli_config_args_parse(st_cli_config_args *a, int argc, char **argv, const st_cli_opt *opts,
+			     const char *cmd, int flags);
+void st_cli_config_args_release(st_cli_config_args *a);
+
+#endif
