@@ -3,7 +3,8 @@
  * device per step at batch 1 x 2048: 92.2 of weights, 3.3 of causal
  * attention), the tutorial's meshes, the planned bytes against what the code
  * allocates for a small model (parameter blocks, st_llama_act_bytes after
- * st_llama_alloc_acts, per remat policy), and bad input (exit status 2).
+ * st_llama_alloc_acts, per remat policy), and a mesh or model that does not
+ * resolve (ST_EINVAL).
  * Needs ST_ROOT (the repository root; tests/run.sh exports it).
  */
 #include <stdio.h>
@@ -104,17 +105,6 @@ static void test_small_model_bytes(void)
 	}
 }
 
-static int run_cmd(int n, const char **argv)
-{
-	FILE *saved = stdout;
-	stdout = fopen("/dev/null", "w");
-	int rc = st_cmd_plan(n, (char **)argv);
-	fclose(stdout);
-	stdout = saved;
-	return rc;
-}
-#define CMD(...) run_cmd(NOV(__VA_ARGS__), (const char *[]){__VA_ARGS__})
-
 static void test_bad_input(void)
 {
 	st_config c;
@@ -127,17 +117,7 @@ static void test_bad_input(void)
 	CHECK(LOAD(&c, "model_name=llama3-8b", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4") == 0);
 	CHECK(st_plan_compute(&p, &c, 1, 8, 0) == ST_EINVAL);
 	CHECK(strstr(st_errmsg(), "does not match the product") != NULL);
-	/* command line: exit status 2 with one line */
-	CHECK(CMD(base_yml(), "model_name=llama3-test", "--num-slices", "0") == 2);
-	CHECK(CMD(base_yml(), "model_name=llama3-test", "--devices-per-slice") == 2);
-	CHECK(CMD(base_yml(), "model_name=llama3-test", "--memory", "lots") == 2);
-	CHECK(CMD(base_yml(), "model_name=llama3-test", "--frobnicate") == 2);
-	CHECK(CMD(base_yml(), "model_nmae=llama3-test") == 2); /* config errors come through */
-	CHECK(CMD("model_name=llama3-test") == 2);             /* no CONFIG.yml */
-	CHECK(CMD(base_yml(), "model_name=llama3-test", "stray") == 2);
-	CHECK(CMD(base_yml(), "model_name=llama3-test", "--num-slices", "1", "--memory", "0.5",
-		  "--json") == 0);
-	CHECK(CMD("--help") == 0);
+	/* the command line's bad input: tests/cli/plan_bad_input.sh */
 }
 
 int main(void)

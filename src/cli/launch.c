@@ -1,4 +1,4 @@
-#include "cli/launch.h"
+#include "cli/cli.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -37,17 +37,6 @@ typedef struct worker {
 
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
-
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
 
 /* A port free right now on loopback (the kernel picks it). */
 static int free_port(void)
@@ -192,28 +181,34 @@ static int failure_code(int status)
 int st_cmd_launch(int argc, char **argv)
 {
 	int slices = 0, dps = 0, threads = 1, port = 0, i;
+	const st_cli_opt opts[] = {
+		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &slices, .min = 1, .max = 4096},
+		{.name = "--devices-per-slice", .kind = ST_CLI_INT, .value = &dps, .min = 1, .max = 4096},
+		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = 4096},
+		{.name = "--port", .kind = ST_CLI_INT, .value = &port, .min = 1, .max = 65535},
+		{0},
+	};
+	/* the config part after "--" goes to the workers as is: each one's
+	 * `slicetrain train` parses and checks it */
 	for (i = 0; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "--")) {
 			i++;
 			break;
 		}
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+		if (st_cli_is_help(a)) {
 			fputs(launch_usage, stdout);
 			return 0;
 		}
-		int *dst = !strcmp(a, "--num-slices") ? &slices : !strcmp(a, "--devices-per-slice") ? &dps :
-			   !strcmp(a, "--threads-per-device") ? &threads : !strcmp(a, "--port") ? &port : NULL;
-		if (!dst) {
+		int rc = st_cli_option(opts, argc, argv, &i);
+		if (rc == 0) {
 			fprintf(stderr, "slicetrain launch: unknown option '%s'\n%s", a, launch_usage);
 			return 2;
 		}
-		if (i + 1 >= argc || parse_int(argv[i + 1], dst == &port ? 1 : 1, dst == &port ? 65535 : 4096, dst) < 0) {
-			fprintf(stderr, "slicetrain launch: %s needs a positive integer%s\n", a,
-				dst == &port ? " (1..65535)" : " (1..4096)");
+		if (rc < 0) {
+			fprintf(stderr, "slicetrain launch: %s\n", st_errmsg());
 			return 2;
 		}
-		i++;
 	}
 	if (slices < 1 || dps < 1) {
 		fprintf(stderr, "slicetrain launch: --num-slices and --devices-per-slice are required\n%s",

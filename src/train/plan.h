@@ -1,6 +1,7 @@
 /*
  * plan.h - what a training run needs per device, before running it: the
- * counterpart of MaxText's ahead-of-time compile check (`slicetrain plan`).
+ * counterpart of MaxText's ahead-of-time compile check (`slicetrain plan`,
+ * whose command line is src/cli/plan.c).
  *
  *   st_plan p;
  *   rc = st_plan_compute(&p, &cfg, num_slices, devices_per_slice);
@@ -70,13 +71,5 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 void st_plan_print(const st_plan *p, const st_config *c, FILE *out);
 /* One JSON object (all figures, bytes and FLOPs), one line. */
 void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out);
-
-/*
- * `slicetrain plan CONFIG.yml [key=value ...] [--num-slices S]
- * [--devices-per-slice D] [--memory GiB] [--json]`; argv holds the arguments
- * after "plan". The config directory must be set (st_config_set_config_dir).
- * Returns the process exit status: 0 (whether or not it fits), 2 bad input.
- */
-int st_cmd_plan(int argc, char **argv);
 
 #endif

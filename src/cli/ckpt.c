@@ -1,21 +1,22 @@
 /*
- * ckpt_cli.c - slicetrain export, slicetrain ckpt list|verify.
+ * ckpt.c - slicetrain export, slicetrain ckpt list|verify: the command line
+ * of the checkpoint library (src/ckpt/ckpt.h).
  */
-#include "ckpt/ckpt_cli.h"
+#include "cli/cli.h"
 
 #include "base/err.h"
 #include "ckpt/ckpt.h"
 #include "ckpt/ckpt_int.h"
 
-#include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
-const char st_ckpt_export_usage[] =
+static const char export_usage[] =
 	"usage: slicetrain export CHECKPOINT_DIR OUT_DIR [--shard-size SIZE]\n"
 	"\n"
 	"Writes the parameters of a checkpoint as a Hugging Face model directory that\n"
@@ -26,7 +27,7 @@ const char st_ckpt_export_usage[] =
 	"checkpoints directory (its newest committed step). SIZE: bytes, or with a suffix\n"
 	"KB, MB, GB (powers of 1000).\n";
 
-const char st_ckpt_ckpt_usage[] =
+static const char ckpt_usage[] =
 	"usage: slicetrain ckpt list DIR      steps under DIR (a run's checkpoints directory, or\n"
 	"                                     the run directory): committed or not, size, mesh, time\n"
 	"       slicetrain ckpt verify DIR    recompute every checksum of the checkpoint DIR (a step\n"
@@ -39,70 +40,46 @@ static int error_exit(int rc)
 	return st_exit_status(rc);
 }
 
-static int usage_error(const char *usage, const char *fmt, const char *arg)
+/* A bad command line: one error line, then the command's usage; exit 2. */
+__attribute__((format(printf, 2, 3))) static int usage_error(const char *usage, const char *fmt, ...)
 {
+	va_list ap;
+	va_start(ap, fmt);
 	fprintf(stderr, "slicetrain: error: ");
-	fprintf(stderr, fmt, arg);
+	vfprintf(stderr, fmt, ap);
 	fprintf(stderr, "\n\n%s", usage);
+	va_end(ap);
 	return 2;
 }
 
-static int is_help(const char *a)
-{
-	return !strcmp(a, "--help") || !strcmp(a, "-h");
-}
-
-/* "5GB", "200MB", "1000": bytes (powers of 1000, as transformers' max_shard_size). */
-static int parse_size(const char *s, int64_t *out)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	double mul = 1;
-	if (end == s || errno || v <= 0)
-		return -1;
-	if (!strcasecmp(end, "KB") || !strcasecmp(end, "K"))
-		mul = 1e3;
-	else if (!strcasecmp(end, "MB") || !strcasecmp(end, "M"))
-		mul = 1e6;
-	else if (!strcasecmp(end, "GB") || !strcasecmp(end, "G"))
-		mul = 1e9;
-	else if (*end && strcasecmp(end, "B"))
-		return -1;
-	if (v * mul < 1 || v * mul > 9e18)
-		return -1;
-	*out = (int64_t)(v * mul);
-	return 0;
-}
-
-int st_ckpt_cmd_export(int argc, char **argv)
+int st_cmd_export(int argc, char **argv)
 {
 	const char *pos[2];
 	int npos = 0;
 	int64_t shard = 0;
 	int rc;
+	const st_cli_opt opts[] = {
+		{.name = "--shard-size", .kind = ST_CLI_SIZE, .value = &shard, .joined = 1},
+		{0},
+	};
 
 	for (int i = 0; i < argc; i++) {
-		if (is_help(argv[i])) {
-			fputs(st_ckpt_export_usage, stdout);
+		if (st_cli_is_help(argv[i])) {
+			fputs(export_usage, stdout);
 			return 0;
 		}
-		if (!strcmp(argv[i], "--shard-size") || !strncmp(argv[i], "--shard-size=", 13)) {
-			const char *v = argv[i][12] == '=' ? argv[i] + 13 : i + 1 < argc ? argv[++i] : NULL;
-			if (!v)
-				return usage_error(st_ckpt_export_usage, "--shard-size needs a value%s", "");
-			if (parse_size(v, &shard) < 0)
-				return usage_error(st_ckpt_export_usage, "--shard-size '%s' is not a size (e.g. 5GB)", v);
+		if ((rc = st_cli_option(opts, argc, argv, &i)) < 0)
+			return usage_error(export_usage, "%s", st_errmsg());
+		if (rc > 0)
 			continue;
-		}
 		if (argv[i][0] == '-' && argv[i][1])
-			return usage_error(st_ckpt_export_usage, "unknown option '%s'", argv[i]);
+			return usage_error(export_usage, "unknown option '%s'", argv[i]);
 		if (npos == 2)
-			return usage_error(st_ckpt_export_usage, "unexpected argument '%s'", argv[i]);
+			return usage_error(export_usage, "unexpected argument '%s'", argv[i]);
 		pos[npos++] = argv[i];
 	}
 	if (npos != 2)
-		return usage_error(st_ckpt_export_usage, "export needs CHECKPOINT_DIR and OUT_DIR%s", "");
+		return usage_error(export_usage, "export needs CHECKPOINT_DIR and OUT_DIR");
 	if ((rc = st_ckpt_export_hf(pos[0], pos[1], shard)) < 0)
 		return error_exit(rc);
 	return 0;
@@ -211,20 +188,20 @@ static int cmd_verify(const char *arg, int *bad)
 	return rc;
 }
 
-int st_ckpt_cmd_ckpt(int argc, char **argv)
+int st_cmd_ckpt(int argc, char **argv)
 {
 	int rc, bad = 0;
 
-	if (argc >= 1 && is_help(argv[0])) {
-		fputs(st_ckpt_ckpt_usage, stdout);
+	if (argc >= 1 && st_cli_is_help(argv[0])) {
+		fputs(ckpt_usage, stdout);
 		return 0;
 	}
 	if (argc < 1)
-		return usage_error(st_ckpt_ckpt_usage, "ckpt needs a subcommand: list or verify%s", "");
+		return usage_error(ckpt_usage, "ckpt needs a subcommand: list or verify");
 	if (strcmp(argv[0], "list") && strcmp(argv[0], "verify"))
-		return usage_error(st_ckpt_ckpt_usage, "unknown ckpt subcommand '%s' (list or verify)", argv[0]);
+		return usage_error(ckpt_usage, "unknown ckpt subcommand '%s' (list or verify)", argv[0]);
 	if (argc != 2)
-		return usage_error(st_ckpt_ckpt_usage, "ckpt %s needs exactly one DIR", argv[0]);
+		return usage_error(ckpt_usage, "ckpt %s needs exactly one DIR", argv[0]);
 	rc = !strcmp(argv[0], "list") ? cmd_list(argv[1]) : cmd_verify(argv[1], &bad);
 	if (rc < 0)
 		return error_exit(rc);
