@@ -6,6 +6,7 @@
 # embedding sharded (2 x 32 < 256) and at 128 tokens gather it.
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/mesh_lib.sh"
+need_python numpy
 for seq in 32 128; do
 	common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=10 learning_rate=1e-3 warmup_steps_fraction=0
 		dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=1000 async_checkpointing=false

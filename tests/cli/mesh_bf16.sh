@@ -6,10 +6,7 @@
 # without AVX512_BF16.
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/mesh_lib.sh"
-if ! grep -qw avx512_bf16 /proc/cpuinfo; then
-	if declare -F skip_hw >/dev/null; then skip_hw "bf16 needs AVX512_BF16 (no avx512_bf16 in /proc/cpuinfo)"; fi
-	echo "skip: bf16 needs AVX512_BF16 (no avx512_bf16 in /proc/cpuinfo)"; exit 77
-fi
+grep -qw avx512_bf16 /proc/cpuinfo || skip_hw "bf16 needs AVX512_BF16 (no avx512_bf16 in /proc/cpuinfo)"
 MESH_EXPORT=0
 common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=10 learning_rate=1e-3 warmup_steps_fraction=0
 	dataset_type=synthetic base_output_directory="$TMP/o" enable_checkpointing=false max_target_length=64 dtype=bfloat16)

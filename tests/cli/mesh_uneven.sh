@@ -13,6 +13,7 @@
 #    message from each rank that reports it), no training.
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/mesh_lib.sh"
+need_python numpy
 base=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=10 learning_rate=1e-3 warmup_steps_fraction=0
 	dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=1000 async_checkpointing=false)
 common=("${base[@]}" max_target_length=32)

@@ -9,6 +9,7 @@
 # tensors once).
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/mesh_lib.sh"
+need_python numpy torch
 steps=20 G=4 T=32 clip=0.25
 MESH_STEPS=$steps
 /usr/bin/python3 -c 'import sys, numpy as np

@@ -1,0 +1,66 @@
+# `slicetrain plan`'s per-device total against the peak RSS of a real run of
+# the same config (getrusage of the finished child: the largest process of a
+# launched group): within 1.2x either way. A llama3-125m cut to 4 layers and a
+# vocabulary of 16000 (53 M parameters, ~0.8 GiB planned, so that the planned
+# buffers dominate the runtime's fixed cost), batch 1 x 128, one step (the
+# gradients and both AdamW moments are touched by then): fp32 on one process
+# without checkpointing, the same with checkpointing (the default: the
+# saver's host buffer for weights and moments), ici_fsdp=2 (ZeRO-3 buffers),
+# and bf16 (the bf16 weight copy; skipped without AVX512_BF16). What
+# checkpointing adds to the peak is the plan's checkpoint line within 5%.
+# Under the sanitizers (build-san*) RSS includes ASan's shadow memory and
+# quarantine, so that build runs a reduced variant: the fp32 case only, and
+# only the lower bound (the run holds at least the planned weights, gradients
+# and AdamW state).
+. "$(dirname "$0")/../cli_lib.sh"
+common=("$ST_ROOT/configs/base.yml" model_name=llama3-125m override_model_config=true base_num_decoder_layers=4
+	vocab_size=16000 steps=1 per_device_batch_size=1 max_target_length=128 dataset_type=synthetic
+	base_output_directory="$TMP/o" enable_checkpointing=false)
+san=0
+case "$SLICETRAIN" in */build-san*/*) san=1;; esac
+
+# rss NAME DEVICES keys...: plan, run, compare
+rss() {
+	local name=$1 d=$2; shift 2
+	local args=("${common[@]}" run_name="$name" "$@") cmd
+	"$SLICETRAIN" plan "${args[@]}" --devices-per-slice "$d" --json >"$TMP/$name.plan" 2>"$TMP/$name.err" ||
+		{ fail "$name: plan failed: $(tail -1 "$TMP/$name.err")"; return; }
+	if [ "$d" -eq 1 ]; then cmd=("$SLICETRAIN" train "${args[@]}")
+	else cmd=("$SLICETRAIN" launch --num-slices 1 --devices-per-slice "$d" -- "${args[@]}"); fi
+	OMP_NUM_THREADS=1 timeout 120 /usr/bin/python3 -c '
+import resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:], stdout=open(sys.argv[1], "w"), stderr=subprocess.STDOUT)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)  # KiB on Linux
+sys.exit(rc)' "$TMP/$name.out" "${cmd[@]}" >"$TMP/$name.rss" || { fail "$name: run failed: $(tail -2 "$TMP/$name.out")"; return; }
+	grep -q 'running in float32' "$TMP/$name.out" && fail "$name: fell back to float32"
+	/usr/bin/python3 - "$TMP/$name.plan" "$(cat "$TMP/$name.rss")" "$name" $san <<'PY' || fail "$name: peak RSS is not within 1.2x of the plan"
+import json, sys
+p, rss, name, san = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+G = 2**30
+parts = {k[:-6]: v for k, v in p.items() if k.endswith("_bytes") and k not in ("total_bytes", "memory_bytes") and v}
+state = p["weights_bytes"] + p["grads_bytes"] + p["optimizer_bytes"]
+r = rss / p["total_bytes"]
+print(f"{name:<10} peak RSS {rss / G:.3f} GiB, plan {p['total_bytes'] / G:.3f} GiB: ratio {r:.3f} "
+      f"({', '.join(f'{k} {v / G:.3f}' for k, v in parts.items())})")
+if san:
+    print(f"{name:<10} sanitized build: lower bound only (RSS >= weights + gradients + AdamW state {state / G:.3f} GiB)")
+    sys.exit(0 if rss >= state else 1)
+sys.exit(0 if 1 / 1.2 <= r <= 1.2 else 1)
+PY
+}
+
+rss fp32 1
+if [ $san -eq 0 ]; then
+	rss ckpt 1 enable_checkpointing=true async_checkpointing=true
+	# what checkpointing adds is what the plan's checkpoint line says (5%)
+	/usr/bin/python3 - "$TMP/fp32.rss" "$TMP/ckpt.rss" "$TMP/ckpt.plan" <<'PY' || fail "checkpointing's memory differs from the plan's checkpoint line"
+import json, sys
+a, b, want = int(open(sys.argv[1]).read()), int(open(sys.argv[2]).read()), json.load(open(sys.argv[3])).get("checkpoint_bytes", 0)
+print(f"checkpointing adds {(b - a) / 2**30:.3f} GiB of peak RSS; plan's checkpoint line {want / 2**30:.3f} GiB")
+sys.exit(0 if want > 0 and abs((b - a) - want) <= 0.05 * want else 1)
+PY
+	rss fsdp2 2 ici_fsdp_parallelism=2
+	if grep -qw avx512_bf16 /proc/cpuinfo; then rss bf16 1 dtype=bfloat16
+	else skip_part hardware "bf16 case: no avx512_bf16 in /proc/cpuinfo"; fi
+fi
+finish
