@@ -52,7 +52,7 @@ static void test_llama3_8b(void)
 	CHECK(p.fsdp_buffer > 0 && p.rows == 4 && p.global_batch == 32);
 	CHECK(p.activations > st_llama_act_bytes_for(&p.local, 4, 2048, ST_REMAT_FULL, NULL)); /* + tp buffers */
 	CHECK(p.total == p.weights + p.grads + p.optimizer + p.fsdp_buffer + p.bf16_weights +
-			 p.activations + p.workspace);
+			 p.activations + p.workspace + p.checkpoint);
 	CHECK(p.fits);
 	st_plan_print(&p, &c, stdout);
 }

@@ -71,6 +71,15 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 				.weight_copy_elems = bf16 && F > 1 ? st_llama_largest_linear(&m) : 0};
 	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
 	p->bf16_weights = bf16 && F == 1 ? 2 * p->params_piece : 0;
+	/* checkpointing: st_ckpt_saver_reserve's host buffer, allocated and
+	 * touched when the run starts so that a save only copies: the file image
+	 * of what the process writes (its shard's weights and both AdamW moments;
+	 * the device counted here is data replica 0, tensor rank 0, which also
+	 * writes the replicated tensors), a header of 4096 + 512 bytes per piece,
+	 * 1 MiB of slack, in 4 KiB pages (src/ckpt/save.c) */
+	if (c->enable_checkpointing)
+		p->checkpoint = ceil_div(4096 + 3 * (int64_t)m.ntensors * 512 + 3 * 4 * p->params_device + (1 << 20),
+					 4096) * 4096;
 	st_llama_release(&m);
 
 	/* transient kernel buffers (largest phase: attention backward) + runtime */
@@ -80,7 +89,7 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	p->workspace = (attn > norm ? attn : norm) + 4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
 
 	p->total = p->weights + p->grads + p->optimizer + p->fsdp_buffer + p->bf16_weights +
-		   p->activations + p->workspace;
+		   p->activations + p->workspace + p->checkpoint;
 	p->memory = memory_bytes > 0 ? memory_bytes : machine_memory();
 	p->fits = p->memory <= 0 || (double)p->total <= p->memory;
 	p->flops = st_training_flops(c, (double)B);
@@ -127,6 +136,8 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		     "gathered weights (2 layers, output layer, embedding or the group's embedded tokens), one unit's gradients");
 	if (p->bf16_weights)
 		line(out, "bf16 weights", p->bf16_weights, "bf16 copy of the resident weights for products");
+	if (p->checkpoint)
+		line(out, "checkpoint", p->checkpoint, "host buffer of the saver: weights and AdamW m and v of the shard");
 	snprintf(note, sizeof(note),
 		 "remat %s, %lld x %lld rows; per device: %lld heads, %lld kv heads, mlp %lld, vocab %lld",
 		 remat_name(c->remat_policy), (long long)p->rows, (long long)p->T, (long long)l->H,
@@ -174,6 +185,7 @@ void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out)
 	INT("optimizer_bytes", p->optimizer);
 	INT("fsdp_buffer_bytes", p->fsdp_buffer);
 	INT("bf16_weights_bytes", p->bf16_weights);
+	INT("checkpoint_bytes", p->checkpoint);
 	INT("activation_bytes", p->activations);
 	INT("workspace_bytes", p->workspace);
 	INT("total_bytes", p->total);

@@ -53,6 +53,7 @@ typedef struct st_plan {
 	int64_t global_batch;   /* sequences per step, all devices, all micro-batches */
 	/* bytes per device */
 	int64_t weights, grads, optimizer, fsdp_buffer, bf16_weights, activations, workspace, total;
+	int64_t checkpoint;     /* enable_checkpointing: the saver's host buffer (in total) */
 	double memory;          /* bytes the plan is checked against */
 	int fits;
 	st_flops flops;         /* per device per step */
