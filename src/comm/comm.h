@@ -46,7 +46,7 @@ typedef struct st_group_env {
 	int num_slices, slice_id;   /* slice_id = rank / (world_size / num_slices) unless given */
 	int local_rank;             /* index among this host's processes (informational) */
 	char coordinator[256];      /* "host:port" of the rendezvous store */
-	const char *source;         /* which convention supplied it: "slicetrain", "torchrun", "jax", "slurm", "single" */
+	const char *source;         /* which convention supplied it (a static string): "slicetrain", "torchrun", "jax", "slurm", "single" */
 } st_group_env;
 
 /* Read the environment. With no variables set: a single process (rank 0 of 1).
@@ -56,7 +56,7 @@ int st_group_env_read(st_group_env *e);
 typedef struct st_group_opts {
 	int timeout_ms;   /* failure detection bound; 0 = SLICETRAIN_COMM_TIMEOUT_MS, else 5000 */
 	int use_shm;      /* 1 (default when 0 is not forced by -1): shared memory inside a host and slice */
-	const st_group_env *env; /* NULL: st_group_env_read() */
+	const st_group_env *env; /* NULL: st_group_env_read(); only read during st_group_join */
 	int join_timeout_ms; /* how long join waits for the others; 0 = SLICETRAIN_JOIN_TIMEOUT_MS, else 300000 */
 } st_group_opts;
 
@@ -65,9 +65,9 @@ int st_group_rank(const st_group *g);
 int st_group_size(const st_group *g);
 int st_group_slice(const st_group *g, int rank);   /* slice of any rank */
 int st_group_num_slices(const st_group *g);
-/* Leave: close transports, release shared memory, stop the store if hosted.
- * Communicators still open are freed too (their pointers become invalid).
- * Never blocks on peers; fine after a failure, and on NULL. */
+/* Leave: close transports, release shared memory, stop the store if hosted,
+ * and free g. Communicators still open are freed too: g's pointer and theirs
+ * become invalid. Never blocks on peers; fine after a failure, and on NULL. */
 void st_group_leave(st_group *g);
 /* 0 while the group is healthy, else the error every call now returns
  * (ST_EPEER naming the failed rank, or ST_EINTR after st_group_abort). */

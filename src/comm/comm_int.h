@@ -3,9 +3,12 @@
  *
  * net.c    socket helpers: host:port parsing, listen, connect, deadlines
  * store.c  the rendezvous store (store.h)
- * env.c    st_group_env_read
- * group.c  join/leave, the monitor thread (heartbeats, accepts, mailbox)
+ * env.c    st_group_env_read: one table entry per launcher convention
+ * group.c  join (meeting through the store, control connections), leave,
+ *          the monitor thread (heartbeats, accepts, mailbox)
  * comm.c   communicators and collectives
+ * mesh.c   the device mesh and its per-axis communicators (mesh.h; uses
+ *          only the public API, not this file)
  */
 #ifndef ST_COMM_INT_H
 #define ST_COMM_INT_H
@@ -114,7 +117,6 @@ struct st_group {
 	int64_t window_bytes;
 	uint64_t nonce;
 	st_peer *peers;
-	int nhosts;
 	int host_procs, host_cpus; /* this host's processes of the group, and the CPUs they may use */
 	int tcp_lfd, unix_lfd;
 	int fail_fd;   /* eventfd: becomes readable when the group fails or is aborted */
@@ -150,8 +152,6 @@ int st_group_send_fd(st_group *g, int to, uint64_t key, int fd);
 int st_group_connect_data(st_group *g, int to, uint64_t key, int *fd);
 /* Communicator bookkeeping (comm.c <-> group.c). */
 uint64_t st_group_next_comm_seq(st_group *g, uint64_t list_hash);
-void st_group_add_comm(st_group *g, st_comm *c);
-void st_group_del_comm(st_group *g, st_comm *c);
 void st_comm_destroy(st_comm *c); /* free without touching the group's list */
 st_comm *st_comm_next(st_comm *c);
 

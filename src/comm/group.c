@@ -130,6 +130,19 @@ static st_frame frame(const st_group *g, uint32_t type, uint32_t aux, uint64_t k
 	return f;
 }
 
+/* Send what is queued for a peer over TCP, as far as it goes without
+ * blocking; caller holds mu. */
+static void ctrl_flush_locked(st_peer *q)
+{
+	while (q->txn > 0 && q->ctrl_fd >= 0) {
+		ssize_t w = send(q->ctrl_fd, q->tx, (size_t)q->txn, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w <= 0)
+			break;
+		memmove(q->tx, q->tx + w, (size_t)(q->txn - w));
+		q->txn -= (int)w;
+	}
+}
+
 /* Queue (TCP) or send (unix) a frame to peer p without blocking; caller holds mu. */
 static void ctrl_send_locked(st_group *g, int p, const st_frame *f)
 {
@@ -146,13 +159,7 @@ static void ctrl_send_locked(st_group *g, int p, const st_frame *f)
 		memcpy(q->tx + q->txn, f, sizeof(*f));
 		q->txn += (int)sizeof(*f);
 	}
-	while (q->txn > 0) {
-		ssize_t w = send(q->ctrl_fd, q->tx, (size_t)q->txn, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (w <= 0)
-			break;
-		memmove(q->tx, q->tx + w, (size_t)(q->txn - w));
-		q->txn -= (int)w;
-	}
+	ctrl_flush_locked(q);
 }
 
 static void mail_add(st_group *g, int kind, int from, uint64_t key, int fd)
@@ -332,68 +339,91 @@ static void on_frame(st_group *g, int p, const st_frame *f, int fd)
 		close(fd);
 }
 
-static void read_ctrl(st_group *g, int p)
+/* The first fd a control message carries; any others are closed. -1: none. */
+static int first_fd(struct msghdr *msg)
 {
-	st_peer *q = &g->peers[p];
-	for (;;) {
-		if (q->ctrl_fd < 0)
-			return;
-		if (q->ctrl_unix) {
-			st_frame f;
-			char cbuf[CMSG_SPACE(sizeof(int) * 4)];
-			struct iovec iov = { .iov_base = &f, .iov_len = sizeof(f) };
-			struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-					      .msg_controllen = sizeof(cbuf) };
-			ssize_t r = recvmsg(q->ctrl_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-				return;
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0) {
-				peer_closed(g, p);
-				return;
-			}
-			int fd = -1;
-			for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-				if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-					continue;
-				int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-				for (int i = 0; i < nfd; i++) {
-					int x;
-					memcpy(&x, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-					if (fd < 0)
-						fd = x;
-					else
-						close(x);
-				}
-			}
-			if (r != (ssize_t)sizeof(f) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-				if (fd >= 0)
-					close(fd);
-				st_warn("worker group: malformed control message from rank %d", p);
-				peer_closed(g, p);
-				return;
-			}
-			on_frame(g, p, &f, fd);
-		} else {
-			ssize_t r = recv(q->ctrl_fd, q->rx + q->rxn, sizeof(q->rx) - (size_t)q->rxn, MSG_DONTWAIT);
-			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-				return;
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0) {
-				peer_closed(g, p);
-				return;
-			}
-			q->rxn += (int)r;
-			if (q->rxn == (int)sizeof(st_frame)) {
-				st_frame f;
-				memcpy(&f, q->rx, sizeof(f));
-				q->rxn = 0;
-				on_frame(g, p, &f, -1);
-			}
+	int fd = -1;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < nfd; i++) {
+			int x;
+			memcpy(&x, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (fd < 0)
+				fd = x;
+			else
+				close(x);
 		}
 	}
+	return fd;
+}
+
+enum { RX_STOP, RX_MORE, RX_GOT };
+
+/* What a receive on peer p's control socket returned: RX_GOT (bytes),
+ * RX_MORE (interrupted: receive again), RX_STOP (nothing more now, or the
+ * connection ended: then the peer is closed). */
+static int rx_outcome(st_group *g, int p, ssize_t r)
+{
+	if (r > 0)
+		return RX_GOT;
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return RX_STOP;
+	if (r < 0 && errno == EINTR)
+		return RX_MORE;
+	peer_closed(g, p);
+	return RX_STOP;
+}
+
+/* One frame (and fd) from peer p's unix control socket: RX_MORE or RX_STOP. */
+static int read_unix_frame(st_group *g, int p)
+{
+	st_frame f;
+	char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+	struct iovec iov = { .iov_base = &f, .iov_len = sizeof(f) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+	ssize_t r = recvmsg(g->peers[p].ctrl_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	int next = rx_outcome(g, p, r);
+	if (next != RX_GOT)
+		return next;
+	int fd = first_fd(&msg);
+	if (r != (ssize_t)sizeof(f) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+		if (fd >= 0)
+			close(fd);
+		st_warn("worker group: malformed control message from rank %d", p);
+		peer_closed(g, p);
+		return RX_STOP;
+	}
+	on_frame(g, p, &f, fd);
+	return RX_MORE;
+}
+
+/* Bytes from peer p's TCP control socket, a frame once complete: RX_MORE
+ * or RX_STOP. */
+static int read_tcp_frame(st_group *g, int p)
+{
+	st_peer *q = &g->peers[p];
+	ssize_t r = recv(q->ctrl_fd, q->rx + q->rxn, sizeof(q->rx) - (size_t)q->rxn, MSG_DONTWAIT);
+	int next = rx_outcome(g, p, r);
+	if (next != RX_GOT)
+		return next;
+	q->rxn += (int)r;
+	if (q->rxn == (int)sizeof(st_frame)) {
+		st_frame f;
+		memcpy(&f, q->rx, sizeof(f));
+		q->rxn = 0;
+		on_frame(g, p, &f, -1);
+	}
+	return RX_MORE;
+}
+
+/* Everything peer p sent on its control connection so far. */
+static void read_ctrl(st_group *g, int p)
+{
+	const st_peer *q = &g->peers[p];
+	while (q->ctrl_fd >= 0 && (q->ctrl_unix ? read_unix_frame(g, p) : read_tcp_frame(g, p)) == RX_MORE)
+		;
 }
 
 /* A complete hello on an accepted connection. */
@@ -486,154 +516,210 @@ static void heartbeat(st_group *g, int64_t now)
 	}
 }
 
-static void *monitor(void *arg)
+/* What a slot of the monitor's poll set watches. */
+enum slot_kind {
+	SLOT_WAKE,        /* g->mon_fd: a failure, a new control connection, or stop */
+	SLOT_TCP_LISTEN,  /* g->tcp_lfd: connections from other hosts and slices */
+	SLOT_UNIX_LISTEN, /* g->unix_lfd: control connections from this host */
+	SLOT_PENDING,     /* an accepted connection waiting for its hello */
+	SLOT_PEER,        /* a peer's control connection */
+};
+
+typedef struct poll_slot {
+	enum slot_kind kind;
+	int peer;          /* SLOT_PEER: its rank */
+	st_pending *pc;    /* SLOT_PENDING: the connection */
+} poll_slot;
+
+typedef struct poll_set {
+	struct pollfd *fds;
+	poll_slot *slots;  /* slots[i] says what fds[i] is */
+	int n, cap;
+} poll_set;
+
+/* Room for cap slots. 0, or -1 when out of memory (the set stays valid). */
+static int poll_set_reserve(poll_set *ps, int cap)
 {
-	st_group *g = arg;
-	int64_t hb_ns = (int64_t)g->hb_ms * 1000000, next_hb = st_mono_ns();
-	int told = 0; /* the group's failure was forwarded to the peers */
-	int cap = g->size + 8;
-	struct pollfd *pf = malloc(sizeof(*pf) * (size_t)cap);
-	int *who = malloc(sizeof(int) * (size_t)cap); /* pf index -> peer, or -1 */
-	st_pending **pw = malloc(sizeof(*pw) * (size_t)cap);
-	if (!pf || !who || !pw) {
-		st_group_fail(g, R_EXIT, g->rank, g->rank);
-		goto out;
+	struct pollfd *fds = realloc(ps->fds, sizeof(*fds) * (size_t)cap);
+	if (fds)
+		ps->fds = fds;
+	poll_slot *slots = realloc(ps->slots, sizeof(*slots) * (size_t)cap);
+	if (slots)
+		ps->slots = slots;
+	if (!fds || !slots)
+		return -1;
+	ps->cap = cap;
+	return 0;
+}
+
+static void poll_set_add(poll_set *ps, int fd, short events, enum slot_kind kind, int peer, st_pending *pc)
+{
+	ps->fds[ps->n] = (struct pollfd){ .fd = fd, .events = events };
+	ps->slots[ps->n++] = (poll_slot){ .kind = kind, .peer = peer, .pc = pc };
+}
+
+/* Room for every slot poll_set_fill may add. 0, or -1 when out of memory. */
+static int poll_set_fit(const st_group *g, poll_set *ps)
+{
+	int need = 3 + g->size;
+	for (const st_pending *pc = g->pend; pc; pc = pc->next)
+		need++;
+	return need > ps->cap ? poll_set_reserve(ps, 2 * need) : 0;
+}
+
+/* Everything the monitor watches now: its wake-up, both listeners, the
+ * pending connections and the peers' control connections. Returns when the
+ * poll must end at the latest: next_hb, or a pending hello's deadline. */
+static int64_t poll_set_fill(st_group *g, poll_set *ps, int64_t next_hb)
+{
+	int64_t wake = next_hb;
+	ps->n = 0;
+	poll_set_add(ps, g->mon_fd, POLLIN, SLOT_WAKE, -1, NULL);
+	poll_set_add(ps, g->tcp_lfd, POLLIN, SLOT_TCP_LISTEN, -1, NULL);
+	poll_set_add(ps, g->unix_lfd, POLLIN, SLOT_UNIX_LISTEN, -1, NULL);
+	for (st_pending *pc = g->pend; pc; pc = pc->next) {
+		poll_set_add(ps, pc->fd, POLLIN, SLOT_PENDING, -1, pc);
+		if (pc->deadline < wake)
+			wake = pc->deadline;
 	}
-	int64_t last_loop = st_mono_ns();
+	pthread_mutex_lock(&g->mu);
+	for (int p = 0; p < g->size; p++) {
+		st_peer *q = &g->peers[p];
+		if (p == g->rank || q->ctrl_fd < 0)
+			continue;
+		poll_set_add(ps, q->ctrl_fd, (short)(POLLIN | (q->txn ? POLLOUT : 0)), SLOT_PEER, p, NULL);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return wake;
+}
+
+/* Send what is queued for peer p, then read what it sent. */
+static void serve_peer(st_group *g, int p, short revents)
+{
+	if (revents & POLLOUT) {
+		pthread_mutex_lock(&g->mu);
+		ctrl_flush_locked(&g->peers[p]);
+		pthread_mutex_unlock(&g->mu);
+	}
+	if (revents & (POLLIN | POLLHUP | POLLERR))
+		read_ctrl(g, p);
+}
+
+static void serve_slot(st_group *g, const poll_slot *s, short revents)
+{
+	uint64_t v;
+	switch (s->kind) {
+	case SLOT_WAKE:
+		/* only wakes the loop, which checks stop and fail */
+		if (read(g->mon_fd, &v, sizeof(v)) < 0) {
+		}
+		break;
+	case SLOT_TCP_LISTEN:
+		accept_on(g, g->tcp_lfd, 0);
+		break;
+	case SLOT_UNIX_LISTEN:
+		accept_on(g, g->unix_lfd, 1);
+		break;
+	case SLOT_PENDING:
+		read_pending(g, s->pc);
+		break;
+	case SLOT_PEER:
+		serve_peer(g, s->peer, revents);
+		break;
+	}
+}
+
+/* Close the accepted connections whose hello is late, and forget the closed ones. */
+static void drop_stale_pending(st_group *g, int64_t now)
+{
+	for (st_pending **pp = &g->pend; *pp;) {
+		st_pending *pc = *pp;
+		if (pc->fd >= 0 && now > pc->deadline) {
+			close(pc->fd);
+			pc->fd = -1;
+		}
+		if (pc->fd < 0) {
+			*pp = pc->next;
+			free(pc);
+		} else {
+			pp = &pc->next;
+		}
+	}
+}
+
+/* The monitor was not running (stopped, starved): silence from the peers
+ * over that time says nothing about them. */
+static void forget_silence(st_group *g, int64_t now)
+{
+	pthread_mutex_lock(&g->mu);
+	for (int p = 0; p < g->size; p++)
+		g->peers[p].last_rx = now;
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Tell every peer about the group's failure. */
+static void forward_failure(st_group *g)
+{
+	uint64_t v = atomic_load(&g->fail);
+	st_frame ab = frame(g, F_ABORT, (uint32_t)(v & 0xff), (uint64_t)(((v >> 8) & 0xffffff) - 1));
+	pthread_mutex_lock(&g->mu);
+	for (int p = 0; p < g->size; p++)
+		if (p != g->rank)
+			ctrl_send_locked(g, p, &ab);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* The monitor's loop, until st_group_leave stops it: heartbeats, failure
+ * forwarding, then one poll over everything it watches. */
+static void watch(st_group *g, poll_set *ps)
+{
+	int64_t hb_ns = (int64_t)g->hb_ms * 1000000, next_hb = st_mono_ns(), last_loop = next_hb;
+	int told = 0; /* the group's failure was forwarded to the peers */
 	while (!atomic_load(&g->stop)) {
 		int64_t now = st_mono_ns();
-		if (now - last_loop > 3 * hb_ns) {
-			/* We were not running (stopped, starved): silence from the peers
-			 * over that time says nothing about them. */
-			pthread_mutex_lock(&g->mu);
-			for (int p = 0; p < g->size; p++)
-				g->peers[p].last_rx = now;
-			pthread_mutex_unlock(&g->mu);
-		}
+		if (now - last_loop > 3 * hb_ns)
+			forget_silence(g, now);
 		last_loop = now;
 		if (now >= next_hb) {
 			heartbeat(g, now);
 			next_hb = now + hb_ns;
 		}
 		if (!told && atomic_load(&g->fail)) {
-			uint64_t v = atomic_load(&g->fail);
-			st_frame ab = frame(g, F_ABORT, (uint32_t)(v & 0xff), (uint64_t)(((v >> 8) & 0xffffff) - 1));
-			pthread_mutex_lock(&g->mu);
-			for (int p = 0; p < g->size; p++)
-				if (p != g->rank)
-					ctrl_send_locked(g, p, &ab);
-			pthread_mutex_unlock(&g->mu);
+			forward_failure(g);
 			told = 1;
 		}
-		int npend = 0;
-		for (st_pending *pc = g->pend; pc; pc = pc->next)
-			npend++;
-		int need = 3 + g->size + npend;
-		if (need > cap) {
-			cap = need * 2;
-			struct pollfd *a = realloc(pf, sizeof(*pf) * (size_t)cap);
-			if (a)
-				pf = a;
-			int *b = realloc(who, sizeof(int) * (size_t)cap);
-			if (b)
-				who = b;
-			st_pending **c = realloc(pw, sizeof(*pw) * (size_t)cap);
-			if (c)
-				pw = c;
-			if (!a || !b || !c) {
-				st_group_fail(g, R_EXIT, g->rank, g->rank);
-				break;
-			}
+		if (poll_set_fit(g, ps) < 0) {
+			st_group_fail(g, R_EXIT, g->rank, g->rank);
+			return;
 		}
-		int np = 0;
-		pf[np] = (struct pollfd){ .fd = g->mon_fd, .events = POLLIN };
-		who[np++] = -1;
-		pf[np] = (struct pollfd){ .fd = g->tcp_lfd, .events = POLLIN };
-		who[np++] = -2;
-		pf[np] = (struct pollfd){ .fd = g->unix_lfd, .events = POLLIN };
-		who[np++] = -3;
-		int64_t wake = next_hb;
-		for (st_pending *pc = g->pend; pc; pc = pc->next) {
-			pf[np] = (struct pollfd){ .fd = pc->fd, .events = POLLIN };
-			pw[np] = pc;
-			who[np++] = -4;
-			if (pc->deadline < wake)
-				wake = pc->deadline;
-		}
-		pthread_mutex_lock(&g->mu);
-		for (int p = 0; p < g->size; p++) {
-			st_peer *q = &g->peers[p];
-			if (p == g->rank || q->ctrl_fd < 0)
-				continue;
-			pf[np] = (struct pollfd){ .fd = q->ctrl_fd, .events = (short)(POLLIN | (q->txn ? POLLOUT : 0)) };
-			who[np++] = p;
-		}
-		pthread_mutex_unlock(&g->mu);
+		int64_t wake = poll_set_fill(g, ps, next_hb);
 		int ms = (int)((wake - now) / 1000000) + 1;
 		if (ms < 0)
 			ms = 0;
-		int r = poll(pf, (nfds_t)np, ms);
+		int r = poll(ps->fds, (nfds_t)ps->n, ms);
 		if (r < 0 && errno != EINTR)
 			usleep(1000);
-		if (r <= 0)
-			goto timers;
-		for (int i = 0; i < np; i++) {
-			if (!pf[i].revents)
-				continue;
-			if (who[i] == -1) {
-				uint64_t v;
-				if (read(g->mon_fd, &v, sizeof(v)) < 0) {
-				}
-			} else if (who[i] == -2) {
-				accept_on(g, g->tcp_lfd, 0);
-			} else if (who[i] == -3) {
-				accept_on(g, g->unix_lfd, 1);
-			} else if (who[i] == -4) {
-				read_pending(g, pw[i]);
-			} else {
-				int p = who[i];
-				if (pf[i].revents & POLLOUT) {
-					pthread_mutex_lock(&g->mu);
-					if (g->peers[p].txn) {
-						st_peer *q = &g->peers[p];
-						while (q->txn > 0 && q->ctrl_fd >= 0) {
-							ssize_t w = send(q->ctrl_fd, q->tx, (size_t)q->txn, MSG_DONTWAIT | MSG_NOSIGNAL);
-							if (w <= 0)
-								break;
-							memmove(q->tx, q->tx + w, (size_t)(q->txn - w));
-							q->txn -= (int)w;
-						}
-					}
-					pthread_mutex_unlock(&g->mu);
-				}
-				if (pf[i].revents & (POLLIN | POLLHUP | POLLERR))
-					read_ctrl(g, p);
-			}
-		}
-	timers:
-		now = st_mono_ns();
-		for (st_pending **pp = &g->pend; *pp;) {
-			st_pending *pc = *pp;
-			if (pc->fd >= 0 && now > pc->deadline) {
-				close(pc->fd);
-				pc->fd = -1;
-			}
-			if (pc->fd < 0) {
-				*pp = pc->next;
-				free(pc);
-			} else {
-				pp = &pc->next;
-			}
-		}
+		for (int i = 0; r > 0 && i < ps->n; i++)
+			if (ps->fds[i].revents)
+				serve_slot(g, &ps->slots[i], ps->fds[i].revents);
+		drop_stale_pending(g, st_mono_ns());
 	}
-out:
-	free(pf);
-	free(who);
-	free(pw);
+}
+
+static void *monitor(void *arg)
+{
+	st_group *g = arg;
+	poll_set ps = { 0 };
+	if (poll_set_reserve(&ps, g->size + 8) < 0)
+		st_group_fail(g, R_EXIT, g->rank, g->rank);
+	else
+		watch(g, &ps);
+	free(ps.fds);
+	free(ps.slots);
 	return NULL;
 }
 
-/* ---- join and leave ---- */
+/* ---- joining: settings, host key, unix sockets ---- */
 
 static int env_ms(const char *name, int dflt, int lo, int *out)
 {
@@ -725,60 +811,79 @@ static int unix_connect(const char *name, int *fdp)
 	return 0;
 }
 
-static int publish_and_collect(st_group *g, const st_group_env *e, const char *host, int port, int64_t deadline)
+/* ---- joining: meeting through the store ---- */
+
+/* Rank 0 writes the group's settings (world, slices, shared memory, window,
+ * nonce); every process reads them back and checks that it agrees. */
+static int agree_on_settings(st_group *g, st_store *s, const st_group_env *e, int64_t deadline)
 {
-	st_store *s = NULL;
-	char key[64];
 	void *val = NULL;
-	uint8_t *all = NULL;
 	size_t len;
-	int r = st_store_connect(&s, host, port, deadline);
-	if (r < 0)
-		return r;
+	int r;
 	if (g->rank == 0) {
 		cfg_wire cw = { .magic = CFG_MAGIC, .world = g->size, .num_slices = g->num_slices,
 				.use_shm = g->use_shm, .window_bytes = g->window_bytes, .nonce = rand64() };
 		if ((r = st_store_set(s, "cfg", &cw, sizeof(cw))) < 0)
-			goto out;
+			return r;
 	}
 	if ((r = st_store_get(s, "cfg", &val, &len, deadline)) < 0) {
 		if (st_mono_ns() >= deadline)
 			r = st_fail(ST_EPEER, "worker group: rank 0 did not set up the store at %s within %d ms",
 				    e->coordinator, g->join_timeout_ms);
-		goto out;
+		return r;
 	}
 	cfg_wire cw;
-	if (len != sizeof(cw)) {
-		r = st_fail(ST_EPEER, "worker group: the store at %s is not a slicetrain store (or another version)",
-			    e->coordinator);
-		goto out;
-	}
-	memcpy(&cw, val, sizeof(cw));
+	int sized = len == sizeof(cw);
+	if (sized)
+		memcpy(&cw, val, sizeof(cw));
 	free(val);
-	val = NULL;
-	if (cw.magic != CFG_MAGIC) {
-		r = st_fail(ST_EPEER, "worker group: the store at %s is not a slicetrain store", e->coordinator);
-		goto out;
-	}
-	if (cw.world != g->size || cw.num_slices != g->num_slices) {
-		r = st_fail(ST_EINVAL, "worker group: this process has world size %d in %d slices, rank 0 has %d in %d",
-			    g->size, g->num_slices, cw.world, cw.num_slices);
-		goto out;
-	}
+	if (!sized)
+		return st_fail(ST_EPEER, "worker group: the store at %s is not a slicetrain store (or another version)",
+			       e->coordinator);
+	if (cw.magic != CFG_MAGIC)
+		return st_fail(ST_EPEER, "worker group: the store at %s is not a slicetrain store", e->coordinator);
+	if (cw.world != g->size || cw.num_slices != g->num_slices)
+		return st_fail(ST_EINVAL, "worker group: this process has world size %d in %d slices, rank 0 has %d in %d",
+			       g->size, g->num_slices, cw.world, cw.num_slices);
 	g->nonce = cw.nonce;
 	g->window_bytes = cw.window_bytes;
 	g->use_shm = cw.use_shm;
-	snprintf(key, sizeof(key), "claim/%d", g->rank);
-	int64_t claims;
-	if ((r = st_store_add(s, key, 1, &claims)) < 0)
-		goto out;
-	if (claims != 1) {
-		r = st_fail(ST_EINVAL, "worker group: rank %d was claimed by two processes (check the rank variables)",
-			    g->rank);
-		goto out;
-	}
+	return 0;
+}
 
+/* Claim this process's rank: a second process with the same rank fails. */
+static int claim_rank(st_group *g, st_store *s)
+{
+	char key[64];
+	int64_t claims;
+	int r;
+	snprintf(key, sizeof(key), "claim/%d", g->rank);
+	if ((r = st_store_add(s, key, 1, &claims)) < 0)
+		return r;
+	if (claims != 1)
+		return st_fail(ST_EINVAL, "worker group: rank %d was claimed by two processes (check the rank variables)",
+			       g->rank);
+	return 0;
+}
+
+/* The CPUs this process may run on (the first 1024), as a bit mask. */
+static void affinity_mask(uint64_t cpus[16])
+{
+	cpu_set_t cs;
+	if (sched_getaffinity(0, sizeof(cs), &cs) == 0) {
+		for (int k = 0; k < 1024 && k < CPU_SETSIZE; k++)
+			if (CPU_ISSET(k, &cs))
+				cpus[k / 64] |= 1ull << (k % 64);
+	} else {
+		cpus[0] = 1;
+	}
+}
+
+/* Write ep/<rank>: how the others reach this process, its host and its CPUs. */
+static int publish_endpoint(st_group *g, st_store *s, const st_group_env *e)
+{
 	ep_wire me;
+	char key[64];
 	memset(&me, 0, sizeof(me));
 	me.magic = EP_MAGIC;
 	me.rank = g->rank;
@@ -792,69 +897,92 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 		snprintf(me.addr, sizeof(me.addr), "127.0.0.1");
 	snprintf(me.uname, sizeof(me.uname), "%s", g->peers[g->rank].uname);
 	host_key(me.hostkey, sizeof(me.hostkey));
-	cpu_set_t cs;
-	if (sched_getaffinity(0, sizeof(cs), &cs) == 0) {
-		for (int k = 0; k < 1024 && k < CPU_SETSIZE; k++)
-			if (CPU_ISSET(k, &cs))
-				me.cpus[k / 64] |= 1ull << (k % 64);
-	} else {
-		me.cpus[0] = 1;
-	}
+	affinity_mask(me.cpus);
 	snprintf(key, sizeof(key), "ep/%d", g->rank);
-	if ((r = st_store_set(s, key, &me, sizeof(me))) < 0)
-		goto out;
+	return st_store_set(s, key, &me, sizeof(me));
+}
 
-	/* Rank 0 collects every endpoint and publishes them as one value, so
-	 * that joining costs O(world) store requests, not O(world^2). */
-	size_t all_len = sizeof(ep_wire) * (size_t)g->size;
-	if (g->rank == 0) {
-		if (!(all = malloc(all_len))) {
-			r = st_fail(ST_ENOMEM, "worker group: out of memory");
-			goto out;
-		}
-		for (int p = 0; p < g->size; p++) {
-			snprintf(key, sizeof(key), "ep/%d", p);
-			if ((r = st_store_get(s, key, &val, &len, deadline)) < 0) {
-				if (st_mono_ns() >= deadline)
-					r = st_fail(ST_EPEER, "worker group: rank %d did not join within %d ms (coordinator %s)",
-						    p, g->join_timeout_ms, e->coordinator);
-				goto out;
-			}
-			if (len != sizeof(ep_wire)) {
-				r = st_fail(ST_EPEER, "worker group: malformed endpoint of rank %d in the store", p);
-				goto out;
-			}
-			memcpy(all + (size_t)p * sizeof(ep_wire), val, sizeof(ep_wire));
-			free(val);
-			val = NULL;
-		}
-		if ((r = st_store_set(s, "eps", all, all_len)) < 0)
-			goto out;
-	} else {
-		if ((r = st_store_get(s, "eps", &val, &len, deadline)) < 0) {
+/* Rank 0 reads every ep/<rank> into all and publishes them as one value,
+ * eps, so that joining costs O(world) store requests, not O(world^2). */
+static int gather_endpoints(st_group *g, st_store *s, const st_group_env *e, int64_t deadline, uint8_t *all)
+{
+	for (int p = 0; p < g->size; p++) {
+		char key[64];
+		void *val = NULL;
+		size_t len;
+		int r;
+		snprintf(key, sizeof(key), "ep/%d", p);
+		if ((r = st_store_get(s, key, &val, &len, deadline)) < 0) {
 			if (st_mono_ns() >= deadline)
-				r = st_fail(ST_EPEER, "worker group: the group did not form within %d ms (coordinator %s; "
-						      "rank 0 names the missing ranks)", g->join_timeout_ms, e->coordinator);
-			goto out;
+				r = st_fail(ST_EPEER, "worker group: rank %d did not join within %d ms (coordinator %s)", p,
+					    g->join_timeout_ms, e->coordinator);
+			return r;
 		}
-		if (len != all_len) {
-			r = st_fail(ST_EPEER, "worker group: malformed endpoint table in the store");
-			goto out;
+		if (len != sizeof(ep_wire)) {
+			free(val);
+			return st_fail(ST_EPEER, "worker group: malformed endpoint of rank %d in the store", p);
 		}
-		all = val;
-		val = NULL;
+		memcpy(all + (size_t)p * sizeof(ep_wire), val, sizeof(ep_wire));
+		free(val);
 	}
+	return st_store_set(s, "eps", all, sizeof(ep_wire) * (size_t)g->size);
+}
+
+/* Every endpoint, in rank order: gathered by rank 0, read from eps by the
+ * others. *all is allocated (the caller frees it, also on failure). */
+static int read_endpoints(st_group *g, st_store *s, const st_group_env *e, int64_t deadline, uint8_t **all)
+{
+	size_t all_len = sizeof(ep_wire) * (size_t)g->size, len;
+	void *val = NULL;
+	int r;
+	if (g->rank == 0) {
+		if (!(*all = malloc(all_len)))
+			return st_fail(ST_ENOMEM, "worker group: out of memory");
+		return gather_endpoints(g, s, e, deadline, *all);
+	}
+	if ((r = st_store_get(s, "eps", &val, &len, deadline)) < 0) {
+		if (st_mono_ns() >= deadline)
+			r = st_fail(ST_EPEER, "worker group: the group did not form within %d ms (coordinator %s; "
+					      "rank 0 names the missing ranks)", g->join_timeout_ms, e->coordinator);
+		return r;
+	}
+	if (len != all_len) {
+		free(val);
+		return st_fail(ST_EPEER, "worker group: malformed endpoint table in the store");
+	}
+	*all = val;
+	return 0;
+}
+
+static int endpoint_valid(const st_group *g, const ep_wire *ep, int p)
+{
+	return ep->magic == EP_MAGIC && ep->rank == p && ep->port >= 1 && ep->port <= 65535 &&
+	       memchr(ep->addr, 0, sizeof(ep->addr)) && memchr(ep->uname, 0, sizeof(ep->uname)) &&
+	       memchr(ep->hostkey, 0, sizeof(ep->hostkey)) && ep->slice == p / g->per_slice;
+}
+
+/* The host of rank p: the lowest rank with the same host key (hk: the
+ * hashes of the host keys of ranks 0..p). */
+static int host_of(const st_group *g, const uint8_t *all, const uint64_t *hk, int p)
+{
+	const ep_wire *eps = (const ep_wire *)all;
+	for (int k = 0; k < p; k++)
+		if (hk[k] == hk[p] && strcmp(eps[k].hostkey, eps[p].hostkey) == 0)
+			return g->peers[k].host;
+	return p;
+}
+
+/* Take every peer's place and address from the endpoints. */
+static int adopt_endpoints(st_group *g, const uint8_t *all)
+{
 	uint64_t *hk = calloc((size_t)g->size, sizeof(uint64_t));
-	if (!hk) {
-		r = st_fail(ST_ENOMEM, "worker group: out of memory");
-		goto out;
-	}
+	int r = 0;
+	if (!hk)
+		return st_fail(ST_ENOMEM, "worker group: out of memory");
 	for (int p = 0; p < g->size; p++) {
 		ep_wire ep;
 		memcpy(&ep, all + (size_t)p * sizeof(ep), sizeof(ep));
-		if (ep.magic != EP_MAGIC || ep.rank != p || ep.port < 1 || ep.port > 65535 ||
-		    !memchr(ep.addr, 0, sizeof(ep.addr)) || !memchr(ep.uname, 0, sizeof(ep.uname)) ||
-		    !memchr(ep.hostkey, 0, sizeof(ep.hostkey)) || ep.slice != p / g->per_slice) {
+		if (!endpoint_valid(g, &ep, p)) {
 			r = st_fail(ST_EPEER, "worker group: malformed endpoint of rank %d in the store", p);
 			break;
 		}
@@ -865,59 +993,82 @@ static int publish_and_collect(st_group *g, const st_group_env *e, const char *h
 		memcpy(q->addr, ep.addr, sizeof(q->addr));
 		memcpy(q->uname, ep.uname, sizeof(q->uname));
 		hk[p] = st_fnv1a(ST_FNV_INIT, ep.hostkey, strlen(ep.hostkey));
-		q->host = p;
-		for (int k = 0; k < p; k++) {
-			ep_wire ek;
-			if (hk[k] != hk[p])
-				continue;
-			memcpy(&ek, all + (size_t)k * sizeof(ek), sizeof(ek));
-			if (strcmp(ek.hostkey, ep.hostkey) == 0) {
-				q->host = g->peers[k].host;
-				break;
-			}
-		}
+		q->host = host_of(g, all, hk, p);
 	}
 	free(hk);
-	/* Can this host's processes of the group all run at once? Compare them
-	 * with the CPUs their affinity masks cover together. */
-	if (r == 0) {
-		uint64_t un[16] = { 0 };
-		int procs = 0, cpus = 0;
-		for (int p = 0; p < g->size; p++) {
-			if (g->peers[p].host != g->peers[g->rank].host)
-				continue;
-			ep_wire ep;
-			memcpy(&ep, all + (size_t)p * sizeof(ep), sizeof(ep));
-			for (int k = 0; k < 16; k++)
-				un[k] |= ep.cpus[k];
-			procs++;
-		}
+	return r;
+}
+
+/* Can this host's processes of the group all run at once? Count them, and
+ * the CPUs their affinity masks cover together. */
+static void count_host_cpus(st_group *g, const uint8_t *all)
+{
+	uint64_t un[16] = { 0 };
+	int procs = 0, cpus = 0;
+	for (int p = 0; p < g->size; p++) {
+		if (g->peers[p].host != g->peers[g->rank].host)
+			continue;
+		ep_wire ep;
+		memcpy(&ep, all + (size_t)p * sizeof(ep), sizeof(ep));
 		for (int k = 0; k < 16; k++)
-			cpus += __builtin_popcountll(un[k]);
-		g->host_procs = procs;
-		g->host_cpus = cpus > 0 ? cpus : 1;
+			un[k] |= ep.cpus[k];
+		procs++;
 	}
+	for (int k = 0; k < 16; k++)
+		cpus += __builtin_popcountll(un[k]);
+	g->host_procs = procs;
+	g->host_cpus = cpus > 0 ? cpus : 1;
+}
+
+/* Meet the others through the store at host:port: agree on the settings,
+ * claim this rank, publish this endpoint and learn everyone's. */
+static int meet_through_store(st_group *g, const st_group_env *e, const char *host, int port, int64_t deadline)
+{
+	st_store *s = NULL;
+	uint8_t *all = NULL;
+	int r = st_store_connect(&s, host, port, deadline);
+	if (r < 0)
+		return r;
+	if ((r = agree_on_settings(g, s, e, deadline)) < 0 || (r = claim_rank(g, s)) < 0 ||
+	    (r = publish_endpoint(g, s, e)) < 0 || (r = read_endpoints(g, s, e, deadline, &all)) < 0 ||
+	    (r = adopt_endpoints(g, all)) < 0)
+		goto out;
+	count_host_cpus(g, all);
 out:
-	free(val);
 	free(all);
 	st_store_close(s);
 	return r;
 }
 
-int st_group_join(st_group **out, const st_group_opts *opts)
+/* ---- joining: listen, meet, connect ---- */
+
+/* Timeouts and window: opts first, then the environment, then defaults. */
+static int take_settings(st_group *g, const st_group_opts *opts)
 {
-	st_group_env envbuf;
-	const st_group_env *e = opts ? opts->env : NULL;
-	int r;
-	*out = NULL;
-	if (!e) {
-		if ((r = st_group_env_read(&envbuf)) < 0)
-			return r;
-		e = &envbuf;
-	}
-	if ((r = validate_env(e)) < 0)
+	int r, win_kb;
+	if (opts && opts->timeout_ms > 0)
+		g->timeout_ms = opts->timeout_ms;
+	else if ((r = env_ms("SLICETRAIN_COMM_TIMEOUT_MS", 5000, 10, &g->timeout_ms)) < 0)
 		return r;
+	if (opts && opts->join_timeout_ms > 0)
+		g->join_timeout_ms = opts->join_timeout_ms;
+	else if ((r = env_ms("SLICETRAIN_JOIN_TIMEOUT_MS", 300000, 10, &g->join_timeout_ms)) < 0)
+		return r;
+	if ((r = env_ms("SLICETRAIN_COMM_WINDOW_KB", 1024, 64, &win_kb)) < 0)
+		return r;
+	g->window_bytes = (int64_t)win_kb * 1024;
+	/* a heartbeat every tenth of the timeout; dead after 8 missed ones, so
+	 * that with the polling delay a stopped peer is declared dead within timeout_ms */
+	g->hb_ms = g->timeout_ms / 10 > 0 ? g->timeout_ms / 10 : 1;
+	g->dead_ms = g->timeout_ms - 2 * g->hb_ms;
+	return 0;
+}
+
+/* A group for the place e, with its settings and no connection yet. */
+static int group_new(st_group **out, const st_group_env *e, const st_group_opts *opts)
+{
 	st_group *g = calloc(1, sizeof(*g));
+	int r;
 	if (!g)
 		return st_fail(ST_ENOMEM, "worker group: out of memory");
 	g->rank = e->rank;
@@ -932,22 +1083,8 @@ int st_group_join(st_group **out, const st_group_opts *opts)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&g->cv, &ca);
 	pthread_condattr_destroy(&ca);
-	int win_kb;
-	if (opts && opts->timeout_ms > 0)
-		g->timeout_ms = opts->timeout_ms;
-	else if ((r = env_ms("SLICETRAIN_COMM_TIMEOUT_MS", 5000, 10, &g->timeout_ms)) < 0)
+	if ((r = take_settings(g, opts)) < 0)
 		goto fail;
-	if (opts && opts->join_timeout_ms > 0)
-		g->join_timeout_ms = opts->join_timeout_ms;
-	else if ((r = env_ms("SLICETRAIN_JOIN_TIMEOUT_MS", 300000, 10, &g->join_timeout_ms)) < 0)
-		goto fail;
-	if ((r = env_ms("SLICETRAIN_COMM_WINDOW_KB", 1024, 64, &win_kb)) < 0)
-		goto fail;
-	g->window_bytes = (int64_t)win_kb * 1024;
-	/* a heartbeat every tenth of the timeout; dead after 8 missed ones, so
-	 * that with the polling delay a stopped peer is declared dead within timeout_ms */
-	g->hb_ms = g->timeout_ms / 10 > 0 ? g->timeout_ms / 10 : 1;
-	g->dead_ms = g->timeout_ms - 2 * g->hb_ms;
 	g->peers = calloc((size_t)g->size, sizeof(st_peer));
 	if (!g->peers) {
 		r = st_fail(ST_ENOMEM, "worker group: out of memory");
@@ -956,97 +1093,96 @@ int st_group_join(st_group **out, const st_group_opts *opts)
 	for (int p = 0; p < g->size; p++) {
 		g->peers[p].ctrl_fd = -1;
 		g->peers[p].slice = p / g->per_slice;
-		g->peers[p].host = 0;
 	}
-	if (g->size == 1) {
-		*out = g;
-		return 0;
-	}
+	*out = g;
+	return 0;
+fail:
+	st_group_leave(g);
+	return r;
+}
 
-	/* one control connection per peer, plus data connections: raise the
-	 * soft descriptor limit to the hard one when a large group needs it */
+/* One control connection per peer, plus data connections: raise the soft
+ * descriptor limit to the hard one when a large group needs it. */
+static void raise_fd_limit(int size)
+{
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-	    rl.rlim_cur < (rlim_t)(4 * g->size + 256) && rl.rlim_cur < rl.rlim_max) {
+	    rl.rlim_cur < (rlim_t)(4 * size + 256) && rl.rlim_cur < rl.rlim_max) {
 		rl.rlim_cur = rl.rlim_max;
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
-	int64_t t0 = st_mono_ns(), deadline = t0 + (int64_t)g->join_timeout_ms * 1000000;
-	char host[256];
-	int port;
-	if (st_split_hostport(e->coordinator, host, sizeof(host), &port) < 0) {
-		r = st_fail(ST_EINVAL, "worker group: coordinator '%s' is not host:port", e->coordinator);
-		goto fail;
-	}
+}
+
+/* The eventfds, the TCP and unix listeners the peers connect to, and on
+ * rank 0 the store on the coordinator port. */
+static int open_listeners(st_group *g, const st_group_env *e, int store_port)
+{
+	int r, lport;
 	g->fail_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	g->mon_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (g->fail_fd < 0 || g->mon_fd < 0) {
-		r = st_fail(ST_EIO, "worker group: eventfd: %s", strerror(errno));
-		goto fail;
-	}
-	int lport;
-	if ((r = st_tcp_listen(0, 4096, &g->tcp_lfd, &lport)) < 0) {
-		r = st_fail(ST_EIO, "worker group: cannot listen: %s", strerror(-r));
-		goto fail;
-	}
+	if (g->fail_fd < 0 || g->mon_fd < 0)
+		return st_fail(ST_EIO, "worker group: eventfd: %s", strerror(errno));
+	if ((r = st_tcp_listen(0, 4096, &g->tcp_lfd, &lport)) < 0)
+		return st_fail(ST_EIO, "worker group: cannot listen: %s", strerror(-r));
 	st_set_nonblock(g->tcp_lfd, 1);
 	g->peers[g->rank].port = lport;
 	if ((r = unix_listen(g, g->peers[g->rank].uname, sizeof(g->peers[g->rank].uname))) < 0)
-		goto fail;
-	if (g->rank == 0 && (r = st_store_serve(&g->store, port)) < 0) {
-		r = st_fail(ST_EIO, "worker group: rank 0 cannot host the store on the coordinator port %d (%s): %s; "
-				    "point SLICETRAIN_COORDINATOR at a free host:port", port, e->source, st_errmsg());
-		goto fail;
-	}
-	if ((r = publish_and_collect(g, e, host, port, deadline)) < 0)
-		goto fail;
-	int nh = 0;
-	for (int p = 0; p < g->size; p++)
-		if (g->peers[p].host == p)
-			nh++;
-	g->nhosts = nh;
+		return r;
+	if (g->rank == 0 && (r = st_store_serve(&g->store, store_port)) < 0)
+		return st_fail(ST_EIO, "worker group: rank 0 cannot host the store on the coordinator port %d (%s): %s; "
+				       "point SLICETRAIN_COORDINATOR at a free host:port", store_port, e->source, st_errmsg());
+	return 0;
+}
 
+/* The monitor thread, with every signal blocked (handlers run on the
+ * application's threads). */
+static int start_monitor(st_group *g)
+{
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	int pe = pthread_create(&g->mon, NULL, monitor, g);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (pe) {
-		r = st_fail(ST_EIO, "worker group: cannot start the monitor thread: %s", strerror(pe));
-		goto fail;
-	}
+	if (pe)
+		return st_fail(ST_EIO, "worker group: cannot start the monitor thread: %s", strerror(pe));
 	g->mon_running = 1;
+	return 0;
+}
 
-	/* control connections to every lower rank */
-	for (int p = 0; p < g->rank; p++) {
-		st_peer *q = &g->peers[p];
-		int fd, unix_ = q->host == g->peers[g->rank].host;
-		int rr = unix_ ? unix_connect(q->uname, &fd) : st_tcp_connect(q->addr, q->port, deadline, &fd);
-		if (rr == 0) {
-			st_frame f = frame(g, F_HELLO_CTRL, (uint32_t)getpid(), 0);
-			rr = st_send_full(fd, &f, sizeof(f), deadline);
-			if (rr)
-				close(fd);
-		}
-		if (rr) {
-			r = st_fail(ST_EPEER, "worker group: cannot connect to rank %d (%s): %s", p,
-				    unix_ ? "same host, unix socket" : q->addr, strerror(-rr));
-			goto fail;
-		}
-		st_set_nonblock(fd, 1);
-		pthread_mutex_lock(&g->mu);
-		q->ctrl_fd = fd;
-		q->ctrl_unix = unix_;
-		q->last_rx = st_mono_ns();
-		g->nconnected++;
-		pthread_mutex_unlock(&g->mu);
-		poke(g->mon_fd);
+/* The control connection to lower rank p (the higher rank connects): a
+ * unix socket on the same host, else TCP, opened with a hello. */
+static int connect_ctrl(st_group *g, int p, int64_t deadline)
+{
+	st_peer *q = &g->peers[p];
+	int fd, same_host = q->host == g->peers[g->rank].host;
+	int r = same_host ? unix_connect(q->uname, &fd) : st_tcp_connect(q->addr, q->port, deadline, &fd);
+	if (r == 0) {
+		st_frame f = frame(g, F_HELLO_CTRL, (uint32_t)getpid(), 0);
+		r = st_send_full(fd, &f, sizeof(f), deadline);
+		if (r)
+			close(fd);
 	}
-	/* and from every higher one */
+	if (r)
+		return st_fail(ST_EPEER, "worker group: cannot connect to rank %d (%s): %s", p,
+			       same_host ? "same host, unix socket" : q->addr, strerror(-r));
+	st_set_nonblock(fd, 1);
+	pthread_mutex_lock(&g->mu);
+	q->ctrl_fd = fd;
+	q->ctrl_unix = same_host;
+	q->last_rx = st_mono_ns();
+	g->nconnected++;
+	pthread_mutex_unlock(&g->mu);
+	poke(g->mon_fd);
+	return 0;
+}
+
+/* Wait until every higher rank has connected (the monitor accepts them). */
+static int await_higher_ranks(st_group *g, int64_t deadline)
+{
+	int missing = -1, r;
 	pthread_mutex_lock(&g->mu);
 	while (g->nconnected < g->size - 1 && !atomic_load(&g->fail) && st_mono_ns() < deadline)
 		cv_wait_ms(g, 50);
-	int missing = -1;
 	for (int p = g->rank + 1; p < g->size && g->nconnected < g->size - 1; p++)
 		if (g->peers[p].ctrl_fd < 0) {
 			missing = p;
@@ -1054,24 +1190,60 @@ int st_group_join(st_group **out, const st_group_opts *opts)
 		}
 	pthread_mutex_unlock(&g->mu);
 	if ((r = st_group_check(g)) < 0)
-		goto fail;
-	if (missing >= 0) {
-		r = st_fail(ST_EPEER, "worker group: rank %d did not connect within %d ms", missing, g->join_timeout_ms);
-		goto fail;
-	}
+		return r;
+	if (missing >= 0)
+		return st_fail(ST_EPEER, "worker group: rank %d did not connect within %d ms", missing, g->join_timeout_ms);
+	return 0;
+}
+
+/* Connect g to the other processes: listen, meet them through the store,
+ * start the monitor, open the control connections, free the coordinator port. */
+static int connect_group(st_group *g, const st_group_env *e)
+{
+	char host[256];
+	int port, r;
+	raise_fd_limit(g->size);
+	int64_t deadline = st_mono_ns() + (int64_t)g->join_timeout_ms * 1000000;
+	if (st_split_hostport(e->coordinator, host, sizeof(host), &port) < 0)
+		return st_fail(ST_EINVAL, "worker group: coordinator '%s' is not host:port", e->coordinator);
+	if ((r = open_listeners(g, e, port)) < 0 || (r = meet_through_store(g, e, host, port, deadline)) < 0 ||
+	    (r = start_monitor(g)) < 0)
+		return r;
+	for (int p = 0; p < g->rank; p++)
+		if ((r = connect_ctrl(g, p, deadline)) < 0)
+			return r;
+	if ((r = await_higher_ranks(g, deadline)) < 0)
+		return r;
 	/* Everybody has read every endpoint before connecting to rank 0, so the
 	 * store is no longer needed: free the coordinator port. */
-	if (g->store) {
-		st_store_server_stop(g->store);
-		g->store = NULL;
+	st_store_server_stop(g->store);
+	g->store = NULL;
+	return 0;
+}
+
+int st_group_join(st_group **out, const st_group_opts *opts)
+{
+	st_group_env envbuf;
+	const st_group_env *e = opts ? opts->env : NULL;
+	st_group *g = NULL;
+	int r;
+	*out = NULL;
+	if (!e) {
+		if ((r = st_group_env_read(&envbuf)) < 0)
+			return r;
+		e = &envbuf;
 	}
-	(void)t0;
+	if ((r = validate_env(e)) < 0 || (r = group_new(&g, e, opts)) < 0)
+		return r;
+	if (g->size > 1 && (r = connect_group(g, e)) < 0) {
+		st_group_leave(g);
+		return r;
+	}
 	*out = g;
 	return 0;
-fail:
-	st_group_leave(g);
-	return r;
 }
+
+/* ---- the group and leaving it ---- */
 
 int st_group_rank(const st_group *g) { return g->rank; }
 int st_group_size(const st_group *g) { return g->size; }
