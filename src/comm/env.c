@@ -1,16 +1,13 @@
 /*
  * st_group_env_read: a process's place in the group, from the environment.
  *
- * The first convention with one of its trigger variables set supplies rank
- * and world size (docs/distributed.md has the table):
- *   slicetrain  SLICETRAIN_RANK / SLICETRAIN_WORLD_SIZE
- *   torchrun    RANK / WORLD_SIZE                 (also Ray Train's torch backend)
- *   jax         JAX_COORDINATOR_ADDRESS / JAX_PROCESS_COUNT / JAX_PROCESS_ID /
- *               MEGASCALE_COORDINATOR_ADDRESS
- *   slurm       SLURM_PROCID
- * SLICETRAIN_COORDINATOR, SLICETRAIN_NUM_SLICES and SLICETRAIN_SLICE_ID apply
- * on top of every convention (they are how the others are told what they
- * lack).
+ * Each launcher convention is one entry of the table `conventions` below,
+ * in order of precedence: ours, torchrun (also Ray Train's torch backend),
+ * JAX / MEGASCALE, Slurm. The first one with a trigger variable set supplies
+ * rank, world size and a coordinator (docs/distributed.md has the table of
+ * variables). SLICETRAIN_COORDINATOR, SLICETRAIN_NUM_SLICES and
+ * SLICETRAIN_SLICE_ID apply on top of every convention (they are how the
+ * others are told what they lack).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,116 +104,225 @@ static int host_default_port(st_group_env *e, const char *name, const char *val,
 	return set_coord2(e, name, val, pv ? pname : name, pv ? pv : dflt);
 }
 
-static int any_set(const char *const *names)
+/* Which variables gave the place, for messages; NULL: not given. */
+typedef struct origin {
+	const char *rank, *world, *slices, *slice;
+} origin;
+
+/* A launcher convention: the variables that select it, how it gives rank
+ * and world size, and its own coordinator. */
+typedef struct convention {
+	const char *source;      /* st_group_env.source */
+	const char *triggers[5]; /* any of them set selects the convention (NULL-terminated) */
+	const char *rank_var, *world_var, *local_var; /* for read_named */
+	int (*read)(const struct convention *c, st_group_env *e, origin *o);
+	/* into e->coordinator: 0, ST_EINVAL, or 1 when the convention gives none */
+	int (*coordinator)(st_group_env *e);
+	const char *no_coordinator; /* the error when a group has no coordinator */
+} convention;
+
+/* An optional integer variable: when set, parsed into *out and named in *given. */
+static int given_int(const char *name, long lo, long hi, int *out, const char **given)
 {
-	for (; *names; names++)
-		if (get(*names))
-			return 1;
+	if (!get(name))
+		return 0;
+	*given = name;
+	return int_var(name, lo, hi, out);
+}
+
+/* Rank, world size and local rank from one variable each; rank and world
+ * size each needed once the other is set. */
+static int read_named(const convention *c, st_group_env *e, origin *o)
+{
+	char why[64];
+	int r;
+	o->rank = c->rank_var;
+	o->world = c->world_var;
+	snprintf(why, sizeof(why), "%s is set", c->rank_var);
+	if ((r = need_int(c->world_var, 1, MAX_WORLD, &e->world_size, why)) < 0)
+		return r;
+	snprintf(why, sizeof(why), "%s is set", c->world_var);
+	if ((r = need_int(c->rank_var, 0, MAX_WORLD, &e->rank, why)) < 0)
+		return r;
+	r = int_var(c->local_var, 0, MAX_WORLD, &e->local_rank);
+	return r < 0 ? r : 0;
+}
+
+/* JAX's world: JAX_PROCESS_COUNT, else one process per TPU VM: the hosts
+ * of TPU_WORKER_HOSTNAMES times the slices. */
+static int read_jax_world(st_group_env *e, origin *o)
+{
+	const char *h = get("TPU_WORKER_HOSTNAMES");
+	o->world = "JAX_PROCESS_COUNT";
+	if (get(o->world) || !h)
+		return need_int(o->world, 1, MAX_WORLD, &e->world_size, "JAX/MEGASCALE variables are set");
+	int hosts = 1;
+	for (const char *p = h; *p; p++)
+		hosts += *p == ',';
+	if (!*h || h[strlen(h) - 1] == ',' || strstr(h, ",,"))
+		return st_fail(ST_EINVAL, "TPU_WORKER_HOSTNAMES='%s' is not a comma-separated host list", h);
+	o->world = "TPU_WORKER_HOSTNAMES";
+	e->world_size = hosts * e->num_slices;
+	return 0;
+}
+
+/* TPU_WORKER_ID is the rank within the slice: placed globally by
+ * MEGASCALE_SLICE_ID (needed with more than one slice). */
+static int rank_from_tpu_worker(st_group_env *e, origin *o)
+{
+	int w, r;
+	o->rank = "TPU_WORKER_ID";
+	if ((r = int_var(o->rank, 0, MAX_WORLD, &w)) < 0)
+		return r;
+	if (!o->slice && e->num_slices > 1)
+		return st_fail(ST_EINVAL, "MEGASCALE_SLICE_ID is not set (needed with TPU_WORKER_ID "
+					  "and MEGASCALE_NUM_SLICES=%d)", e->num_slices);
+	if (e->world_size % e->num_slices)
+		return st_fail(ST_EINVAL, "%s=%d is not divisible by MEGASCALE_NUM_SLICES=%d", o->world, e->world_size,
+			       e->num_slices);
+	int per = e->world_size / e->num_slices;
+	if (w >= per)
+		return st_fail(ST_EINVAL, "TPU_WORKER_ID=%d is out of range: a slice has %d processes "
+					  "(%s=%d / MEGASCALE_NUM_SLICES=%d)",
+			       w, per, o->world, e->world_size, e->num_slices);
+	if (o->slice && e->slice_id >= e->num_slices)
+		return st_fail(ST_EINVAL, "MEGASCALE_SLICE_ID=%d is out of range: MEGASCALE_NUM_SLICES=%d", e->slice_id,
+			       e->num_slices);
+	e->rank = (o->slice ? e->slice_id : 0) * per + w;
+	return 0;
+}
+
+/* JAX / MEGASCALE: slices and slice id from MEGASCALE_*, the world as
+ * read_jax_world, the rank from JAX_PROCESS_ID, else from TPU_WORKER_ID. */
+static int read_jax(const convention *c, st_group_env *e, origin *o)
+{
+	int r;
+	if ((r = given_int("MEGASCALE_NUM_SLICES", 1, MAX_WORLD, &e->num_slices, &o->slices)) < 0 ||
+	    (r = read_jax_world(e, o)) < 0 ||
+	    (r = given_int("MEGASCALE_SLICE_ID", 0, MAX_WORLD, &e->slice_id, &o->slice)) < 0)
+		return r;
+	if (get("JAX_PROCESS_ID")) {
+		o->rank = "JAX_PROCESS_ID";
+		return int_var(o->rank, 0, MAX_WORLD, &e->rank);
+	}
+	if (get("TPU_WORKER_ID"))
+		return rank_from_tpu_worker(e, o);
+	return st_fail(ST_EINVAL, "JAX_PROCESS_ID is not set (nor TPU_WORKER_ID)");
+}
+
+/* MASTER_ADDR:MASTER_PORT (torchrun, Ray Train's torch backend, Slurm). */
+static int coordinator_master(st_group_env *e)
+{
+	const char *addr = get("MASTER_ADDR"), *port = get("MASTER_PORT");
+	if (!addr && !port)
+		return 1;
+	if (!addr || !port)
+		return st_fail(ST_EINVAL, "%s is not set (%s is)", addr ? "MASTER_PORT" : "MASTER_ADDR",
+			       addr ? "MASTER_ADDR" : "MASTER_PORT");
+	/* torchrun's agent (static and c10d rendezvous alike) hosts its own
+	 * TCPStore on MASTER_PORT and says so: take the next port. */
+	const char *use = get("TORCHELASTIC_USE_AGENT_STORE");
+	long mp;
+	char next[16];
+	if (st_parse_long(port, 1, 65535, &mp) < 0)
+		return st_fail(ST_EINVAL, "MASTER_PORT='%s' is not a port number (1..65535)", port);
+	if (use && (strcmp(use, "True") == 0 || strcmp(use, "true") == 0 || strcmp(use, "1") == 0)) {
+		if (mp == 65535)
+			return st_fail(ST_EINVAL, "MASTER_PORT=65535 is torchrun's store (TORCHELASTIC_USE_AGENT_STORE), "
+						  "and there is no next port: set SLICETRAIN_COORDINATOR");
+		mp++;
+	}
+	snprintf(next, sizeof(next), "%ld", mp);
+	return set_coord2(e, "MASTER_ADDR", addr, "MASTER_PORT", next);
+}
+
+/* JAX_COORDINATOR_ADDRESS, else MEGASCALE_COORDINATOR_ADDRESS. */
+static int coordinator_jax(st_group_env *e)
+{
+	const char *v;
+	if ((v = get("JAX_COORDINATOR_ADDRESS")))
+		return host_default_port(e, "JAX_COORDINATOR_ADDRESS", v, NULL, "1234");
+	if ((v = get("MEGASCALE_COORDINATOR_ADDRESS")))
+		return host_default_port(e, "MEGASCALE_COORDINATOR_ADDRESS", v, "MEGASCALE_PORT", "8081");
+	return 1;
+}
+
+static const char no_master[] = "no coordinator: set SLICETRAIN_COORDINATOR or MASTER_ADDR and MASTER_PORT";
+
+/* In order of precedence. */
+static const convention conventions[] = {
+	{ "slicetrain", { "SLICETRAIN_RANK", "SLICETRAIN_WORLD_SIZE" }, "SLICETRAIN_RANK", "SLICETRAIN_WORLD_SIZE",
+	  "SLICETRAIN_LOCAL_RANK", read_named, NULL, "SLICETRAIN_COORDINATOR is not set" },
+	{ "torchrun", { "RANK", "WORLD_SIZE" }, "RANK", "WORLD_SIZE", "LOCAL_RANK", read_named, coordinator_master,
+	  no_master },
+	{ "jax", { "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_COUNT", "JAX_PROCESS_ID", "MEGASCALE_COORDINATOR_ADDRESS" },
+	  NULL, NULL, NULL, read_jax, coordinator_jax,
+	  "no coordinator: set JAX_COORDINATOR_ADDRESS, MEGASCALE_COORDINATOR_ADDRESS or SLICETRAIN_COORDINATOR" },
+	{ "slurm", { "SLURM_PROCID" }, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", read_named, coordinator_master,
+	  no_master },
+};
+
+/* The first convention with one of its triggers set, or NULL. */
+static const convention *find_convention(void)
+{
+	for (size_t i = 0; i < sizeof(conventions) / sizeof(conventions[0]); i++)
+		for (const char *const *t = conventions[i].triggers; *t; t++)
+			if (get(*t))
+				return &conventions[i];
+	return NULL;
+}
+
+/* SLICETRAIN_NUM_SLICES and SLICETRAIN_SLICE_ID override any convention's. */
+static int read_our_slices(st_group_env *e, origin *o)
+{
+	int r = given_int("SLICETRAIN_NUM_SLICES", 1, MAX_WORLD, &e->num_slices, &o->slices);
+	return r < 0 ? r : given_int("SLICETRAIN_SLICE_ID", 0, MAX_WORLD, &e->slice_id, &o->slice);
+}
+
+/* Rank within the world, slices dividing it, a given slice id agreeing with
+ * the rank (slice-major); the slice id is then the derived one. */
+static int check_place(st_group_env *e, const origin *o)
+{
+	const char *slices = o->slices ? o->slices : "SLICETRAIN_NUM_SLICES";
+	if (e->rank >= e->world_size)
+		return st_fail(ST_EINVAL, "%s=%d is out of range: %s=%d", o->rank, e->rank, o->world, e->world_size);
+	if (e->num_slices > e->world_size || e->world_size % e->num_slices)
+		return st_fail(ST_EINVAL, "%s=%d does not divide the world size %s=%d", slices, e->num_slices, o->world,
+			       e->world_size);
+	int derived = e->rank / (e->world_size / e->num_slices);
+	if (o->slice && e->slice_id != derived)
+		return st_fail(ST_EINVAL, "%s=%d is inconsistent with %s=%d: ranks are slice-major, so rank %d of %d "
+					  "in %d slices is in slice %d",
+			       o->slice, e->slice_id, o->rank, e->rank, e->rank, e->world_size, e->num_slices, derived);
+	e->slice_id = derived;
+	return 0;
+}
+
+/* SLICETRAIN_COORDINATOR, else the convention's own; a group needs one. */
+static int read_coordinator(const convention *c, st_group_env *e, const origin *o)
+{
+	const char *v = get("SLICETRAIN_COORDINATOR");
+	if (v)
+		return set_coord(e, "SLICETRAIN_COORDINATOR", v);
+	int r = c->coordinator ? c->coordinator(e) : 1;
+	if (r != 1)
+		return r;
+	if (e->world_size > 1)
+		return st_fail(ST_EINVAL, "%s (%s=%d)", c->no_coordinator, o->world, e->world_size);
 	return 0;
 }
 
 int st_group_env_read(st_group_env *e)
 {
-	static const char *const ours[] = { "SLICETRAIN_RANK", "SLICETRAIN_WORLD_SIZE", NULL };
-	static const char *const torch[] = { "RANK", "WORLD_SIZE", NULL };
-	static const char *const jax[] = { "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_COUNT", "JAX_PROCESS_ID",
-					   "MEGASCALE_COORDINATOR_ADDRESS", NULL };
-	static const char *const slurm[] = { "SLURM_PROCID", NULL };
-	const char *rank_var = NULL, *world_var = NULL, *slices_var = NULL, *slice_var = NULL;
-	int r, slice_given = 0;
+	origin o = { 0 };
+	int r;
 	memset(e, 0, sizeof(*e));
 	e->world_size = 1;
 	e->num_slices = 1;
 	e->local_rank = -1;
 	e->source = "single";
-
-	if (any_set(ours)) {
-		e->source = "slicetrain";
-		rank_var = "SLICETRAIN_RANK";
-		world_var = "SLICETRAIN_WORLD_SIZE";
-		if ((r = need_int(world_var, 1, MAX_WORLD, &e->world_size, "SLICETRAIN_RANK is set")) < 0)
-			return r;
-		if ((r = need_int(rank_var, 0, MAX_WORLD, &e->rank, "SLICETRAIN_WORLD_SIZE is set")) < 0)
-			return r;
-		if ((r = int_var("SLICETRAIN_LOCAL_RANK", 0, MAX_WORLD, &e->local_rank)) == ST_EINVAL)
-			return r;
-	} else if (any_set(torch)) {
-		e->source = "torchrun";
-		rank_var = "RANK";
-		world_var = "WORLD_SIZE";
-		if ((r = need_int(world_var, 1, MAX_WORLD, &e->world_size, "RANK is set")) < 0)
-			return r;
-		if ((r = need_int(rank_var, 0, MAX_WORLD, &e->rank, "WORLD_SIZE is set")) < 0)
-			return r;
-		if ((r = int_var("LOCAL_RANK", 0, MAX_WORLD, &e->local_rank)) == ST_EINVAL)
-			return r;
-	} else if (any_set(jax)) {
-		e->source = "jax";
-		world_var = "JAX_PROCESS_COUNT";
-		if (get("MEGASCALE_NUM_SLICES")) {
-			slices_var = "MEGASCALE_NUM_SLICES";
-			if ((r = int_var(slices_var, 1, MAX_WORLD, &e->num_slices)) < 0)
-				return r;
-		}
-		if (!get(world_var) && get("TPU_WORKER_HOSTNAMES")) {
-			/* one process per TPU VM: the slice's host list times the slices */
-			const char *h = get("TPU_WORKER_HOSTNAMES");
-			int hosts = 1;
-			for (const char *p = h; *p; p++)
-				hosts += *p == ',';
-			if (!*h || h[strlen(h) - 1] == ',' || strstr(h, ",,"))
-				return st_fail(ST_EINVAL, "TPU_WORKER_HOSTNAMES='%s' is not a comma-separated host list", h);
-			world_var = "TPU_WORKER_HOSTNAMES";
-			e->world_size = hosts * e->num_slices;
-		} else if ((r = need_int(world_var, 1, MAX_WORLD, &e->world_size, "JAX/MEGASCALE variables are set")) < 0) {
-			return r;
-		}
-		if (get("MEGASCALE_SLICE_ID")) {
-			slice_var = "MEGASCALE_SLICE_ID";
-			if ((r = int_var(slice_var, 0, MAX_WORLD, &e->slice_id)) < 0)
-				return r;
-			slice_given = 1;
-		}
-		if (get("JAX_PROCESS_ID")) {
-			rank_var = "JAX_PROCESS_ID";
-			if ((r = int_var(rank_var, 0, MAX_WORLD, &e->rank)) < 0)
-				return r;
-		} else if (get("TPU_WORKER_ID")) {
-			/* rank within the slice; needs the slice to place it globally */
-			int w;
-			rank_var = "TPU_WORKER_ID";
-			if ((r = int_var(rank_var, 0, MAX_WORLD, &w)) < 0)
-				return r;
-			if (!slice_given && e->num_slices > 1)
-				return st_fail(ST_EINVAL, "MEGASCALE_SLICE_ID is not set (needed with TPU_WORKER_ID "
-							  "and MEGASCALE_NUM_SLICES=%d)", e->num_slices);
-			if (e->world_size % e->num_slices)
-				return st_fail(ST_EINVAL, "%s=%d is not divisible by MEGASCALE_NUM_SLICES=%d",
-					       world_var, e->world_size, e->num_slices);
-			int per = e->world_size / e->num_slices;
-			if (w >= per)
-				return st_fail(ST_EINVAL, "TPU_WORKER_ID=%d is out of range: a slice has %d processes "
-							  "(%s=%d / MEGASCALE_NUM_SLICES=%d)",
-					       w, per, world_var, e->world_size, e->num_slices);
-			if (slice_given && e->slice_id >= e->num_slices)
-				return st_fail(ST_EINVAL, "MEGASCALE_SLICE_ID=%d is out of range: MEGASCALE_NUM_SLICES=%d",
-					       e->slice_id, e->num_slices);
-			e->rank = (slice_given ? e->slice_id : 0) * per + w;
-		} else {
-			return st_fail(ST_EINVAL, "JAX_PROCESS_ID is not set (nor TPU_WORKER_ID)");
-		}
-	} else if (any_set(slurm)) {
-		e->source = "slurm";
-		rank_var = "SLURM_PROCID";
-		world_var = "SLURM_NTASKS";
-		if ((r = need_int(world_var, 1, MAX_WORLD, &e->world_size, "SLURM_PROCID is set")) < 0)
-			return r;
-		if ((r = int_var(rank_var, 0, MAX_WORLD, &e->rank)) < 0)
-			return r;
-		if ((r = int_var("SLURM_LOCALID", 0, MAX_WORLD, &e->local_rank)) == ST_EINVAL)
-			return r;
-	} else {
-		e->rank = 0;
+	const convention *c = find_convention();
+	if (!c) {
 		e->local_rank = 0;
 		/* our slice variables alone make no group */
 		if (get("SLICETRAIN_COORDINATOR") || get("SLICETRAIN_NUM_SLICES") || get("SLICETRAIN_SLICE_ID"))
@@ -224,71 +330,8 @@ int st_group_env_read(st_group_env *e)
 						  "SLICETRAIN_ group variables are");
 		return 0;
 	}
-
-	/* our slice variables override any convention's */
-	if (get("SLICETRAIN_NUM_SLICES")) {
-		slices_var = "SLICETRAIN_NUM_SLICES";
-		if ((r = int_var(slices_var, 1, MAX_WORLD, &e->num_slices)) < 0)
-			return r;
-	}
-	if (get("SLICETRAIN_SLICE_ID")) {
-		slice_var = "SLICETRAIN_SLICE_ID";
-		if ((r = int_var(slice_var, 0, MAX_WORLD, &e->slice_id)) < 0)
-			return r;
-		slice_given = 1;
-	}
-	if (!slices_var)
-		slices_var = "SLICETRAIN_NUM_SLICES";
-
-	if (e->rank >= e->world_size)
-		return st_fail(ST_EINVAL, "%s=%d is out of range: %s=%d", rank_var, e->rank, world_var, e->world_size);
-	if (e->num_slices > e->world_size || e->world_size % e->num_slices)
-		return st_fail(ST_EINVAL, "%s=%d does not divide the world size %s=%d", slices_var, e->num_slices,
-			       world_var, e->world_size);
-	int derived = e->rank / (e->world_size / e->num_slices);
-	if (slice_given && e->slice_id != derived)
-		return st_fail(ST_EINVAL, "%s=%d is inconsistent with %s=%d: ranks are slice-major, so rank %d of %d "
-					  "in %d slices is in slice %d",
-			       slice_var, e->slice_id, rank_var, e->rank, e->rank, e->world_size, e->num_slices,
-			       derived);
-	e->slice_id = derived;
-
-	/* coordinator */
-	const char *c = get("SLICETRAIN_COORDINATOR");
-	if (c) {
-		r = set_coord(e, "SLICETRAIN_COORDINATOR", c);
-	} else if (strcmp(e->source, "jax") == 0 && get("JAX_COORDINATOR_ADDRESS")) {
-		r = host_default_port(e, "JAX_COORDINATOR_ADDRESS", get("JAX_COORDINATOR_ADDRESS"), NULL, "1234");
-	} else if (strcmp(e->source, "jax") == 0 && get("MEGASCALE_COORDINATOR_ADDRESS")) {
-		r = host_default_port(e, "MEGASCALE_COORDINATOR_ADDRESS", get("MEGASCALE_COORDINATOR_ADDRESS"),
-				      "MEGASCALE_PORT", "8081");
-	} else if ((strcmp(e->source, "torchrun") == 0 || strcmp(e->source, "slurm") == 0) &&
-		   (get("MASTER_ADDR") || get("MASTER_PORT"))) {
-		if (!get("MASTER_ADDR") || !get("MASTER_PORT"))
-			return st_fail(ST_EINVAL, "%s is not set (%s is)", get("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR",
-				       get("MASTER_ADDR") ? "MASTER_ADDR" : "MASTER_PORT");
-		/* torchrun's agent (static and c10d rendezvous alike) hosts its own
-		 * TCPStore on MASTER_PORT and says so: take the next port. */
-		const char *use = get("TORCHELASTIC_USE_AGENT_STORE");
-		long mp;
-		char next[16];
-		if (st_parse_long(get("MASTER_PORT"), 1, 65535, &mp) < 0)
-			return st_fail(ST_EINVAL, "MASTER_PORT='%s' is not a port number (1..65535)", get("MASTER_PORT"));
-		if (use && (strcmp(use, "True") == 0 || strcmp(use, "true") == 0 || strcmp(use, "1") == 0)) {
-			if (mp == 65535)
-				return st_fail(ST_EINVAL, "MASTER_PORT=65535 is torchrun's store (TORCHELASTIC_USE_AGENT_STORE), "
-							  "and there is no next port: set SLICETRAIN_COORDINATOR");
-			mp++;
-		}
-		snprintf(next, sizeof(next), "%ld", mp);
-		r = set_coord2(e, "MASTER_ADDR", get("MASTER_ADDR"), "MASTER_PORT", next);
-	} else if (e->world_size > 1) {
-		const char *which = strcmp(e->source, "slicetrain") == 0 ? "SLICETRAIN_COORDINATOR is not set"
-				  : strcmp(e->source, "jax") == 0
-				      ? "no coordinator: set JAX_COORDINATOR_ADDRESS, MEGASCALE_COORDINATOR_ADDRESS or "
-					"SLICETRAIN_COORDINATOR"
-				      : "no coordinator: set SLICETRAIN_COORDINATOR or MASTER_ADDR and MASTER_PORT";
-		return st_fail(ST_EINVAL, "%s (%s=%d)", which, world_var, e->world_size);
-	}
-	return r < 0 ? r : 0;
+	e->source = c->source;
+	if ((r = c->read(c, e, &o)) < 0 || (r = read_our_slices(e, &o)) < 0 || (r = check_place(e, &o)) < 0)
+		return r;
+	return read_coordinator(c, e, &o);
 }
