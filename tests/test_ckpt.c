@@ -299,7 +299,7 @@ static int restore_as(const char *dir, int p, int P, int by_cols, int version, i
 static void test_header(void)
 {
 	float a[6] = {1, 2, 3, 4, 5, 6}, b[2] = {7, 8};
-	st_st_tensor t[] = {{"a", ST_F32, 2, {2, 3}, a}, {"b", ST_F32, 1, {2}, b}};
+	st_safetensors_tensor t[] = {{"a", ST_DTYPE_F32, 2, {2, 3}, a}, {"b", ST_DTYPE_F32, 1, {2}, b}};
 	const char *mk[] = {"k"}, *mv[] = {"v"};
 	char *hdr, *whole;
 	size_t hlen, wlen;
@@ -311,7 +311,7 @@ static void test_header(void)
 	      memcmp(whole + hlen, a, sizeof(a)) == 0);
 	free(hdr);
 	free(whole);
-	st_st_tensor dup[] = {{"a", ST_F32, 1, {1}, NULL}, {"a", ST_F32, 1, {1}, NULL}};
+	st_safetensors_tensor dup[] = {{"a", ST_DTYPE_F32, 1, {1}, NULL}, {"a", ST_DTYPE_F32, 1, {1}, NULL}};
 	CHECK(st_safetensors_header("x", 2, dup, 0, NULL, NULL, &hdr, &hlen) == ST_EINVAL && !hdr);
 }
 

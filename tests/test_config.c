@@ -143,7 +143,7 @@ static void test_default_job(void)
 	CHECK_NEAR(c.adam_eps, 1e-8, 1e-12);
 	CHECK_NEAR(c.adam_weight_decay, 0.1, 1e-12);
 	CHECK_NEAR(c.gradient_clipping_threshold, 1.0, 1e-12);
-	CHECK(c.dtype == ST_DTYPE_FLOAT32 && c.weight_dtype == ST_DTYPE_FLOAT32 && c.remat_policy == ST_REMAT_FULL);
+	CHECK(c.dtype == ST_DTYPE_F32 && c.weight_dtype == ST_DTYPE_F32 && c.remat_policy == ST_REMAT_FULL);
 	CHECK(c.log_period == 10 && c.gradient_accumulation_steps == 1 && c.init_weights_seed == 0);
 	CHECK(c.ici_fsdp_parallelism == -1 && c.ici_data_parallelism == 1 && c.dcn_data_parallelism == -1);
 	CHECK(c.num_slices == -1);
@@ -172,7 +172,7 @@ static void test_warnings(void)
 	CHECK_MSG(err[0] == '\0', "the default job should load without warnings: %s", err);
 
 	err = capture_stderr(load_bf16, &c, &rc);
-	CHECK(rc == 0 && c.dtype == ST_DTYPE_BFLOAT16);
+	CHECK(rc == 0 && c.dtype == ST_DTYPE_BF16);
 	/* bf16 is a supported dtype: loading it warns about nothing (the trainer
 	 * says so only on a CPU without bf16 instructions) */
 	CHECK_MSG(err[0] == '\0', "dtype=bfloat16 should load without warnings: %s", err);
@@ -192,7 +192,7 @@ static void test_base_defaults(void)
 	CHECK_NEAR(c.rope_theta, 10000, 1e-12);
 	CHECK(c.steps == 150001 && c.max_target_length == 2048 && c.per_device_batch_size == 12.0);
 	CHECK_NEAR(c.learning_rate, 3e-5, 1e-12);
-	CHECK(c.dataset_type == ST_DATA_SYNTHETIC && c.dtype == ST_DTYPE_FLOAT32);
+	CHECK(c.dataset_type == ST_DATA_SYNTHETIC && c.dtype == ST_DTYPE_F32);
 	CHECK_NEAR(c.rope_scale_factor, 8, 0);
 	CHECK_NEAR(c.rope_low_freq_factor, 1, 0);
 	CHECK_NEAR(c.rope_high_freq_factor, 4, 0);
@@ -400,7 +400,7 @@ static void test_maxtext_base(void)
 	CHECK(c.per_device_batch_size == 4 && c.max_target_length == 4096);
 	CHECK(c.steps == 100 && c.learning_rate_schedule_steps == 100);
 	CHECK(strcmp(c.run_name, "x") == 0 && strcmp(c.base_output_directory, "/tmp/x") == 0);
-	CHECK(c.dtype == ST_DTYPE_BFLOAT16 && c.weight_dtype == ST_DTYPE_FLOAT32);
+	CHECK(c.dtype == ST_DTYPE_BF16 && c.weight_dtype == ST_DTYPE_F32);
 	CHECK(c.remat_policy == ST_REMAT_FULL && c.dataset_type == ST_DATA_SYNTHETIC);
 	CHECK(c.ici_fsdp_parallelism == -1 && c.dcn_data_parallelism == -1 && c.num_slices == -1);
 	CHECK_NEAR(c.learning_rate, 3e-5, 1e-12);

@@ -41,10 +41,10 @@ static int write_npy_i32(const char *path, const int32_t *v, int rows, int cols)
 static int write_weights(const char *path, const st_llama *m, const float *block)
 {
 	const st_llama_shape *s = &m->s;
-	st_st_tensor *t = calloc((size_t)m->ntensors, sizeof(*t));
+	st_safetensors_tensor *t = calloc((size_t)m->ntensors, sizeof(*t));
 	for (int i = 0; i < m->ntensors; i++) {
 		t[i].name = m->tensors[i].name;
-		t[i].dtype = ST_F32;
+		t[i].dtype = ST_DTYPE_F32;
 		t[i].ndim = m->tensors[i].ndim;
 		t[i].shape[0] = m->tensors[i].shape[0];
 		t[i].shape[1] = m->tensors[i].shape[1];

@@ -213,14 +213,14 @@ static void test_roundtrip(void)
 	/* F16: 1, -2, 65504 (max), 2^-24 (smallest subnormal), -0, +inf, 2^-14 (smallest normal) */
 	uint16_t h[7] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x8000, 0x7c00, 0x0400};
 	float hvals[7] = {1, -2, 65504, 5.9604644775390625e-8f, -0.0f, INFINITY, 6.103515625e-05f};
-	st_st_tensor t[] = {
-		{"w.f32", ST_F32, 2, {2, 3}, a},
-		{"w.bf16", ST_BF16, 1, {5}, b}, /* 10 bytes: what follows is unaligned */
-		{"ids", ST_I64, 1, {3}, c},
-		{"scalar", ST_F32, 0, {0}, &s},
-		{"empty", ST_F32, 2, {0, 4}, NULL},
-		{"half", ST_F16, 1, {7}, h},
-		{"unicode ünï \"q\"", ST_U8, 1, {1}, "x"},
+	st_safetensors_tensor t[] = {
+		{"w.f32", ST_DTYPE_F32, 2, {2, 3}, a},
+		{"w.bf16", ST_DTYPE_BF16, 1, {5}, b}, /* 10 bytes: what follows is unaligned */
+		{"ids", ST_DTYPE_I64, 1, {3}, c},
+		{"scalar", ST_DTYPE_F32, 0, {0}, &s},
+		{"empty", ST_DTYPE_F32, 2, {0, 4}, NULL},
+		{"half", ST_DTYPE_F16, 1, {7}, h},
+		{"unicode ünï \"q\"", ST_DTYPE_U8, 1, {1}, "x"},
 	};
 	int nt = (int)(sizeof(t) / sizeof(t[0]));
 	const char *mk[] = {"format", "step"}, *mv[] = {"pt", "1200"};
@@ -244,7 +244,7 @@ static void test_roundtrip(void)
 	CHECK(strcmp(st_safetensors_path(f), path) == 0);
 	CHECK(st_safetensors_count(f) == nt);
 	for (int i = 0; i < nt && i < st_safetensors_count(f); i++) {
-		const st_st_info *x = st_safetensors_get(f, i);
+		const st_safetensors_info *x = st_safetensors_get(f, i);
 		CHECK_MSG(strcmp(x->name, t[i].name) == 0, "%d: %s", i, x->name);
 		CHECK(x->dtype == t[i].dtype);
 		CHECK(x->ndim == t[i].ndim);
@@ -254,7 +254,7 @@ static void test_roundtrip(void)
 			ne *= t[i].shape[d];
 		}
 		CHECK(x->numel == ne);
-		CHECK(x->nbytes == (size_t)ne * st_st_dtype_size(t[i].dtype));
+		CHECK(x->nbytes == (size_t)ne * st_dtype_size(t[i].dtype));
 		CHECK(x->nbytes == 0 || memcmp(x->data, t[i].data, x->nbytes) == 0);
 		CHECK(st_safetensors_find(f, t[i].name) == x);
 	}
@@ -292,7 +292,7 @@ static void test_roundtrip(void)
 
 	/* F16 NaN stays NaN */
 	uint16_t hn = 0x7e00;
-	st_st_tensor tn = {"n", ST_F16, 1, {1}, &hn};
+	st_safetensors_tensor tn = {"n", ST_DTYPE_F16, 1, {1}, &hn};
 	CHECK(st_safetensors_write(path, 1, &tn, 0, NULL, NULL) == 0);
 	CHECK(st_safetensors_open(&f, path) == 0);
 	CHECK(f && st_safetensors_read_f32(f, "n", out, 1) == 0 && isnan(out[0]));
@@ -307,35 +307,35 @@ static void test_roundtrip(void)
 	unlink(path);
 
 	/* writer argument errors: nothing is written */
-	st_st_tensor dup[] = {{"x", ST_F32, 1, {1}, a}, {"y", ST_F32, 1, {1}, a}, {"x", ST_F32, 1, {1}, a}};
+	st_safetensors_tensor dup[] = {{"x", ST_DTYPE_F32, 1, {1}, a}, {"y", ST_DTYPE_F32, 1, {1}, a}, {"x", ST_DTYPE_F32, 1, {1}, a}};
 	CHECK(st_safetensors_write(path, 3, dup, 0, NULL, NULL) == ST_EINVAL);
 	CHECK(strstr(st_errmsg(), "duplicate name \"x\"") != NULL);
 	const char *mk2[] = {"k", "k"}, *mv2[] = {"1", "2"};
 	CHECK(st_safetensors_write(path, 1, dup, 2, mk2, mv2) == ST_EINVAL);
 	CHECK(strstr(st_errmsg(), "duplicate name \"k\"") != NULL);
-	st_st_tensor bad1 = {"__metadata__", ST_F32, 1, {1}, a};
+	st_safetensors_tensor bad1 = {"__metadata__", ST_DTYPE_F32, 1, {1}, a};
 	CHECK(st_safetensors_write(path, 1, &bad1, 0, NULL, NULL) == ST_EINVAL);
-	st_st_tensor bad2 = {"neg", ST_F32, 1, {-1}, a};
+	st_safetensors_tensor bad2 = {"neg", ST_DTYPE_F32, 1, {-1}, a};
 	CHECK(st_safetensors_write(path, 1, &bad2, 0, NULL, NULL) == ST_EINVAL);
 	CHECK(strstr(st_errmsg(), "negative dimension") != NULL);
-	st_st_tensor bad3 = {"dt", (enum st_st_dtype)99, 1, {1}, a};
+	st_safetensors_tensor bad3 = {"dt", (enum st_dtype)99, 1, {1}, a};
 	CHECK(st_safetensors_write(path, 1, &bad3, 0, NULL, NULL) == ST_EINVAL);
-	st_st_tensor bad4 = {"nd", ST_F32, 9, {1, 1, 1, 1, 1, 1, 1, 1}, a};
+	st_safetensors_tensor bad4 = {"nd", ST_DTYPE_F32, 9, {1, 1, 1, 1, 1, 1, 1, 1}, a};
 	CHECK(st_safetensors_write(path, 1, &bad4, 0, NULL, NULL) == ST_EINVAL);
-	st_st_tensor bad5 = {"nodata", ST_F32, 1, {2}, NULL};
+	st_safetensors_tensor bad5 = {"nodata", ST_DTYPE_F32, 1, {2}, NULL};
 	CHECK(st_safetensors_write(path, 1, &bad5, 0, NULL, NULL) == ST_EINVAL);
-	st_st_tensor bad6 = {"big", ST_F32, 3, {INT64_MAX / 2, 4, 4}, a};
+	st_safetensors_tensor bad6 = {"big", ST_DTYPE_F32, 3, {INT64_MAX / 2, 4, 4}, a};
 	CHECK(st_safetensors_write(path, 1, &bad6, 0, NULL, NULL) == ST_EINVAL);
-	st_st_tensor bad7 = {"bad\xff utf8", ST_F32, 1, {1}, a};
+	st_safetensors_tensor bad7 = {"bad\xff utf8", ST_DTYPE_F32, 1, {1}, a};
 	CHECK(st_safetensors_write(path, 1, &bad7, 0, NULL, NULL) == ST_EINVAL);
 	CHECK(strstr(st_errmsg(), "not valid UTF-8") != NULL);
 	CHECK(st_safetensors_write(P("no/dir/x.safetensors"), 1, dup, 0, NULL, NULL) == ST_EIO);
 	CHECK(count_entries() == 0);
 
 	/* dtype names */
-	CHECK(st_st_dtype_parse("BF16") == ST_BF16 && st_st_dtype_parse("bf16") == 0);
-	CHECK(strcmp(st_st_dtype_name(ST_F8_E4M3), "F8_E4M3") == 0 && st_st_dtype_name(0) == NULL);
-	CHECK(st_st_dtype_size(ST_I64) == 8 && st_st_dtype_size(ST_BOOL) == 1 && st_st_dtype_size(99) == 0);
+	CHECK(st_dtype_parse("BF16") == ST_DTYPE_BF16 && st_dtype_parse("bf16") == 0);
+	CHECK(strcmp(st_dtype_name(ST_DTYPE_F8_E4M3), "F8_E4M3") == 0 && st_dtype_name(0) == NULL);
+	CHECK(st_dtype_size(ST_DTYPE_I64) == 8 && st_dtype_size(ST_DTYPE_BOOL) == 1 && st_dtype_size(99) == 0);
 }
 
 /* ------------------------------------------------------------ exact layout */
@@ -362,7 +362,7 @@ static void test_layout(void)
 	const char *path = P("layout.safetensors");
 	float a[2] = {1.0f, -2.0f};
 	uint16_t b[3] = {0x3f80, 0x0000, 0xc000};
-	st_st_tensor t[] = {{"a", ST_F32, 1, {2}, a}, {"b", ST_BF16, 2, {3, 1}, b}};
+	st_safetensors_tensor t[] = {{"a", ST_DTYPE_F32, 1, {2}, a}, {"b", ST_DTYPE_BF16, 2, {3, 1}, b}};
 	const char *mk[] = {"k"}, *mv[] = {"v"};
 	CHECK(st_safetensors_write(path, 2, t, 1, mk, mv) == 0);
 	const unsigned char data[] = {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0, /* a */
@@ -374,7 +374,7 @@ static void test_layout(void)
 		    data, sizeof(data));
 
 	int64_t x = 0x0102030405060708;
-	st_st_tensor s = {"x", ST_I64, 0, {0}, &x};
+	st_safetensors_tensor s = {"x", ST_DTYPE_I64, 0, {0}, &x};
 	CHECK(st_safetensors_write(path, 1, &s, 0, NULL, NULL) == 0);
 	const unsigned char xb[] = {8, 7, 6, 5, 4, 3, 2, 1};
 	check_bytes(path, "{\"x\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]}}", xb, 8);
@@ -491,7 +491,7 @@ static void test_truncations(void)
 {
 	float a[3] = {1, 2, 3};
 	int64_t c[2] = {5, 6};
-	st_st_tensor t[] = {{"a", ST_F32, 1, {3}, a}, {"c", ST_I64, 1, {2}, c}};
+	st_safetensors_tensor t[] = {{"a", ST_DTYPE_F32, 1, {3}, a}, {"c", ST_DTYPE_I64, 1, {2}, c}};
 	const char *mk[] = {"k"}, *mv[] = {"v"};
 	const char *full = P("full"), *cut = P("cut");
 	CHECK(st_safetensors_write(full, 2, t, 1, mk, mv) == 0);
@@ -521,7 +521,7 @@ static void test_mutations(void)
 	float a[4] = {1, 2, 3, 4};
 	uint16_t b[3] = {1, 2, 3};
 	int32_t c[2] = {7, 8};
-	st_st_tensor t[] = {{"a", ST_F32, 2, {2, 2}, a}, {"b", ST_BF16, 1, {3}, b}, {"c", ST_I32, 1, {2}, c}};
+	st_safetensors_tensor t[] = {{"a", ST_DTYPE_F32, 2, {2, 2}, a}, {"b", ST_DTYPE_BF16, 1, {3}, b}, {"c", ST_DTYPE_I32, 1, {2}, c}};
 	const char *mk[] = {"k"}, *mv[] = {"v"};
 	const char *orig = P("orig"), *mut = P("mut");
 	CHECK(st_safetensors_write(orig, 3, t, 1, mk, mv) == 0);
@@ -548,7 +548,7 @@ static void test_mutations(void)
 			accepted++;
 			unsigned sum = 0;
 			for (int i = 0; i < st_safetensors_count(f); i++) {
-				const st_st_info *x = st_safetensors_get(f, i);
+				const st_safetensors_info *x = st_safetensors_get(f, i);
 				const unsigned char *d = x->data;
 				for (size_t q = 0; q < x->nbytes; q++)
 					sum += d[q];

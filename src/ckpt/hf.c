@@ -259,7 +259,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 		while (last < nwant && file_of[last] == f)
 			last++;
 		cnt = last - first;
-		st_st_tensor *tt = calloc((size_t)cnt, sizeof(*tt));
+		st_safetensors_tensor *tt = calloc((size_t)cnt, sizeof(*tt));
 		const char *mk[] = {"format"}, *mv[] = {"pt"};
 		char *hdr = NULL;
 		size_t hlen;
@@ -269,7 +269,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 			goto out;
 		}
 		for (int i = 0; i < cnt; i++)
-			tt[i] = (st_st_tensor){want[first + i].name, ST_F32, want[first + i].ndim,
+			tt[i] = (st_safetensors_tensor){want[first + i].name, ST_DTYPE_F32, want[first + i].ndim,
 					       {want[first + i].shape[0], want[first + i].shape[1]}, NULL};
 		if ((rc = ck_join(path, sizeof(path), out_dir, fnames[f])) == 0 &&
 		    (rc = st_safetensors_header(path, cnt, tt, 1, mk, mv, &hdr, &hlen)) == 0 &&
@@ -359,7 +359,7 @@ static int hf_open(struct hf_dir *h, const char *fname, st_safetensors **out)
 }
 
 /* The open file holding tensor name, and its info; NULL info if absent. */
-static int hf_find(struct hf_dir *h, const char *name, st_safetensors **f, const st_st_info **info)
+static int hf_find(struct hf_dir *h, const char *name, st_safetensors **f, const st_safetensors_info **info)
 {
 	int rc;
 	*info = NULL;
@@ -474,7 +474,7 @@ int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces
 	for (int i = 0; i < n; i++) {
 		st_ckpt_piece *p = &pieces[i];
 		const char *name = p->name;
-		const st_st_info *info;
+		const st_safetensors_info *info;
 		st_safetensors *f = NULL;
 		if ((rc = hf_find(&h, name, &f, &info)) < 0)
 			goto out;

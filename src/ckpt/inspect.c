@@ -133,13 +133,13 @@ static void check_headers(const char *sd, const struct ck_manifest *m, struct pr
 		for (int t = 0; t < m->ntensors; t++)
 			for (int j = 0; j < m->tensors[t].npieces; j++) {
 				const struct ck_piece *p = &m->tensors[t].pieces[j];
-				const st_st_info *in;
+				const st_safetensors_info *in;
 				if (p->file != f)
 					continue;
 				if (!(in = st_safetensors_find(sf, p->key)))
 					problem(first, "%s: tensor %s (key %s) is not in the file", path, m->tensors[t].name,
 						p->key);
-				else if (in->dtype != ST_F32 || in->ndim != p->box.ndim || in->shape[0] != p->box.shape[0] ||
+				else if (in->dtype != ST_DTYPE_F32 || in->ndim != p->box.ndim || in->shape[0] != p->box.shape[0] ||
 					 (p->box.ndim == 2 && in->shape[1] != p->box.shape[1]) ||
 					 data_start + in->offset != p->data_offset)
 					problem(first, "%s: tensor %s (key %s): dtype, shape or offset differ from the manifest",

@@ -21,37 +21,6 @@
 #define MAX_HEADER_LEN 100000000ull
 #define META_KEY "__metadata__"
 
-static const struct {
-	const char *name;
-	size_t size;
-} dtypes[] = {
-	[ST_BOOL] = {"BOOL", 1},       [ST_U8] = {"U8", 1},     [ST_I8] = {"I8", 1},
-	[ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
-	[ST_U16] = {"U16", 2},         [ST_I16] = {"I16", 2},   [ST_F16] = {"F16", 2},
-	[ST_BF16] = {"BF16", 2},       [ST_U32] = {"U32", 4},   [ST_I32] = {"I32", 4},
-	[ST_F32] = {"F32", 4},         [ST_U64] = {"U64", 8},   [ST_I64] = {"I64", 8},
-	[ST_F64] = {"F64", 8},
-};
-#define NDTYPES ((int)(sizeof(dtypes) / sizeof(dtypes[0])))
-
-const char *st_st_dtype_name(enum st_st_dtype dt)
-{
-	return (int)dt > 0 && (int)dt < NDTYPES ? dtypes[dt].name : NULL;
-}
-
-size_t st_st_dtype_size(enum st_st_dtype dt)
-{
-	return (int)dt > 0 && (int)dt < NDTYPES ? dtypes[dt].size : 0;
-}
-
-enum st_st_dtype st_st_dtype_parse(const char *s)
-{
-	for (int i = 1; i < NDTYPES; i++)
-		if (strcmp(s, dtypes[i].name) == 0)
-			return (enum st_st_dtype)i;
-	return 0;
-}
-
 /* numel and byte size of a shape; -1 on overflow of int64 / size_t. */
 static int shape_size(int ndim, const int64_t *shape, size_t elsize, int64_t *numel, size_t *nbytes)
 {
@@ -106,21 +75,21 @@ static const char *find_duplicate(const char **v, int n, int *nomem)
 
 /* ---------------------------------------------------------------- writer */
 
-static int check_tensors(const char *path, int n, const st_st_tensor *t, size_t *nbytes, int need_data)
+static int check_tensors(const char *path, int n, const st_safetensors_tensor *t, size_t *nbytes, int need_data)
 {
 	for (int i = 0; i < n; i++) {
-		const st_st_tensor *x = &t[i];
+		const st_safetensors_tensor *x = &t[i];
 		if (!x->name)
 			return st_fail(ST_EINVAL, "%s: tensor %d has no name", path, i);
 		if (strcmp(x->name, META_KEY) == 0)
 			return st_fail(ST_EINVAL, "%s: \"%s\" cannot be a tensor name", path, META_KEY);
-		size_t es = st_st_dtype_size(x->dtype);
+		size_t es = st_dtype_size(x->dtype);
 		if (!es)
 			return st_fail(ST_EINVAL, "%s: tensor \"%s\": invalid dtype %d", path, x->name,
 				       (int)x->dtype);
-		if (x->ndim < 0 || x->ndim > ST_ST_MAX_DIMS)
+		if (x->ndim < 0 || x->ndim > ST_SAFETENSORS_MAX_DIMS)
 			return st_fail(ST_EINVAL, "%s: tensor \"%s\": ndim %d is not in 0..%d", path,
-				       x->name, x->ndim, ST_ST_MAX_DIMS);
+				       x->name, x->ndim, ST_SAFETENSORS_MAX_DIMS);
 		for (int d = 0; d < x->ndim; d++)
 			if (x->shape[d] < 0)
 				return st_fail(ST_EINVAL, "%s: tensor \"%s\": negative dimension %lld",
@@ -135,7 +104,7 @@ static int check_tensors(const char *path, int n, const st_st_tensor *t, size_t 
 }
 
 /* The compact JSON header for the tensors, unpadded; caller frees. */
-static int build_header(const char *path, int n, const st_st_tensor *t, const size_t *nbytes,
+static int build_header(const char *path, int n, const st_safetensors_tensor *t, const size_t *nbytes,
 			int nmeta, const char **mk, const char **mv, char **out)
 {
 	json_t *root = json_object();
@@ -164,7 +133,7 @@ static int build_header(const char *path, int n, const st_st_tensor *t, const si
 			goto nomem;
 		}
 		/* "o" hands shape to the entry, also when packing fails */
-		json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_st_dtype_name(t[i].dtype),
+		json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_dtype_name(t[i].dtype),
 				      "shape", shape, "data_offsets", (json_int_t)off,
 				      (json_int_t)(off + nbytes[i]));
 		if (!e)
@@ -186,7 +155,7 @@ nomem:
 }
 
 /* Checks the lists and builds the padded header (8-byte length, JSON, spaces) into *out. */
-static int make_header(const char *path, int n, const st_st_tensor *t, int nmeta, const char **meta_keys,
+static int make_header(const char *path, int n, const st_safetensors_tensor *t, int nmeta, const char **meta_keys,
 		       const char **meta_vals, int need_data, size_t *nbytes, char **out, size_t *out_len)
 {
 	if (n < 0 || nmeta < 0 || (n && !t) || (nmeta && (!meta_keys || !meta_vals)))
@@ -239,7 +208,7 @@ out:
 	return rc;
 }
 
-int st_safetensors_header(const char *path, int n, const st_st_tensor *t, int nmeta, const char **meta_keys,
+int st_safetensors_header(const char *path, int n, const st_safetensors_tensor *t, int nmeta, const char **meta_keys,
 			  const char **meta_vals, char **out, size_t *len)
 {
 	size_t *nbytes = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof(*nbytes));
@@ -252,7 +221,7 @@ int st_safetensors_header(const char *path, int n, const st_st_tensor *t, int nm
 	return rc;
 }
 
-int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nmeta,
+int st_safetensors_write(const char *path, int n, const st_safetensors_tensor *t, int nmeta,
 			 const char **meta_keys, const char **meta_vals)
 {
 	char *header = NULL;
@@ -285,7 +254,7 @@ struct st_safetensors {
 	void *map;
 	size_t map_len;
 	int n;
-	st_st_info *t;      /* header order */
+	st_safetensors_info *t;      /* header order */
 	int *by_name;       /* indices of t sorted by name */
 	int nmeta;
 	char **meta_keys;
@@ -296,7 +265,7 @@ const char *st_safetensors_path(const st_safetensors *f) { return f->path; }
 int st_safetensors_count(const st_safetensors *f) { return f->n; }
 int st_safetensors_meta_count(const st_safetensors *f) { return f->nmeta; }
 
-const st_st_info *st_safetensors_get(const st_safetensors *f, int i)
+const st_safetensors_info *st_safetensors_get(const st_safetensors *f, int i)
 {
 	if (i < 0 || i >= f->n)
 		ST_BUG("st_safetensors_get: index %d out of range 0..%d", i, f->n - 1);
@@ -318,7 +287,7 @@ const char *st_safetensors_meta(const st_safetensors *f, const char *key)
 	return NULL;
 }
 
-const st_st_info *st_safetensors_find(const st_safetensors *f, const char *name)
+const st_safetensors_info *st_safetensors_find(const st_safetensors *f, const char *name)
 {
 	int lo = 0, hi = f->n;
 	while (lo < hi) {
@@ -356,11 +325,11 @@ void st_safetensors_close(st_safetensors *f)
 }
 
 /* The tensor array the comparators below index into (qsort has no context argument). */
-static _Thread_local const st_st_info *sort_t;
+static _Thread_local const st_safetensors_info *sort_t;
 
 static int cmp_by_offset(const void *a, const void *b)
 {
-	const st_st_info *x = &sort_t[*(const int *)a], *y = &sort_t[*(const int *)b];
+	const st_safetensors_info *x = &sort_t[*(const int *)a], *y = &sort_t[*(const int *)b];
 	if (x->offset != y->offset)
 		return x->offset < y->offset ? -1 : 1;
 	return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
@@ -372,7 +341,7 @@ static int cmp_by_name(const void *a, const void *b)
 }
 
 /* Parse one tensor entry into *ti (name already set). */
-static int parse_entry(const char *path, const char *name, json_t *e, uint64_t buf_len, st_st_info *ti)
+static int parse_entry(const char *path, const char *name, json_t *e, uint64_t buf_len, st_safetensors_info *ti)
 {
 	if (!json_is_object(e))
 		return st_fail(ST_EINVAL, "%s: tensor \"%s\": entry is not a JSON object", path, name);
@@ -395,16 +364,16 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t b
 
 	if (!json_is_string(dtype))
 		return st_fail(ST_EINVAL, "%s: tensor \"%s\": dtype is not a string", path, name);
-	ti->dtype = st_st_dtype_parse(json_string_value(dtype));
+	ti->dtype = st_dtype_parse(json_string_value(dtype));
 	if (!ti->dtype)
 		return st_fail(ST_EINVAL, "%s: tensor \"%s\": unknown dtype \"%s\"", path, name,
 			       json_string_value(dtype));
 
 	if (!json_is_array(shape))
 		return st_fail(ST_EINVAL, "%s: tensor \"%s\": shape is not an array", path, name);
-	if (json_array_size(shape) > ST_ST_MAX_DIMS)
+	if (json_array_size(shape) > ST_SAFETENSORS_MAX_DIMS)
 		return st_fail(ST_EINVAL, "%s: tensor \"%s\": shape has %zu dimensions, at most %d supported",
-			       path, name, json_array_size(shape), ST_ST_MAX_DIMS);
+			       path, name, json_array_size(shape), ST_SAFETENSORS_MAX_DIMS);
 	ti->ndim = (int)json_array_size(shape);
 	for (int d = 0; d < ti->ndim; d++) {
 		json_t *s = json_array_get(shape, (size_t)d);
@@ -417,7 +386,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t b
 		ti->shape[d] = json_integer_value(s);
 	}
 	char sbuf[256];
-	if (shape_size(ti->ndim, ti->shape, st_st_dtype_size(ti->dtype), &ti->numel, &ti->nbytes) < 0)
+	if (shape_size(ti->ndim, ti->shape, st_dtype_size(ti->dtype), &ti->numel, &ti->nbytes) < 0)
 		return st_fail(ST_EINVAL, "%s: tensor \"%s\": shape %s is too large", path, name,
 			       shape_str(sbuf, sizeof(sbuf), ti->ndim, ti->shape));
 
@@ -435,7 +404,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t b
 	if ((uint64_t)(end - begin) != ti->nbytes)
 		return st_fail(ST_EINVAL,
 			       "%s: tensor \"%s\": %s %s needs %zu bytes but data_offsets [%lld, %lld] hold %lld",
-			       path, name, st_st_dtype_name(ti->dtype),
+			       path, name, st_dtype_name(ti->dtype),
 			       shape_str(sbuf, sizeof(sbuf), ti->ndim, ti->shape), ti->nbytes, begin, end,
 			       end - begin);
 	ti->offset = (uint64_t)begin;
@@ -479,9 +448,9 @@ static int check_tiling(st_safetensors *f, uint64_t buf_len)
 	qsort(order, (size_t)f->n, sizeof(int), cmp_by_offset);
 	int rc = 0;
 	uint64_t pos = 0;
-	const st_st_info *prev = NULL;
+	const st_safetensors_info *prev = NULL;
 	for (int i = 0; i < f->n && rc == 0; i++) {
-		const st_st_info *x = &f->t[order[i]];
+		const st_safetensors_info *x = &f->t[order[i]];
 		if (x->offset < pos)
 			rc = st_fail(ST_EINVAL, "%s: tensors \"%s\" and \"%s\" overlap in the data buffer",
 				     f->path, prev->name, x->name);
@@ -533,7 +502,7 @@ static int parse_header(st_safetensors *f, const unsigned char *hdr, size_t hlen
 				goto out;
 			continue;
 		}
-		st_st_info *ti = &f->t[f->n];
+		st_safetensors_info *ti = &f->t[f->n];
 		if (!(ti->name = strdup(k))) {
 			rc = st_fail(ST_ENOMEM, "%s: out of memory", f->path);
 			goto out;
@@ -638,7 +607,7 @@ static float half_to_float(uint16_t h)
 
 int st_safetensors_read_f32(const st_safetensors *f, const char *name, float *dst, int64_t n)
 {
-	const st_st_info *t = st_safetensors_find(f, name);
+	const st_safetensors_info *t = st_safetensors_find(f, name);
 	if (!t)
 		return st_fail(ST_EINVAL, "%s: no tensor named \"%s\"", f->path, name);
 	if (t->numel != n) {
@@ -649,11 +618,11 @@ int st_safetensors_read_f32(const st_safetensors *f, const char *name, float *ds
 	}
 	const unsigned char *src = t->data;
 	switch (t->dtype) {
-	case ST_F32:
+	case ST_DTYPE_F32:
 		if (n)
 			memcpy(dst, src, t->nbytes);
 		return 0;
-	case ST_BF16:
+	case ST_DTYPE_BF16:
 		for (int64_t i = 0; i < n; i++) {
 			uint16_t h;
 			memcpy(&h, src + 2 * i, 2);
@@ -661,14 +630,14 @@ int st_safetensors_read_f32(const st_safetensors *f, const char *name, float *ds
 			memcpy(&dst[i], &bits, 4);
 		}
 		return 0;
-	case ST_F16:
+	case ST_DTYPE_F16:
 		for (int64_t i = 0; i < n; i++) {
 			uint16_t h;
 			memcpy(&h, src + 2 * i, 2);
 			dst[i] = half_to_float(h);
 		}
 		return 0;
-	case ST_F64:
+	case ST_DTYPE_F64:
 		for (int64_t i = 0; i < n; i++) {
 			double d;
 			memcpy(&d, src + 8 * i, 8);
@@ -677,6 +646,6 @@ int st_safetensors_read_f32(const st_safetensors *f, const char *name, float *ds
 		return 0;
 	default:
 		return st_fail(ST_EINVAL, "%s: tensor \"%s\" has dtype %s, which is not floating point",
-			       f->path, name, st_st_dtype_name(t->dtype));
+			       f->path, name, st_dtype_name(t->dtype));
 	}
 }

@@ -15,9 +15,9 @@
  *
  * Writing (atomically, through base/file: temp, fsync, rename, fsync dir):
  *
- *   st_st_tensor t[] = {
- *       {"model.norm.weight", ST_F32, 1, {E}, norm_w},
- *       {"lm_head.weight", ST_F32, 2, {V, E}, head_w},
+ *   st_safetensors_tensor t[] = {
+ *       {"model.norm.weight", ST_DTYPE_F32, 1, {E}, norm_w},
+ *       {"lm_head.weight", ST_DTYPE_F32, 2, {V, E}, head_w},
  *   };
  *   const char *keys[] = {"format"}, *vals[] = {"pt"};
  *   rc = st_safetensors_write("model.safetensors", 2, t, 1, keys, vals);
@@ -33,7 +33,7 @@
  *
  *   st_safetensors *f;
  *   if ((rc = st_safetensors_open(&f, path)) < 0) return rc;
- *   const st_st_info *w = st_safetensors_find(f, "lm_head.weight");
+ *   const st_safetensors_info *w = st_safetensors_find(f, "lm_head.weight");
  *   rc = st_safetensors_read_f32(f, "model.norm.weight", norm_w, E);
  *   const char *step = st_safetensors_meta(f, "step");
  *   st_safetensors_close(f);
@@ -52,49 +52,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ST_ST_MAX_DIMS 8
+#include "base/dtype.h"
 
-/* Element types, named in files as in the comment. 0 is not a valid dtype. */
-enum st_st_dtype {
-	ST_BOOL = 1, /* "BOOL", 1 byte */
-	ST_U8,       /* "U8" */
-	ST_I8,       /* "I8" */
-	ST_F8_E4M3,  /* "F8_E4M3" */
-	ST_F8_E5M2,  /* "F8_E5M2" */
-	ST_U16,      /* "U16" */
-	ST_I16,      /* "I16" */
-	ST_F16,      /* "F16" */
-	ST_BF16,     /* "BF16" */
-	ST_U32,      /* "U32" */
-	ST_I32,      /* "I32" */
-	ST_F32,      /* "F32" */
-	ST_U64,      /* "U64" */
-	ST_I64,      /* "I64" */
-	ST_F64,      /* "F64" */
-};
+#define ST_SAFETENSORS_MAX_DIMS 8
 
-/* "F32" for ST_F32, ...; NULL for an invalid value. */
-const char *st_st_dtype_name(enum st_st_dtype dt);
-/* Bytes per element; 0 for an invalid value. */
-size_t st_st_dtype_size(enum st_st_dtype dt);
-/* The dtype named s ("BF16" -> ST_BF16), or 0 if unknown (names are case-sensitive). */
-enum st_st_dtype st_st_dtype_parse(const char *s);
+/* Element types: base/dtype.h (the names in files are st_dtype_name's). */
 
 /* A tensor to write. data holds numel * element size bytes (may be NULL when empty). */
-typedef struct st_st_tensor {
+typedef struct st_safetensors_tensor {
 	const char *name;
-	enum st_st_dtype dtype;
-	int ndim;                        /* 0 (scalar) .. ST_ST_MAX_DIMS */
-	int64_t shape[ST_ST_MAX_DIMS];
+	enum st_dtype dtype;
+	int ndim;                        /* 0 (scalar) .. ST_SAFETENSORS_MAX_DIMS */
+	int64_t shape[ST_SAFETENSORS_MAX_DIMS];
 	const void *data;
-} st_st_tensor;
+} st_safetensors_tensor;
 
 /*
  * Write n tensors and nmeta metadata pairs (meta_keys[i] -> meta_vals[i]) to
  * path, atomically. Names and metadata must be valid UTF-8; tensor names must
  * be unique and not "__metadata__"; metadata keys must be unique.
  */
-int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nmeta,
+int st_safetensors_write(const char *path, int n, const st_safetensors_tensor *t, int nmeta,
 			 const char **meta_keys, const char **meta_vals);
 
 /*
@@ -105,20 +83,20 @@ int st_safetensors_write(const char *path, int n, const st_st_tensor *t, int nme
  * themselves (the checkpoint writer checksums it on the way). Same checks
  * and errors as st_safetensors_write; *out is malloc'd.
  */
-int st_safetensors_header(const char *path, int n, const st_st_tensor *t, int nmeta, const char **meta_keys,
+int st_safetensors_header(const char *path, int n, const st_safetensors_tensor *t, int nmeta, const char **meta_keys,
 			  const char **meta_vals, char **out, size_t *len);
 
 /* One tensor of an open file. */
-typedef struct st_st_info {
+typedef struct st_safetensors_info {
 	const char *name;
-	enum st_st_dtype dtype;
+	enum st_dtype dtype;
 	int ndim;
-	int64_t shape[ST_ST_MAX_DIMS];
+	int64_t shape[ST_SAFETENSORS_MAX_DIMS];
 	int64_t numel;                   /* product of shape (1 for a scalar) */
 	const void *data;                /* into the mapping; possibly unaligned */
 	size_t nbytes;                   /* numel * element size */
 	uint64_t offset;                 /* begin of data_offsets */
-} st_st_info;
+} st_safetensors_info;
 
 typedef struct st_safetensors st_safetensors;
 
@@ -132,9 +110,9 @@ const char *st_safetensors_path(const st_safetensors *f);
 /* Number of tensors. */
 int st_safetensors_count(const st_safetensors *f);
 /* Tensor i, 0 <= i < count, in header order. */
-const st_st_info *st_safetensors_get(const st_safetensors *f, int i);
+const st_safetensors_info *st_safetensors_get(const st_safetensors *f, int i);
 /* Tensor by name, or NULL (no error recorded). */
-const st_st_info *st_safetensors_find(const st_safetensors *f, const char *name);
+const st_safetensors_info *st_safetensors_find(const st_safetensors *f, const char *name);
 
 /* Metadata value for key, or NULL. */
 const char *st_safetensors_meta(const st_safetensors *f, const char *key);

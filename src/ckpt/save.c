@@ -203,7 +203,7 @@ static int build_header(st_ckpt_saver *s, const char *path, char **hdr, size_t *
 {
 	char num[3][32];
 	int n = s->npieces, nmeta = 0, rc;
-	st_st_tensor *t = calloc((size_t)n + 1, sizeof(*t));
+	st_safetensors_tensor *t = calloc((size_t)n + 1, sizeof(*t));
 	const char **mk = calloc((size_t)n + 4, sizeof(*mk)), **mv = calloc((size_t)n + 4, sizeof(*mv));
 	char **boxes = calloc((size_t)n + 1, sizeof(*boxes));
 
@@ -220,7 +220,7 @@ static int build_header(st_ckpt_saver *s, const char *path, char **hdr, size_t *
 	for (int i = 0; i < n; i++) {
 		const struct job_piece *p = &s->pieces[i];
 		t[i].name = p->key;
-		t[i].dtype = ST_F32;
+		t[i].dtype = ST_DTYPE_F32;
 		t[i].ndim = p->ndim;
 		t[i].shape[0] = p->box.shape[0];
 		t[i].shape[1] = p->box.shape[1];

@@ -22,9 +22,11 @@
 
 #include <stdint.h>
 
+#include "base/dtype.h"
+#include "base/path.h" /* ST_PATH_MAX */
+
 enum st_dataset_type { ST_DATA_SYNTHETIC, ST_DATA_TOKENS };
 enum st_remat { ST_REMAT_FULL, ST_REMAT_MINIMAL, ST_REMAT_NONE };
-enum st_dtype { ST_DTYPE_FLOAT32, ST_DTYPE_BFLOAT16 };
 /* checkpoint_failure_policy: a failed background save is reported loudly and the
  * run goes on ("continue"), or the run stops with the error ("stop"). */
 enum st_ckpt_failure_policy { ST_CKPT_FAIL_CONTINUE, ST_CKPT_FAIL_STOP };
@@ -59,8 +61,8 @@ typedef struct st_config {
 	int64_t steps;
 	int64_t gradient_accumulation_steps;
 	enum st_remat remat_policy;
-	enum st_dtype dtype;        /* activations */
-	enum st_dtype weight_dtype; /* master weights: float32 only */
+	enum st_dtype dtype;        /* activations: ST_DTYPE_F32 or ST_DTYPE_BF16 */
+	enum st_dtype weight_dtype; /* master weights: ST_DTYPE_F32 only */
 	int64_t init_weights_seed;
 	int64_t log_period;
 	char metrics_file[ST_PATH_MAX]; /* "" = none */

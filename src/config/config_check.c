@@ -356,7 +356,7 @@ static const char *remat_name(enum st_remat r)
 	return r == ST_REMAT_FULL ? "full" : r == ST_REMAT_MINIMAL ? "minimal" : "none";
 }
 
-static const char *dtype_name(enum st_dtype d) { return d == ST_DTYPE_BFLOAT16 ? "bfloat16" : "float32"; }
+static const char *dtype_name(enum st_dtype d) { return d == ST_DTYPE_BF16 ? "bfloat16" : "float32"; }
 
 void st_config_print(const st_config *c)
 {

@@ -33,8 +33,8 @@ static const struct st_cenum remat_policies[] = {
 	{"full", ST_REMAT_FULL}, {"minimal", ST_REMAT_MINIMAL}, {"none", ST_REMAT_NONE},
 	{"save-all", ST_REMAT_NONE}, {NULL, 0}};
 static const struct st_cenum dtypes[] = {
-	{"float32", ST_DTYPE_FLOAT32}, {"bfloat16", ST_DTYPE_BFLOAT16}, {NULL, 0}};
-static const struct st_cenum weight_dtypes[] = {{"float32", ST_DTYPE_FLOAT32}, {NULL, 0}};
+	{"float32", ST_DTYPE_F32}, {"bfloat16", ST_DTYPE_BF16}, {NULL, 0}};
+static const struct st_cenum weight_dtypes[] = {{"float32", ST_DTYPE_F32}, {NULL, 0}};
 static const struct st_cenum failure_policies[] = {
 	{"continue", ST_CKPT_FAIL_CONTINUE}, {"stop", ST_CKPT_FAIL_STOP}, {NULL, 0}};
 static const struct st_cenum dataset_types[] = {

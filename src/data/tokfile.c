@@ -27,29 +27,17 @@
 
 static const unsigned char npy_magic[6] = { 0x93, 'N', 'U', 'M', 'P', 'Y' };
 
-static const struct {
-	const char *name;
-	int size;
-} dtype_info[] = {
-	[ST_TOK_U8] = { "uint8", 1 },   [ST_TOK_I8] = { "int8", 1 },
-	[ST_TOK_U16] = { "uint16", 2 }, [ST_TOK_I16] = { "int16", 2 },
-	[ST_TOK_U32] = { "uint32", 4 }, [ST_TOK_I32] = { "int32", 4 },
-	[ST_TOK_U64] = { "uint64", 8 }, [ST_TOK_I64] = { "int64", 8 },
-};
-
 /* Accepted .npy descr strings. One-byte types have no byte order ('|'), but
  * '<' and '>' mean the same thing there, so they are accepted too. */
 static const struct {
 	const char *descr;
-	enum st_tok_dtype dtype;
+	enum st_dtype dtype;
 } npy_dtypes[] = {
-	{ "|u1", ST_TOK_U8 },  { "<u1", ST_TOK_U8 },  { ">u1", ST_TOK_U8 },
-	{ "|i1", ST_TOK_I8 },  { "<i1", ST_TOK_I8 },  { ">i1", ST_TOK_I8 },
-	{ "<u2", ST_TOK_U16 }, { "<i2", ST_TOK_I16 }, { "<u4", ST_TOK_U32 },
-	{ "<i4", ST_TOK_I32 }, { "<u8", ST_TOK_U64 }, { "<i8", ST_TOK_I64 },
+	{ "|u1", ST_DTYPE_U8 },  { "<u1", ST_DTYPE_U8 },  { ">u1", ST_DTYPE_U8 },
+	{ "|i1", ST_DTYPE_I8 },  { "<i1", ST_DTYPE_I8 },  { ">i1", ST_DTYPE_I8 },
+	{ "<u2", ST_DTYPE_U16 }, { "<i2", ST_DTYPE_I16 }, { "<u4", ST_DTYPE_U32 },
+	{ "<i4", ST_DTYPE_I32 }, { "<u8", ST_DTYPE_U64 }, { "<i8", ST_DTYPE_I64 },
 };
-
-const char *st_tok_dtype_name(enum st_tok_dtype t) { return dtype_info[t].name; }
 
 static uint16_t load_u16(const unsigned char *p)
 {
@@ -88,15 +76,15 @@ static int parse_bin(st_tokfile *f)
 			return st_fail(ST_EINVAL, "%s: unsupported llm.c .bin version %" PRId32
 				       " for magic %d (expected %d: uint16 tokens)",
 				       f->path, version, BIN_MAGIC_U16, BIN_VERSION_U16);
-		f->dtype = ST_TOK_U16;
+		f->dtype = ST_DTYPE_U16;
 	} else {
 		if (version != BIN_VERSION_U32)
 			return st_fail(ST_EINVAL, "%s: unsupported llm.c .bin version %" PRId32
 				       " for magic %d (expected %d: uint32 tokens)",
 				       f->path, version, BIN_MAGIC_U32, BIN_VERSION_U32);
-		f->dtype = ST_TOK_U32;
+		f->dtype = ST_DTYPE_U32;
 	}
-	f->itemsize = dtype_info[f->dtype].size;
+	f->itemsize = (int)st_dtype_size(f->dtype);
 	if (n < 0)
 		return st_fail(ST_EINVAL, "%s: negative token count %" PRId32 " in llm.c .bin header", f->path, n);
 	/* n < 2^31 and itemsize <= 4: no overflow in 64 bits */
@@ -104,7 +92,7 @@ static int parse_bin(st_tokfile *f)
 	if ((uint64_t)size < want)
 		return st_fail(ST_EINVAL, "%s: truncated: header announces %" PRId32 " %s tokens (%" PRIu64
 			       " bytes with the header) but the file has %zu bytes",
-			       f->path, n, dtype_info[f->dtype].name, want, size);
+			       f->path, n, st_dtype_numpy_name(f->dtype), want, size);
 	if ((uint64_t)size > want)
 		return st_fail(ST_EINVAL, "%s: %" PRIu64 " extra bytes after the %" PRId32
 			       " tokens the header announces (file has %zu bytes, expected %" PRIu64 ")",
@@ -319,7 +307,7 @@ static int parse_npy_dict(struct cursor *c, struct npy_header *h)
 	return 0;
 }
 
-static int npy_dtype(const st_tokfile *f, const char *descr, enum st_tok_dtype *out)
+static int npy_dtype(const st_tokfile *f, const char *descr, enum st_dtype *out)
 {
 	for (size_t i = 0; i < sizeof(npy_dtypes) / sizeof(npy_dtypes[0]); i++) {
 		if (strcmp(descr, npy_dtypes[i].descr) == 0) {
@@ -372,7 +360,7 @@ static int parse_npy(st_tokfile *f)
 	rc = npy_dtype(f, h.descr, &f->dtype);
 	if (rc < 0)
 		return rc;
-	f->itemsize = dtype_info[f->dtype].size;
+	f->itemsize = (int)st_dtype_size(f->dtype);
 	if (h.fortran_order)
 		return st_fail(ST_EINVAL, "%s: fortran_order=True is not supported (save a C-order array: "
 			       "np.ascontiguousarray(a))", f->path);
@@ -394,7 +382,7 @@ static int parse_npy(st_tokfile *f)
 	if (have < want)
 		return st_fail(ST_EINVAL, "%s: truncated: .npy header announces %" PRId64 " %s elements (%" PRIu64
 			       " bytes) but %" PRIu64 " bytes of data follow",
-			       f->path, n, dtype_info[f->dtype].name, want, have);
+			       f->path, n, st_dtype_numpy_name(f->dtype), want, have);
 	if (have > want)
 		return st_fail(ST_EINVAL, "%s: %" PRIu64 " extra bytes after the %" PRId64
 			       " elements the .npy header announces", f->path, have - want, n);
@@ -512,20 +500,21 @@ int st_tokfile_check_ids(const st_tokfile *f, int64_t vocab)
 	/* One sequential pass; afterwards reads may be in shuffled order. */
 	madvise(f->map, f->maplen, MADV_SEQUENTIAL);
 	switch (f->dtype) {
-	case ST_TOK_U8:
+	case ST_DTYPE_U8:
 		if (vocab < 256)
 			SCAN_UNSIGNED(uint8_t);
 		break;
-	case ST_TOK_U16:
+	case ST_DTYPE_U16:
 		if (vocab < 65536)
 			SCAN_UNSIGNED(uint16_t);
 		break;
-	case ST_TOK_U32: SCAN_UNSIGNED(uint32_t); break;
-	case ST_TOK_U64: SCAN_UNSIGNED(uint64_t); break;
-	case ST_TOK_I8: SCAN_SIGNED(int8_t); break;
-	case ST_TOK_I16: SCAN_SIGNED(int16_t); break;
-	case ST_TOK_I32: SCAN_SIGNED(int32_t); break;
-	case ST_TOK_I64: SCAN_SIGNED(int64_t); break;
+	case ST_DTYPE_U32: SCAN_UNSIGNED(uint32_t); break;
+	case ST_DTYPE_U64: SCAN_UNSIGNED(uint64_t); break;
+	case ST_DTYPE_I8: SCAN_SIGNED(int8_t); break;
+	case ST_DTYPE_I16: SCAN_SIGNED(int16_t); break;
+	case ST_DTYPE_I32: SCAN_SIGNED(int32_t); break;
+	case ST_DTYPE_I64: SCAN_SIGNED(int64_t); break;
+	default: ST_BUG("%s: token dtype %d", f->path, (int)f->dtype); /* open sets integer types only */
 	}
 	madvise(f->map, f->maplen, MADV_NORMAL);
 	return 0;
@@ -546,14 +535,15 @@ void st_tokfile_get(const st_tokfile *f, int64_t start, int64_t n, int32_t *out)
 	if (start < 0 || n < 0 || start > f->ntokens - n)
 		ST_BUG("%s: token range %" PRId64 "+%" PRId64 " outside %" PRId64, f->path, start, n, f->ntokens);
 	switch (f->dtype) {
-	case ST_TOK_U8: COPY(uint8_t); break;
-	case ST_TOK_I8: COPY(int8_t); break;
-	case ST_TOK_U16: COPY(uint16_t); break;
-	case ST_TOK_I16: COPY(int16_t); break;
-	case ST_TOK_U32: COPY(uint32_t); break;
-	case ST_TOK_I32: memcpy(out, f->data + start * 4, (size_t)n * 4); break;
-	case ST_TOK_U64: COPY(uint64_t); break;
-	case ST_TOK_I64: COPY(int64_t); break;
+	case ST_DTYPE_U8: COPY(uint8_t); break;
+	case ST_DTYPE_I8: COPY(int8_t); break;
+	case ST_DTYPE_U16: COPY(uint16_t); break;
+	case ST_DTYPE_I16: COPY(int16_t); break;
+	case ST_DTYPE_U32: COPY(uint32_t); break;
+	case ST_DTYPE_I32: memcpy(out, f->data + start * 4, (size_t)n * 4); break;
+	case ST_DTYPE_U64: COPY(uint64_t); break;
+	case ST_DTYPE_I64: COPY(int64_t); break;
+	default: ST_BUG("%s: token dtype %d", f->path, (int)f->dtype);
 	}
 }
 

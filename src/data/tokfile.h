@@ -34,17 +34,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum st_tok_dtype {
-	ST_TOK_U8, ST_TOK_I8, ST_TOK_U16, ST_TOK_I16,
-	ST_TOK_U32, ST_TOK_I32, ST_TOK_U64, ST_TOK_I64
-};
+#include "base/dtype.h"
+
 
 typedef struct st_tokfile {
 	char *path;                   /* owned copy, used in messages */
 	void *map;                    /* whole file, PROT_READ */
 	size_t maplen;
 	const unsigned char *data;    /* first token inside map */
-	enum st_tok_dtype dtype;
+	enum st_dtype dtype;          /* ST_DTYPE_U8 .. ST_DTYPE_I64 */
 	int itemsize;                 /* bytes per token */
 	int64_t ntokens;              /* all elements of the array / shard */
 	int ndim;                     /* 1 (.bin and 1-D .npy) or 2 */
@@ -60,7 +58,5 @@ int st_tokfile_check_ids(const st_tokfile *f, int64_t vocab_size);
 /* Copy ids start..start+n-1 (within ntokens, already checked) as int32. */
 void st_tokfile_get(const st_tokfile *f, int64_t start, int64_t n, int32_t *out);
 void st_tokfile_release(st_tokfile *f);
-/* "uint16" etc. */
-const char *st_tok_dtype_name(enum st_tok_dtype t);
 
 #endif

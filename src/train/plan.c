@@ -63,7 +63,7 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	p->global_batch = B * p->devices * c->gradient_accumulation_steps;
 	if (F > 1) /* ZeRO-3 (st_fsdp) working buffers */
 		p->fsdp_buffer = st_fsdp_bytes_for(&m, F, p->rows * p->T);
-	int bf16 = c->dtype == ST_DTYPE_BFLOAT16;
+	int bf16 = c->dtype == ST_DTYPE_BF16;
 	/* bf16 products read a bf16 copy of the resident weights; under ZeRO-3
 	 * (weights gathered per unit) each weight is converted into one buffer
 	 * as large as the largest product weight, counted with the activations */
@@ -122,7 +122,7 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		"global batch %lld sequences (%lld tokens) per step, remat %s, dtype %s\n",
 		c->per_device_batch_size, (long long)p->T, (long long)p->rows, (long long)p->global_batch,
 		(long long)(p->global_batch * p->T), remat_name(c->remat_policy),
-		c->dtype == ST_DTYPE_BFLOAT16 ? "bfloat16 (bf16 product inputs, residual stream and stored product inputs; fp32 weights and AdamW state)"
+		c->dtype == ST_DTYPE_BF16 ? "bfloat16 (bf16 product inputs, residual stream and stored product inputs; fp32 weights and AdamW state)"
 					       : "float32");
 	fprintf(out, "per device:\n");
 	snprintf(note, sizeof(note), "fp32, %lld parameters: tensor piece %lld / fsdp %lld",

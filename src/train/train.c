@@ -71,7 +71,7 @@ static void print_header(const trainer *t)
 	st_info("batch %lld x %lld tokens per device, gradient accumulation %lld, remat %s, %s, %d threads",
 		(long long)t->B, (long long)t->T, (long long)c->gradient_accumulation_steps,
 		remat_name(c->remat_policy),
-		c->dtype == ST_DTYPE_BFLOAT16 ? "bf16 products, fp32 weights" : "fp32", omp_get_max_threads());
+		c->dtype == ST_DTYPE_BF16 ? "bf16 products, fp32 weights" : "fp32", omp_get_max_threads());
 }
 
 /* Weights, gradients and two AdamW moments, in fp32. */
@@ -324,7 +324,7 @@ int st_train(const st_config *c, st_train_result *res)
 	if ((rc = st_llama_init_tp(&t.model, &shape, (int)p->mesh.size[ST_AXIS_TENSOR],
 				   p->coord[ST_AXIS_TENSOR], p->tp, resident)) < 0)
 		goto out;
-	if (c->dtype == ST_DTYPE_BFLOAT16) {
+	if (c->dtype == ST_DTYPE_BF16) {
 		t.model.bf16 = st_cpu_has_bf16();
 		if (!t.model.bf16)
 			st_warn("dtype bfloat16: %s; running in float32", st_cpu_bf16_message());
