@@ -8,7 +8,8 @@
  * per_device_batch_size=4, max_target_length=512). For each thread count
  * (omp_set_num_threads) and each precision: one warm-up call, then the
  * median over --runs (default 7) of the forward time, the backward time and
- * their sum. GFLOP/s counts 2*B*H*T*T*D/2 flops per causal product: forward 2
+ * their sum. The kernels' workspace is allocated once per thread count and
+ * precision, before the calls, as the model does. GFLOP/s counts 2*B*H*T*T*D/2 flops per causal product: forward 2
  * products (QK^T, PV), backward 5 (scores again, dP, dV, dK, dQ). The last
  * column is the bf16 speed-up (fp32 time / bf16 time).
  * The machine may be shared: run it more than once and compare.
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/err.h"
 #include "base/rng.h"
 #include "kernels/cpu/ops.h"
 
@@ -90,23 +92,38 @@ int main(int argc, char **argv)
 		omp_set_num_threads(threads[ti]);
 		double total32 = 0;
 		for (int prec = 0; prec < 2; prec++) {
+			st_ws ws = ST_WS_INIT;
+			size_t wb = (prec ? st_attention_bf16_workspace_bytes : st_attention_workspace_bytes)(
+				B, T, H, K, D, threads[ti]);
+			if (st_ws_init(&ws, wb, threads[ti]) < 0) {
+				fprintf(stderr, "%s\n", st_errmsg());
+				return 1;
+			}
+			int rc = 0;
 			for (int r = -1; r < runs; r++) {
 				double t0 = now();
 				if (prec)
-					st_attention_forward_bf16(o, lse, q, k, v, B, T, H, K, D);
+					rc |= st_attention_forward_bf16(o, lse, q, k, v, B, T, H, K, D, &ws);
 				else
-					st_attention_forward(o, lse, q, k, v, B, T, H, K, D);
+					rc |= st_attention_forward(o, lse, q, k, v, B, T, H, K, D, &ws);
 				double t1 = now();
 				if (prec)
-					st_attention_backward_bf16(dq, dk, dv, g, o, lse, q, k, v, B, T, H, K, D);
+					rc |= st_attention_backward_bf16(dq, dk, dv, g, o, lse, q, k, v, B, T, H,
+									 K, D, &ws);
 				else
-					st_attention_backward(dq, dk, dv, g, o, lse, q, k, v, B, T, H, K, D);
+					rc |= st_attention_backward(dq, dk, dv, g, o, lse, q, k, v, B, T, H, K, D,
+								    &ws);
 				double t2 = now();
 				if (r >= 0) {
 					tf[r] = t1 - t0;
 					tb[r] = t2 - t1;
 					tt[r] = t2 - t0;
 				}
+			}
+			st_ws_release(&ws);
+			if (rc < 0) {
+				fprintf(stderr, "%s\n", st_errmsg());
+				return 1;
 			}
 			qsort(tf, (size_t)runs, sizeof(double), cmp_double);
 			qsort(tb, (size_t)runs, sizeof(double), cmp_double);

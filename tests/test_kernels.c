@@ -1,7 +1,10 @@
 /*
  * Kernel checks beyond finite differences (test_ops.c):
  *  - every kernel, and one whole training step through the st_llama API, gives
- *    bit-identical results at 1, 2 and 3 threads (fixed partitions);
+ *    bit-identical results at 1, 2 and 3 threads (fixed partitions), also
+ *    with a workspace sized for fewer threads than OpenMP would use;
+ *  - a workspace too small, unaligned or missing is refused (ST_EINVAL, nothing
+ *    written);
  *  - the two backward partitions of attention are bit-identical, and the
  *    tiled attention matches a plain float64 reference at sizes that leave
  *    partial tiles and use both the AVX-512 and the plain code paths;
@@ -18,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "base/rng.h"
 #include "check.h"
 #include "kernels/cpu/bf16.h"
@@ -42,6 +46,15 @@ static float *copyf(const float *x, int64_t n)
 
 static int same(const void *a, const void *b, int64_t bytes) { return memcmp(a, b, (size_t)bytes) == 0; }
 
+/* A kernel workspace of `bytes` for `threads` threads (0: OpenMP's current
+ * count). */
+static st_ws ws_new(size_t bytes, int threads)
+{
+	st_ws ws = ST_WS_INIT;
+	CHECK(st_ws_init(&ws, bytes, threads ? threads : omp_get_max_threads()) == 0);
+	return ws;
+}
+
 /* ---- every kernel at 1, 2 and 3 threads ---- */
 
 typedef struct outs {
@@ -53,17 +66,22 @@ typedef struct outs {
 
 enum { KB = 2, KT = 150, KH = 4, KK = 2, KD = 32, KE = 48, KM = 80, KV = 301, KN = KB * KT };
 
-static void run_kernels(outs *o, int threads)
+/* Every kernel at `threads` threads, the workspace sized for ws_threads
+ * (0: the same). */
+static void run_kernels(outs *o, int threads, int ws_threads)
 {
 	omp_set_num_threads(threads);
 	int64_t nq = (int64_t)KN * KH * KD, nk = (int64_t)KN * KK * KD;
+	size_t wb = st_attention_workspace_bytes(KB, KT, KH, KK, KD, ws_threads ? ws_threads : threads);
+	size_t nb = st_rmsnorm_backward_workspace_bytes(KN, KE);
+	st_ws ws = ws_new(wb > nb ? wb : nb, ws_threads);
 	float *x = randn(KN * KE, 1, 1.0), *w = randn(KE, 2, 1.0), *g = randn(KN * KE, 3, 1.0);
 	o->rms = malloc(KN * KE * sizeof(float));
 	o->rstd = malloc(KN * sizeof(float));
 	st_rmsnorm_forward(o->rms, o->rstd, x, w, KN, KE, 1e-5f);
 	o->drms_x = copyf(g, KN * KE);
 	o->drms_w = calloc(KE, sizeof(float));
-	st_rmsnorm_backward(o->drms_x, o->drms_w, g, x, w, o->rstd, KN, KE);
+	CHECK(st_rmsnorm_backward(o->drms_x, o->drms_w, g, x, w, o->rstd, KN, KE, &ws) == 0);
 
 	float *cs = malloc(KT * KD / 2 * sizeof(float)), *sn = malloc(KT * KD / 2 * sizeof(float));
 	st_rope_tables(cs, sn, KT, KD, 500000.0, NULL);
@@ -78,8 +96,9 @@ static void run_kernels(outs *o, int threads)
 	o->dq = malloc((size_t)nq * sizeof(float));
 	o->dk = malloc((size_t)nk * sizeof(float));
 	o->dv = malloc((size_t)nk * sizeof(float));
-	st_attention_forward(o->att, o->lse, q, k, v, KB, KT, KH, KK, KD);
-	st_attention_backward(o->dq, o->dk, o->dv, dout, o->att, o->lse, q, k, v, KB, KT, KH, KK, KD);
+	CHECK(st_attention_forward(o->att, o->lse, q, k, v, KB, KT, KH, KK, KD, &ws) == 0);
+	CHECK(st_attention_backward(o->dq, o->dk, o->dv, dout, o->att, o->lse, q, k, v, KB, KT, KH,
+				    KK, KD, &ws) == 0);
 
 	int64_t ne = KN * KM;
 	float *gate = randn(ne, 9, 2.0), *up = randn(ne, 10, 1.0), *da = randn(ne, 11, 1.0);
@@ -95,11 +114,12 @@ static void run_kernels(outs *o, int threads)
 	o->demb = calloc((size_t)KV * KE, sizeof(float));
 	st_embedding_backward(o->demb, g, tok, KN, KE);
 
-	float *W = randn(KV * KE, 12, 0.3), *scratch = malloc(64 * KV * sizeof(float));
+	float *W = randn(KV * KE, 12, 0.3);
+	st_ws lw = ws_new(st_lm_head_workspace_bytes(KV, 64), 0);
 	o->dx = malloc(KN * KE * sizeof(float));
 	o->dW = calloc((size_t)KV * KE, sizeof(float));
 	o->loss = 0;
-	CHECK(st_lm_head_xent(&o->loss, o->dx, o->dW, x, W, tok, KN, KE, KV, 1.0f / KN, scratch, 64) == 0);
+	CHECK(st_lm_head_xent(&o->loss, o->dx, o->dW, x, W, tok, KN, KE, KV, 1.0f / KN, 64, &lw) == 0);
 
 	o->gemm = malloc(KN * KM * sizeof(float));
 	CHECK(st_gemm('N', 'T', KN, KM, KE, 1.0f, x, KE, gate, KE, 0.0f, o->gemm, KM) == 0);
@@ -117,7 +137,8 @@ static void run_kernels(outs *o, int threads)
 	free(xh);
 
 	free(x), free(w), free(g), free(cs), free(sn), free(q), free(k), free(v), free(dout);
-	free(gate), free(up), free(da), free(tok), free(W), free(scratch);
+	free(gate), free(up), free(da), free(tok), free(W);
+	st_ws_release(&ws), st_ws_release(&lw);
 }
 
 static void free_outs(outs *o)
@@ -133,10 +154,11 @@ static void free_outs(outs *o)
 static void test_thread_counts(void)
 {
 	int64_t nq = (int64_t)KN * KH * KD, nk = (int64_t)KN * KK * KD, ne = KN * KM;
-	outs r[3];
+	outs r[4];
 	for (int t = 0; t < 3; t++)
-		run_kernels(&r[t], t + 1);
-	for (int t = 1; t < 3; t++) {
+		run_kernels(&r[t], t + 1, 0);
+	run_kernels(&r[3], 3, 1); /* at 3 OpenMP threads, a workspace for 1 */
+	for (int t = 1; t < 4; t++) {
 		outs *a = &r[0], *b = &r[t];
 #define SAME(f, n) CHECK_MSG(same(a->f, b->f, (n) * (int64_t)sizeof(*a->f)), "%s differs at %d threads", #f, t + 1)
 		SAME(rms, KN * KE);
@@ -162,9 +184,55 @@ static void test_thread_counts(void)
 #undef SAME
 		CHECK_MSG(a->loss == b->loss, "loss %.17g vs %.17g at %d threads", a->loss, b->loss, t + 1);
 	}
-	for (int t = 0; t < 3; t++)
+	for (int t = 0; t < 4; t++)
 		free_outs(&r[t]);
 	omp_set_num_threads(omp_get_num_procs());
+}
+
+/* Workspaces a kernel must refuse (ST_EINVAL, output untouched): one byte
+ * short, not 16-byte aligned, NULL, sized for no thread. */
+static void test_workspace_refused(void)
+{
+	enum { B = 1, T = 70, H = 2, K = 1, D = 16, N = B * T, C = 32, V = 11, E = 8 };
+	int64_t nq = B * T * H * D, nk = B * T * K * D;
+	float *q = randn(nq, 60, 1.0), *k = randn(nk, 61, 1.0), *v = randn(nk, 62, 1.0);
+	float *o = malloc((size_t)nq * sizeof(float)), *lse = malloc(B * H * T * sizeof(float));
+	float *x = randn(N * C, 63, 1.0), *dx = calloc(N * C, sizeof(float)), dw[C] = {0}, rs[N];
+	for (int i = 0; i < N; i++)
+		rs[i] = 1.0f;
+	float *xe = randn(N * E, 64, 1.0), *W = randn(V * E, 65, 1.0), dxe[N * E];
+	int32_t tg[N] = {0};
+	size_t need[4] = {st_attention_workspace_bytes(B, T, H, K, D, 1),
+			  st_attention_bf16_workspace_bytes(B, T, H, K, D, 1),
+			  st_rmsnorm_backward_workspace_bytes(N, C), st_lm_head_workspace_bytes(V, 16)};
+	omp_set_num_threads(1);
+	for (int i = 0; i < 4; i++) {
+		st_ws good = ws_new(need[i] + 64, 1);
+		st_ws bad[4] = {{good.mem, need[i] - 1, 1}, {(char *)good.mem + 8, need[i], 1},
+				{NULL, need[i], 1}, {good.mem, need[i], 0}};
+		for (int j = 0; j < 5; j++) {
+			const st_ws *ws = j < 4 ? &bad[j] : NULL;
+			double loss = 0;
+			int rc;
+			memset(o, 0x7f, (size_t)nq * sizeof(float));
+			memset(dx, 0, N * C * sizeof(float));
+			/* backward: the larger of the two at this shape */
+			if (i == 0)
+				rc = st_attention_backward(o, dx, dx, q, q, lse, q, k, v, B, T, H, K, D, ws);
+			else if (i == 1)
+				rc = st_attention_backward_bf16(o, dx, dx, q, q, lse, q, k, v, B, T, H, K, D, ws);
+			else if (i == 2)
+				rc = st_rmsnorm_backward(dx, dw, x, x, x, rs, N, C, ws);
+			else
+				rc = st_lm_head_xent(&loss, dxe, dx, xe, W, tg, N, E, V, 1.0f, 16, ws);
+			CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), "workspace"),
+				  "kernel %d accepted bad workspace %d (rc %d)", i, j, rc);
+			CHECK(o[0] == o[nq - 1] && dx[0] == 0.0f && loss == 0);
+		}
+		st_ws_release(&good);
+	}
+	omp_set_num_threads(omp_get_num_procs());
+	free(q), free(k), free(v), free(o), free(lse), free(x), free(dx), free(xe), free(W);
 }
 
 /* ---- attention: partitions and a float64 reference ---- */
@@ -242,14 +310,16 @@ static void test_attention_shape(int64_t B, int64_t T, int64_t H, int64_t K, int
 	float *g = randn(nq, 23, 1.0);
 	float *o = malloc((size_t)nq * sizeof(float)), *lse = malloc((size_t)(B * H * T) * sizeof(float));
 	float *dq[2], *dk[2], *dv[2];
-	st_attention_forward(o, lse, q, k, v, B, T, H, K, D);
+	st_ws ws = ws_new(st_attention_workspace_bytes(B, T, H, K, D, omp_get_max_threads()), 0);
+	CHECK(st_attention_forward(o, lse, q, k, v, B, T, H, K, D, &ws) == 0);
 	for (int p = 0; p < 2; p++) {
 		dq[p] = malloc((size_t)nq * sizeof(float));
 		dk[p] = malloc((size_t)nk * sizeof(float));
 		dv[p] = malloc((size_t)nk * sizeof(float));
 		st_attention_set_partition(p + 1);
-		st_attention_backward(dq[p], dk[p], dv[p], g, o, lse, q, k, v, B, T, H, K, D);
+		CHECK(st_attention_backward(dq[p], dk[p], dv[p], g, o, lse, q, k, v, B, T, H, K, D, &ws) == 0);
 	}
+	st_ws_release(&ws);
 	st_attention_set_partition(0);
 	CHECK_MSG(same(dq[0], dq[1], nq * 4) && same(dk[0], dk[1], nk * 4) && same(dv[0], dv[1], nk * 4),
 		  "attention backward partitions differ (B%lld T%lld H%lld K%lld D%lld)", (long long)B,
@@ -518,10 +588,13 @@ static void att_bf16_run(att_out *r, const float *q, const float *k, const float
 	r->dk = malloc((size_t)nk * sizeof(float));
 	r->dv = malloc((size_t)nk * sizeof(float));
 	omp_set_num_threads(threads);
-	st_attention_forward_bf16(r->o, r->lse, q, k, v, B, T, H, K, D);
+	st_ws ws = ws_new(st_attention_bf16_workspace_bytes(B, T, H, K, D, threads), threads);
+	CHECK(st_attention_forward_bf16(r->o, r->lse, q, k, v, B, T, H, K, D, &ws) == 0);
 	st_attention_set_partition(part);
-	st_attention_backward_bf16(r->dq, r->dk, r->dv, g, r->o, r->lse, q, k, v, B, T, H, K, D);
+	CHECK(st_attention_backward_bf16(r->dq, r->dk, r->dv, g, r->o, r->lse, q, k, v, B, T, H, K, D,
+					 &ws) == 0);
 	st_attention_set_partition(0);
+	st_ws_release(&ws);
 	omp_set_num_threads(omp_get_num_procs());
 }
 
@@ -754,6 +827,7 @@ int main(void)
 	test_attention_bf16_exact(2, 6, 2, 64);
 	test_attention_bf16_exact(2, 4, 4, 6);
 	test_thread_counts();
+	test_workspace_refused();
 	test_model_threads();
 	return check_result();
 }

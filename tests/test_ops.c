@@ -4,6 +4,7 @@
  * dy = r must give dL/dx, which is compared with central differences.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,10 @@ static double dotd(const float *a, const float *b, int64_t n)
 		s += (double)a[i] * b[i];
 	return s;
 }
+
+/* One kernel workspace for every call below, as large as the largest
+ * (made in main, as the model makes its own once). */
+static st_ws ws = ST_WS_INIT;
 
 typedef double (*loss_fn)(void *ctx);
 
@@ -72,7 +77,7 @@ static void test_rmsnorm(void)
 	fill(c.r, N * C, 3, 1.0);
 	float y[N * C], rs[N], dx[N * C] = {0}, dw[C] = {0};
 	st_rmsnorm_forward(y, rs, c.x, c.w, N, C, 1e-5f);
-	st_rmsnorm_backward(dx, dw, c.r, c.x, c.w, rs, N, C);
+	CHECK(st_rmsnorm_backward(dx, dw, c.r, c.x, c.w, rs, N, C, &ws) == 0);
 	check_grad("rmsnorm dx", c.x, dx, N * C, norm_loss, &c);
 	check_grad("rmsnorm dw", c.w, dw, C, norm_loss, &c);
 }
@@ -118,7 +123,7 @@ static double attn_loss(void *p)
 {
 	attn_ctx *c = p;
 	float y[QN], lse[AB * AH * AT];
-	st_attention_forward(y, lse, c->q, c->k, c->v, AB, AT, AH, AK, AD);
+	CHECK(st_attention_forward(y, lse, c->q, c->k, c->v, AB, AT, AH, AK, AD, &ws) == 0);
 	return dotd(y, c->r, QN);
 }
 static void test_attention(void)
@@ -129,8 +134,8 @@ static void test_attention(void)
 	fill(c.v, KN, 8, 1.0);
 	fill(c.r, QN, 9, 1.0);
 	float y[QN], lse[AB * AH * AT], dq[QN], dk[KN], dv[KN];
-	st_attention_forward(y, lse, c.q, c.k, c.v, AB, AT, AH, AK, AD);
-	st_attention_backward(dq, dk, dv, c.r, y, lse, c.q, c.k, c.v, AB, AT, AH, AK, AD);
+	CHECK(st_attention_forward(y, lse, c.q, c.k, c.v, AB, AT, AH, AK, AD, &ws) == 0);
+	CHECK(st_attention_backward(dq, dk, dv, c.r, y, lse, c.q, c.k, c.v, AB, AT, AH, AK, AD, &ws) == 0);
 	check_grad("attention dq", c.q, dq, QN, attn_loss, &c);
 	check_grad("attention dk", c.k, dk, KN, attn_loss, &c);
 	check_grad("attention dv", c.v, dv, KN, attn_loss, &c);
@@ -149,7 +154,7 @@ static double tattn_loss(void *p)
 {
 	tattn_ctx *c = p;
 	static float y[TQN], lse[TB * TH * TT];
-	st_attention_forward(y, lse, c->q, c->k, c->v, TB, TT, TH, TK, TD);
+	CHECK(st_attention_forward(y, lse, c->q, c->k, c->v, TB, TT, TH, TK, TD, &ws) == 0);
 	return dotd(y, c->r, TQN);
 }
 static void test_attention_tiled(void)
@@ -160,8 +165,8 @@ static void test_attention_tiled(void)
 	fill(c.v, TKN, 32, 1.0);
 	fill(c.r, TQN, 33, 1.0);
 	static float y[TQN], lse[TB * TH * TT], dq[TQN], dk[TKN], dv[TKN];
-	st_attention_forward(y, lse, c.q, c.k, c.v, TB, TT, TH, TK, TD);
-	st_attention_backward(dq, dk, dv, c.r, y, lse, c.q, c.k, c.v, TB, TT, TH, TK, TD);
+	CHECK(st_attention_forward(y, lse, c.q, c.k, c.v, TB, TT, TH, TK, TD, &ws) == 0);
+	CHECK(st_attention_backward(dq, dk, dv, c.r, y, lse, c.q, c.k, c.v, TB, TT, TH, TK, TD, &ws) == 0);
 	check_grad("attention (tiled) dq", c.q, dq, TQN, tattn_loss, &c);
 	check_grad("attention (tiled) dk", c.k, dk, TKN, tattn_loss, &c);
 	check_grad("attention (tiled) dv", c.v, dv, TKN, tattn_loss, &c);
@@ -218,9 +223,8 @@ typedef struct { float x[XN * XE], W[XV * XE]; int32_t tg[XN]; int64_t chunk; } 
 static double xent_loss(void *p)
 {
 	xent_ctx *c = p;
-	float scratch[XN * XV];
 	double s = 0;
-	st_lm_head_loss(&s, c->x, c->W, c->tg, XN, XE, XV, scratch, c->chunk);
+	CHECK(st_lm_head_loss(&s, c->x, c->W, c->tg, XN, XE, XV, c->chunk, &ws) == 0);
 	return s / XN;
 }
 static void test_xent(int64_t chunk)
@@ -230,9 +234,9 @@ static void test_xent(int64_t chunk)
 	fill(c.W, XV * XE, 16, 0.5);
 	for (int i = 0; i < XN; i++)
 		c.tg[i] = (int32_t)st_rng_below(6, 0, (uint64_t)i, XV);
-	float dx[XN * XE], dW[XV * XE] = {0}, scratch[XN * XV];
+	float dx[XN * XE], dW[XV * XE] = {0};
 	double s = 0;
-	CHECK(st_lm_head_xent(&s, dx, dW, c.x, c.W, c.tg, XN, XE, XV, 1.0f / XN, scratch, chunk) == 0);
+	CHECK(st_lm_head_xent(&s, dx, dW, c.x, c.W, c.tg, XN, XE, XV, 1.0f / XN, chunk, &ws) == 0);
 	CHECK_NEAR(s / XN, xent_loss(&c), 1e-6);
 	check_grad("lm head + xent dx", c.x, dx, XN * XE, xent_loss, &c);
 	check_grad("lm head + xent dW", c.W, dW, XV * XE, xent_loss, &c);
@@ -287,6 +291,14 @@ static void test_xent_rows_split(void)
 
 int main(void)
 {
+	size_t need[] = {st_rmsnorm_backward_workspace_bytes(N, C),
+			 st_attention_workspace_bytes(AB, AT, AH, AK, AD, omp_get_max_threads()),
+			 st_attention_workspace_bytes(TB, TT, TH, TK, TD, omp_get_max_threads()),
+			 st_lm_head_workspace_bytes(XV, XN)};
+	size_t most = 0;
+	for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++)
+		most = need[i] > most ? need[i] : most;
+	CHECK(st_ws_init(&ws, most, omp_get_max_threads()) == 0);
 	test_rmsnorm();
 	test_rope(0);
 	test_rope(1);
@@ -297,5 +309,6 @@ int main(void)
 	test_xent(XN);
 	test_xent(3); /* chunked rows give the same gradients */
 	test_xent_rows_split();
+	st_ws_release(&ws);
 	return check_result();
 }

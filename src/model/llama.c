@@ -1,6 +1,7 @@
 #include "model/llama.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +37,9 @@ typedef struct st_llama_acts {
 	/* gradient buffers (dm2: fp32 mode; the *b: bf16 copies, bf16 mode) */
 	float *dx, *dh, *dm1, *dm2, *dctx, *dq, *dk, *dv;
 	uint16_t *dxb, *dm1b, *dm2b, *dqb, *dkb, *dvb;
-	float *xent;               /* lm-head chunk (chunk_rows, V) */
+	float *xent;               /* lm-head chunk (chunk_rows, V); fused path: st_lm_head_xent's workspace */
+	st_ws xent_ws;             /* ... as that workspace (fused path) */
+	st_ws ws;                  /* the kernels' workspace: attention, RMSNorm backward */
 	uint16_t *xentb;           /* its gradient in bf16 (bf16 mode) */
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
 	uint16_t *wtmp;            /* bf16 mode, weights not resident: a weight's bf16 copy */
@@ -44,7 +47,8 @@ typedef struct st_llama_acts {
 	float *xr_f;               /* split cross-entropy: 4 x chunk_rows floats */
 	double *xr_d;              /* ... and chunk_rows doubles */
 	int64_t chunk_rows;
-	int64_t bytes;
+	int64_t bytes;             /* activations */
+	int64_t ws_bytes;          /* the kernels' workspace (ws) */
 	int nblocks;
 	void *blocks[64];          /* every allocation, for release */
 } st_llama_acts;
@@ -264,16 +268,18 @@ const st_tensor *st_llama_find(const st_llama *m, const char *name)
  */
 typedef struct carver {
 	st_llama_acts *a; /* NULL: count only */
-	int64_t bytes;
+	int64_t bytes;    /* activations */
+	int64_t ws_bytes; /* the kernels' workspace, counted apart (take_as) */
 	int oom;
 } carver;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
-static void *take(carver *c, int64_t bytes)
+/* A buffer of the activations (ws 0) or of the kernels' workspace (ws 1). */
+static void *take_as(carver *c, int64_t bytes, int ws)
 {
 	bytes = align64(bytes > 0 ? bytes : 1);
-	c->bytes += bytes;
+	*(ws ? &c->ws_bytes : &c->bytes) += bytes;
 	st_llama_acts *a = c->a;
 	if (!a || c->oom)
 		return NULL;
@@ -286,9 +292,11 @@ static void *take(carver *c, int64_t bytes)
 	}
 	memset(p, 0, (size_t)bytes);
 	a->blocks[a->nblocks++] = p;
-	a->bytes += bytes;
+	*(ws ? &a->ws_bytes : &a->bytes) += bytes;
 	return p;
 }
+
+static void *take(carver *c, int64_t bytes) { return take_as(c, bytes, 0); }
 
 static void acts_free(st_llama_acts *a)
 {
@@ -424,7 +432,12 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 	a->dk = take(c, N * KD * 4);
 	a->dv = take(c, N * KD * 4);
 	a->chunk_rows = R;
-	a->xent = take(c, R * s->V * 4);
+	/* fused output layer (fp32, no tensor parallelism): st_lm_head_xent's
+	 * workspace, the chunk and its row statistics; else lm_head_xent_split's
+	 * chunk */
+	int64_t xent = !bf && o->tp <= 1 ? (int64_t)st_lm_head_workspace_bytes(s->V, R) : R * s->V * 4;
+	a->xent = take(c, xent);
+	a->xent_ws = (st_ws){.mem = a->xent, .bytes = (size_t)xent, .threads = 1};
 	if (!bf) {
 		a->dm2 = take(c, N * M * 4);
 	} else {
@@ -448,15 +461,36 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 	}
 	a->inputs = take(c, N * 4);
 	a->targets = take(c, N * 4);
+	/* the kernels' workspace: one block for all calls (they run one at a
+	 * time), as large as the largest; its per-thread slices for o->threads */
+	int threads = o->threads > 0 ? o->threads : omp_get_max_threads();
+	size_t attn = (bf ? st_attention_bf16_workspace_bytes : st_attention_workspace_bytes)(
+		B, T, s->H, s->K, s->D, threads);
+	size_t norm = st_rmsnorm_backward_workspace_bytes(N, E);
+	a->ws = (st_ws){.bytes = attn > norm ? attn : norm, .threads = threads};
+	a->ws.mem = take_as(c, (int64_t)a->ws.bytes, 1);
+}
+
+/* acts_layout counting only (o NULL: one process, fp32). */
+static carver layout_count(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
+			   const st_llama_act_opts *o)
+{
+	st_llama_act_opts fp32 = {.tp = 1};
+	carver c = {0};
+	acts_layout(&c, s, B, T, policy, o ? o : &fp32);
+	return c;
 }
 
 int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
 			       const st_llama_act_opts *o)
 {
-	st_llama_act_opts fp32 = {.tp = 1};
-	carver c = {0};
-	acts_layout(&c, s, B, T, policy, o ? o : &fp32);
-	return c.bytes;
+	return layout_count(s, B, T, policy, o).bytes;
+}
+
+int64_t st_llama_workspace_bytes_for(const st_llama_shape *s, int64_t B, int64_t T,
+				     enum st_remat policy, const st_llama_act_opts *o)
+{
+	return layout_count(s, B, T, policy, o).ws_bytes;
 }
 
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
@@ -490,6 +524,8 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 }
 
 int64_t st_llama_act_bytes(const st_llama *m) { return m->acts ? m->acts->bytes : 0; }
+
+int64_t st_llama_workspace_bytes(const st_llama *m) { return m->acts ? m->acts->ws_bytes : 0; }
 
 /* ---- forward and backward ---- */
 
@@ -643,10 +679,12 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 		st_rope_forward(A->k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
 	}
 	if (m->bf16) {
-		st_attention_forward_bf16(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
+		TRY(st_attention_forward_bf16(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K,
+					      s->D, &a->ws));
 		st_f32_to_bf16_array(A->ctxb, A->ctx, N * HD);
 	} else {
-		st_attention_forward(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
+		TRY(st_attention_forward(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D,
+					 &a->ws));
 	}
 	if (do_mm)
 		TRY(residual_product(m, A->xmid, x, OPA(A, ctx), w->wo, HD));
@@ -694,14 +732,15 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	TRY(mm(m, 'T', 'N', M, E, N, dgate, M, h2, E, 1, g->wg, E));
 	TRY(mm(m, 'T', 'N', M, E, N, dup, M, h2, E, 1, g->wu, E));
 	TRY(tp_sum(m, a->dh, N * E));
-	st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E);
+	TRY(st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E, &a->ws));
 
 	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
 	dxo = grad_op(m, dx, a->dxb, N * E);
 	TRY(mm(m, 'N', 'N', N, HD, E, dxo, E, OPF(w->wo), HD, 0, a->dctx, HD));
 	TRY(mm(m, 'T', 'N', E, HD, N, dxo, E, OPA(A, ctx), HD, 1, g->wo, HD));
-	(m->bf16 ? st_attention_backward_bf16 : st_attention_backward)(
-		a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D);
+	TRY((m->bf16 ? st_attention_backward_bf16 : st_attention_backward)(
+		a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K,
+		s->D, &a->ws));
 	st_rope_backward(a->dq, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 	st_rope_backward(a->dk, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
 	opnd dq = grad_op(m, a->dq, a->dqb, N * HD), dk = grad_op(m, a->dk, a->dkb, N * KD);
@@ -713,7 +752,7 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	TRY(mm(m, 'T', 'N', KD, E, N, dk, KD, h1, E, 1, g->wk, E));
 	TRY(mm(m, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
-	st_rmsnorm_backward(dx, g->ln1, a->dh, x, w->ln1, A->rstd1, N, E);
+	TRY(st_rmsnorm_backward(dx, g->ln1, a->dh, x, w->ln1, A->rstd1, N, E, &a->ws));
 	return 0;
 }
 
@@ -777,9 +816,9 @@ static int lm_head(st_llama *m, double *loss_sum, float *dx, float scale)
 		return lm_head_xent_split(m, loss_sum, dx, dx ? m->g.lm_head : NULL, scale);
 	if (!dx)
 		return st_lm_head_loss(loss_sum, a->hf, m->p.lm_head, a->targets, a->N, m->s.E, m->s.V,
-				       a->xent, a->chunk_rows);
+				       a->chunk_rows, &a->xent_ws);
 	return st_lm_head_xent(loss_sum, dx, m->g.lm_head, a->hf, m->p.lm_head, a->targets, a->N,
-			       m->s.E, m->s.V, scale, a->xent, a->chunk_rows);
+			       m->s.E, m->s.V, scale, a->chunk_rows, &a->xent_ws);
 }
 
 static void split_tokens(st_llama_acts *a, const int32_t *tokens)
@@ -846,7 +885,8 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	TRY(acquire(m, L + 1, 1));
 	TRY(lm_head(m, loss_sum, a->dh, loss_scale));
 	memset(a->dx, 0, (size_t)(N * E) * sizeof(float));
-	st_rmsnorm_backward(a->dx, m->g.norm, a->dh, stream_in(m, L), m->p.norm, a->rstdf, N, E);
+	TRY(st_rmsnorm_backward(a->dx, m->g.norm, a->dh, stream_in(m, L), m->p.norm, a->rstdf, N, E,
+				&a->ws));
 	TRY(grads_ready(m, L + 1));
 
 	for (int l = L - 1; l >= 0; l--) {

@@ -135,7 +135,12 @@ void st_llama_init_rows(const st_llama *m, uint64_t seed, int i, int64_t row0, i
  * is a function of (seed, tensor index, element index in the global tensor)
  * only, so every mesh starts from the same weights. */
 void st_llama_init_weights(st_llama *m, uint64_t seed);
-/* Activation buffers for micro-batches of B x T under a remat policy. */
+/* Activation buffers for micro-batches of B x T under a remat policy, and
+ * the kernels' workspace (attention's K/V layouts and per-thread tiles, the
+ * RMSNorm backward partial sums), allocated once here and passed to every
+ * kernel call. The workspace's per-thread slices are sized for
+ * omp_get_max_threads() at this call (OMP_NUM_THREADS, omp_set_num_threads):
+ * the kernels then run on at most that many threads. */
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy);
 void st_llama_zero_grads(st_llama *m);
 /* loss_sum += sum of token losses; grads += loss_scale * d(loss_sum)/dparams. */
@@ -150,12 +155,20 @@ typedef struct st_llama_act_opts {
 	int tp;                    /* tensor-parallel group size (partial-sum buffers when > 1) */
 	int bf16;                  /* bf16 mode: product inputs stored in bf16 */
 	int64_t weight_copy_elems; /* bf16 mode with weights not resident: the largest linear tensor */
+	int threads;               /* OpenMP threads of the kernels' workspace; 0: omp_get_max_threads() */
 } st_llama_act_opts;
 /* The same figure computed without allocating (for planning), from the same
  * layout code; o NULL: one process, fp32. s is the process's shape
  * (st_llama.ls: heads, mlp and vocabulary divided by tp). */
 int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
 			       const st_llama_act_opts *o);
+/* Bytes of the kernels' workspace st_llama_alloc_acts allocates (not
+ * counted in st_llama_act_bytes), and the same figure for planning, from
+ * the same layout code (o->threads 0 or o NULL: this process's
+ * omp_get_max_threads()). */
+int64_t st_llama_workspace_bytes(const st_llama *m);
+int64_t st_llama_workspace_bytes_for(const st_llama_shape *s, int64_t B, int64_t T,
+				     enum st_remat policy, const st_llama_act_opts *o);
 const st_tensor *st_llama_find(const st_llama *m, const char *name);
 /* Elements of the largest matrix-product weight (linear tensor) of this process. */
 int64_t st_llama_largest_linear(const st_llama *m);

@@ -3,8 +3,8 @@
  *
  * Queries and keys are cut into blocks of BQ and BK rows. A tile is one
  * (query block, key block) pair of one head: its scores S = scale * Q K^T
- * (BQ x BK) live in a per-thread buffer and nothing of size (T, T) is ever
- * allocated.
+ * (BQ x BK) live in a per-thread slice of the workspace and nothing of size
+ * (T, T) exists.
  *
  * Forward, one task per (batch, head, query block): walk the key blocks up to
  * the diagonal with an online softmax (running row max m and sum l; the
@@ -30,6 +30,11 @@
  * K (and V, in backward) are first transposed per (batch, kv head) into
  * (D, Tpad) arrays so score tiles read contiguous key vectors.
  *
+ * Workspace (the caller's, workspace.h; one layout function both counts
+ * and places it): K^T, in backward also V^T and rowsum(dO o O), then one
+ * slice per thread with its score tiles (forward: S and the output
+ * accumulator; backward: P and dS).
+ *
  * The tasks, the online softmax and the elementwise backward step live in
  * attention_impl.h, shared with the bf16 kernels (attention_bf16.c); this
  * file supplies the fp32 tile products.
@@ -43,11 +48,10 @@ void st_attention_set_partition(int mode) { split_mode = mode; }
 
 int st_attention_partition_mode(void) { return split_mode; }
 
-/* xT (B*K, D, Tpad) = x (B, T, K, D) transposed per (batch, kv head), zero
+/* xt (B*K, D, Tpad) = x (B, T, K, D) transposed per (batch, kv head), zero
  * columns past T. */
-static float *transpose_kv(const attn *a, const float *x)
+static void transpose_kv(const attn *a, float *xt, const float *x)
 {
-	float *xt = attn_xmalloc((size_t)(a->B * a->K * a->D * a->Tpad) * sizeof(float));
 	int64_t D = a->D, T = a->T, K = a->K, Tpad = a->Tpad;
 #pragma omp parallel for schedule(static)
 	for (int64_t bk = 0; bk < a->B * a->K; bk++) {
@@ -59,8 +63,13 @@ static float *transpose_kv(const attn *a, const float *x)
 					dst[d * Tpad + t] = t < T ? x[((b * T + t) * K + kh) * D + d] : 0.0f;
 		}
 	}
-	return xt;
 }
+
+/* Backward tile scratch: P and dS. */
+#define BWD_SCRATCH ((size_t)(2 * BQ * BK) * sizeof(float))
+
+/* Bytes of K^T or V^T. */
+static size_t kv_bytes(const attn *a) { return (size_t)(a->B * a->K * a->D * a->Tpad) * sizeof(float); }
 
 /* ---- tile products ---- */
 
@@ -230,8 +239,19 @@ static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const floa
 
 typedef struct fwd {
 	attn a;
-	const float *q, *v, *kt; /* kt: K^T (B*K, D, Tpad) */
+	const float *q, *v;
+	float *kt; /* K^T (B*K, D, Tpad) */
 } fwd;
+
+/* The forward workspace (attn_layout_fn): K^T, then the slices. */
+static size_t fwd_layout(void *ctx, int threads, char *base, attn_slices *sl)
+{
+	fwd *f = ctx;
+	size_t off = 0;
+	f->kt = st_ws_take(base, &off, kv_bytes(&f->a));
+	attn_take_slices(base, &off, sl, attn_fwd_slice_bytes(&f->a, 0), threads);
+	return off;
+}
 
 static void fwd_scores(const void *ctx, float *S, void *scratch, int64_t b, int64_t h, int64_t ib,
 		       int64_t jb, int64_t mrows)
@@ -252,15 +272,19 @@ static void fwd_pv(const void *ctx, float *O, const float *S, void *scratch, int
 		 a->K * a->D);
 }
 
-void st_attention_forward(float *out, float *lse, const float *q, const float *k,
-			  const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
+int st_attention_forward(float *out, float *lse, const float *q, const float *k,
+			 const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			 const st_ws *ws)
 {
 	fwd f = {.q = q, .v = v};
 	attn_init(&f.a, B, T, H, K, D);
-	float *kt = transpose_kv(&f.a, k);
-	f.kt = kt;
-	attn_forward_tasks(&f.a, out, lse, &f, fwd_scores, fwd_pv, 0);
-	free(kt);
+	attn_slices sl;
+	int rc = attn_ws_place(ws, "st_attention_forward", fwd_layout, &f, &sl);
+	if (rc < 0)
+		return rc;
+	transpose_kv(&f.a, f.kt, k);
+	attn_forward_tasks(&f.a, out, lse, &f, fwd_scores, fwd_pv, 0, &sl);
+	return 0;
 }
 
 /* ---- backward ---- */
@@ -271,6 +295,31 @@ typedef struct bwd {
 	const float *dout, *lse, *q, *k, *v;
 	float *kt, *vt, *di; /* K^T, V^T (B*K, D, Tpad); rowsum(dO o O) (B, H, T) */
 } bwd;
+
+/* The backward workspace (attn_layout_fn): K^T, V^T, rowsum(dO o O), then
+ * the slices. */
+static size_t bwd_layout(void *ctx, int threads, char *base, attn_slices *sl)
+{
+	bwd *w = ctx;
+	size_t off = 0;
+	w->kt = st_ws_take(base, &off, kv_bytes(&w->a));
+	w->vt = st_ws_take(base, &off, kv_bytes(&w->a));
+	w->di = st_ws_take(base, &off, (size_t)(w->a.B * w->a.H * w->a.T) * sizeof(float));
+	attn_take_slices(base, &off, sl, attn_bwd_slice_bytes(BWD_SCRATCH), threads);
+	return off;
+}
+
+size_t st_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+				    int threads)
+{
+	fwd f;
+	bwd w;
+	attn_slices sl;
+	attn_init(&f.a, B, T, H, K, D);
+	w.a = f.a;
+	size_t nf = fwd_layout(&f, threads, NULL, &sl), nb = bwd_layout(&w, threads, NULL, &sl);
+	return nf > nb ? nf : nb;
+}
 
 /* P and dS of tile (b, h, ib, jb) into P and dS (mrows x BK each). */
 static void tile_grads(const bwd *w, int64_t b, int64_t h, int64_t ib, int64_t jb, float *P,
@@ -311,18 +360,19 @@ static void tile_backward(const void *ctx, int64_t b, int64_t h, int64_t ib, int
 		tile_acc(a, w->dq + qoff, ldq, mrows, dS, BK, 1, n, w->k + koff, ldk);
 }
 
-void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
-			   const float *lse, const float *q, const float *k, const float *v,
-			   int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
+int st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+			  const float *lse, const float *q, const float *k, const float *v,
+			  int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, const st_ws *ws)
 {
 	bwd w = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .lse = lse, .q = q, .k = k, .v = v};
 	attn_init(&w.a, B, T, H, K, D);
-	w.kt = transpose_kv(&w.a, k);
-	w.vt = transpose_kv(&w.a, v);
-	w.di = attn_xmalloc((size_t)(B * H * T) * sizeof(float));
+	attn_slices sl;
+	int rc = attn_ws_place(ws, "st_attention_backward", bwd_layout, &w, &sl);
+	if (rc < 0)
+		return rc;
+	transpose_kv(&w.a, w.kt, k);
+	transpose_kv(&w.a, w.vt, v);
 	attn_backward_init(&w.a, w.di, dq, dk, dv, dout, out);
-	attn_backward_tasks(&w.a, &w, tile_backward, (size_t)(2 * BQ * BK) * sizeof(float));
-	free(w.kt);
-	free(w.vt);
-	free(w.di);
+	attn_backward_tasks(&w.a, &w, tile_backward, BWD_SCRATCH, &sl);
+	return 0;
 }

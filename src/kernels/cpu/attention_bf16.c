@@ -33,7 +33,11 @@
  * block (64 rows of a head) at a time into the thread's scratch, when a
  * tile of another block comes: tiles of one block follow each other in the
  * forward tasks and the fused backward partition, so q and dout are read
- * about once, and nothing of their size is allocated.
+ * about once, and nothing of their size is needed.
+ * Workspace (the caller's, workspace.h; one layout function both counts and
+ * places it): the K and V layouts, in backward rowsum(dO o O), then one
+ * slice per thread, holding first a (T, Dp) bf16 row buffer for making the
+ * K and V layouts, then the task's tiles and query block.
  * A tile P or dS (fp32, 64 x 64) is rounded into bf16 rows (the broadcast
  * operand of P V and dS K: pairs of keys) and, in backward, into query-pair
  * words (BQ/2, BK) (the broadcast operand of P^T dO and dS^T Q, read
@@ -142,14 +146,18 @@ static void to_tpairs(const bfw *w, pair_t *dst, const uint16_t *rows, int64_t m
 	}
 }
 
+/* Bytes of kv_layouts' row buffer, in each thread's slice. */
+static size_t kv_rows_bytes(const bfw *w) { return (size_t)(w->a.T * w->Dp) * sizeof(uint16_t); }
+
 /* x (B, T, K, D) -> dpairs (B*K, hp, Tpad) into dp and tpairs (B*K, Tpad/2,
- * D) into tp (either may be NULL). */
-static void kv_layouts(const bfw *w, const float *x, pair_t *dp, pair_t *tp)
+ * D) into tp (either may be NULL); a row buffer per thread at the start of
+ * its slice. */
+static void kv_layouts(const bfw *w, const float *x, pair_t *dp, pair_t *tp, const attn_slices *sl)
 {
 	int64_t T = w->a.T, Tpad = w->a.Tpad, K = w->a.K, D = w->a.D, hp = w->hp;
-#pragma omp parallel
+#pragma omp parallel num_threads(sl->threads)
 	{
-		uint16_t *rows = attn_xmalloc((size_t)(T * w->Dp) * sizeof(uint16_t));
+		uint16_t *rows = (uint16_t *)attn_slice(sl);
 		const pair_t *rw = (const pair_t *)rows;
 #pragma omp for schedule(static)
 		for (int64_t bk = 0; bk < w->a.B * K; bk++) {
@@ -164,7 +172,6 @@ static void kv_layouts(const bfw *w, const float *x, pair_t *dp, pair_t *tp)
 							o[p * Tpad + t] = t < T ? rw[t * hp + p] : 0;
 			}
 		}
-		free(rows);
 	}
 }
 
@@ -389,6 +396,65 @@ static const pair_t *tpairs_at(const bfw *w, const pair_t *x, int64_t bk, int64_
 	return x + (bk * (w->a.Tpad / 2) + k0 / 2) * w->a.D;
 }
 
+/* ---- workspace ---- */
+
+/* The forward tasks' scratch (FWD_P, FWD_Q). */
+static size_t fwd_scratch_bytes(const bfw *w)
+{
+	_Static_assert(sizeof(qblock) <= 64, "qblock header");
+	return 64 + (size_t)(BQ * BK) * sizeof(uint16_t) + qblock_bytes(w, 0);
+}
+
+/* The backward tiles' scratch (bwd_tile). */
+static size_t bwd_scratch_bytes(const bfw *w)
+{
+	return 64 + (size_t)(2 * BQ * BK) * sizeof(float) + (size_t)(3 * BQ * BK) * sizeof(uint16_t) +
+	       qblock_bytes(w, 1);
+}
+
+/* The slices: kv_layouts' row buffer, then the tasks' memory. */
+static void take_slices(const bfw *w, char *base, size_t *off, attn_slices *sl, size_t tasks,
+			int threads)
+{
+	attn_take_slices(base, off, sl, kv_rows_bytes(w) > tasks ? kv_rows_bytes(w) : tasks, threads);
+}
+
+/* The forward workspace (attn_layout_fn): K as dpairs, V as tpairs, then
+ * the slices. */
+static size_t fwd_layout(void *ctx, int threads, char *base, attn_slices *sl)
+{
+	bfw *w = ctx;
+	size_t off = 0;
+	w->kd = st_ws_take(base, &off, dpairs_bytes(w));
+	w->vt = st_ws_take(base, &off, tpairs_bytes(w));
+	take_slices(w, base, &off, sl, attn_fwd_slice_bytes(&w->a, fwd_scratch_bytes(w)), threads);
+	return off;
+}
+
+/* The backward workspace (attn_layout_fn): K and V as dpairs, K as tpairs,
+ * rowsum(dO o O), then the slices. */
+static size_t bwd_layout(void *ctx, int threads, char *base, attn_slices *sl)
+{
+	bfw *w = ctx;
+	size_t off = 0;
+	w->kd = st_ws_take(base, &off, dpairs_bytes(w));
+	w->vd = st_ws_take(base, &off, dpairs_bytes(w));
+	w->kt = st_ws_take(base, &off, tpairs_bytes(w));
+	w->di = st_ws_take(base, &off, (size_t)(w->a.B * w->a.H * w->a.T) * sizeof(float));
+	take_slices(w, base, &off, sl, attn_bwd_slice_bytes(bwd_scratch_bytes(w)), threads);
+	return off;
+}
+
+size_t st_attention_bf16_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+					 int threads)
+{
+	bfw w = {0};
+	bfw_init(&w, B, T, H, K, D);
+	attn_slices sl;
+	size_t f = fwd_layout(&w, threads, NULL, &sl), b = bwd_layout(&w, threads, NULL, &sl);
+	return f > b ? f : b;
+}
+
 /* ---- forward ---- */
 
 /* scratch: a qblock, then P as bf16 rows (BQ x BK), then the qblock's arrays. */
@@ -417,20 +483,20 @@ static void fwd_pv(const void *ctx, float *O, const float *S, void *scratch, int
 		tpairs_at(w, w->vt, b * w->a.K + kh, jb * BK), D, 1, 1.0f);
 }
 
-void st_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
-			       const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
+int st_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
+			      const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			      const st_ws *ws)
 {
 	bfw w = {.q = q};
 	bfw_init(&w, B, T, H, K, D);
-	w.kd = attn_xmalloc(dpairs_bytes(&w));
-	w.vt = attn_xmalloc(tpairs_bytes(&w));
-	kv_layouts(&w, k, w.kd, NULL);
-	kv_layouts(&w, v, NULL, w.vt);
-	_Static_assert(sizeof(qblock) <= 64, "qblock header");
-	attn_forward_tasks(&w.a, out, lse, &w, fwd_scores, fwd_pv,
-			   64 + (size_t)(BQ * BK) * sizeof(uint16_t) + qblock_bytes(&w, 0));
-	free(w.kd);
-	free(w.vt);
+	attn_slices sl;
+	int rc = attn_ws_place(ws, "st_attention_forward_bf16", fwd_layout, &w, &sl);
+	if (rc < 0)
+		return rc;
+	kv_layouts(&w, k, w.kd, NULL, &sl);
+	kv_layouts(&w, v, NULL, w.vt, &sl);
+	attn_forward_tasks(&w.a, out, lse, &w, fwd_scores, fwd_pv, fwd_scratch_bytes(&w), &sl);
+	return 0;
 }
 
 /* ---- backward ---- */
@@ -467,24 +533,20 @@ static void bwd_tile(const void *ctx, int64_t b, int64_t h, int64_t ib, int64_t 
 	}
 }
 
-void st_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
-				const float *out, const float *lse, const float *q, const float *k,
-				const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D)
+int st_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
+			       const float *out, const float *lse, const float *q, const float *k,
+			       const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			       const st_ws *ws)
 {
 	bfw w = {.q = q, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .lse = lse};
 	bfw_init(&w, B, T, H, K, D);
-	w.kd = attn_xmalloc(dpairs_bytes(&w));
-	w.vd = attn_xmalloc(dpairs_bytes(&w));
-	w.kt = attn_xmalloc(tpairs_bytes(&w));
-	w.di = attn_xmalloc((size_t)(B * H * T) * sizeof(float));
-	kv_layouts(&w, k, w.kd, w.kt);
-	kv_layouts(&w, v, w.vd, NULL);
+	attn_slices sl;
+	int rc = attn_ws_place(ws, "st_attention_backward_bf16", bwd_layout, &w, &sl);
+	if (rc < 0)
+		return rc;
+	kv_layouts(&w, k, w.kd, w.kt, &sl);
+	kv_layouts(&w, v, w.vd, NULL, &sl);
 	attn_backward_init(&w.a, w.di, dq, dk, dv, dout, out);
-	attn_backward_tasks(&w.a, &w, bwd_tile,
-			    64 + (size_t)(2 * BQ * BK) * sizeof(float) +
-				    (size_t)(3 * BQ * BK) * sizeof(uint16_t) + qblock_bytes(&w, 1));
-	free(w.kd);
-	free(w.vd);
-	free(w.kt);
-	free(w.di);
+	attn_backward_tasks(&w.a, &w, bwd_tile, bwd_scratch_bytes(&w), &sl);
+	return 0;
 }

@@ -7,6 +7,11 @@
  * them). A precision supplies its tile products as callbacks; everything
  * else, and so the order in which the tiles add into the outputs, is the
  * same code for both.
+ *
+ * Memory: nothing is allocated here. Each kernel lays out its caller's
+ * workspace (workspace.h) as its K/V layouts followed by one slice per
+ * thread (attn_ws_place); the drivers below take the slices and run on that
+ * many threads at most.
  */
 #ifndef ST_KERNELS_ATTENTION_IMPL_H
 #define ST_KERNELS_ATTENTION_IMPL_H
@@ -19,6 +24,7 @@
 
 #include "base/err.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/workspace.h"
 
 #define BQ 64
 #define BK 64
@@ -46,22 +52,70 @@ static inline void attn_init(attn *a, int64_t B, int64_t T, int64_t H, int64_t K
 	a->vec = ST_HAVE_AVX512 && D % 16 == 0;
 }
 
-static inline void *attn_xmalloc(size_t n)
+/* Per-thread slices of a workspace: `threads` of `bytes` each from mem.
+ * The callbacks' part of a slice is zeroed at the start of every call, so
+ * that they can keep state from one tile to the next (a cache key starting
+ * at 0). */
+typedef struct attn_slices {
+	char *mem;
+	size_t bytes;
+	int threads;
+} attn_slices;
+
+static inline char *attn_slice(const attn_slices *sl)
 {
-	void *p = malloc(n ? n : 1);
-	if (!p)
-		ST_BUG("out of memory in attention (%zu bytes)", n);
-	return p;
+	return sl->mem + (size_t)omp_get_thread_num() * sl->bytes;
 }
 
-/* Per-thread scratch of the callbacks below: zeroed, so that they can keep
- * state from one tile to the next (a cache key starting at 0). */
-static inline void *attn_scratch(size_t n)
+/* The slices, `threads` of `bytes` each, as the next piece of a layout
+ * (st_ws_take). */
+static inline void attn_take_slices(char *base, size_t *off, attn_slices *sl, size_t bytes,
+				    int threads)
 {
-	void *p = attn_xmalloc(n);
-	memset(p, 0, n ? n : 1);
-	return p;
+	sl->bytes = st_ws_round(bytes);
+	sl->threads = threads;
+	sl->mem = st_ws_take(base, off, (size_t)threads * sl->bytes);
 }
+
+/* A kernel's workspace layout: K/V layouts into ctx, then the slices for
+ * `threads` threads, placed at base or only counted (base NULL); returns
+ * the bytes. */
+typedef size_t (*attn_layout_fn)(void *ctx, int threads, char *base, attn_slices *sl);
+
+/* Check ws against layout (for st_ws_threads(ws) threads) and place it:
+ * 0, or ST_EINVAL naming kernel with nothing placed. */
+static inline int attn_ws_place(const st_ws *ws, const char *kernel, attn_layout_fn layout,
+				void *ctx, attn_slices *sl)
+{
+	int threads = st_ws_threads(ws);
+	int rc = st_ws_check(ws, layout(ctx, threads, NULL, sl), kernel);
+	if (rc == 0)
+		layout(ctx, threads, ws->mem, sl);
+	return rc;
+}
+
+/* One thread's slice in the forward driver, placed at mine or only
+ * counted (mine NULL): the score tile S, the output accumulator O, then the
+ * callbacks' scratch; returns its bytes. */
+static inline size_t attn_fwd_slice(const attn *a, char *mine, size_t scratch_bytes, float **S,
+				    float **O, void **scratch)
+{
+	size_t off = 0;
+	*S = st_ws_take(mine, &off, (size_t)(BQ * BK) * sizeof(float));
+	*O = st_ws_take(mine, &off, (size_t)(BQ * a->D) * sizeof(float));
+	*scratch = st_ws_take(mine, &off, scratch_bytes);
+	return off;
+}
+
+static inline size_t attn_fwd_slice_bytes(const attn *a, size_t scratch_bytes)
+{
+	float *S, *O;
+	void *scratch;
+	return attn_fwd_slice(a, NULL, scratch_bytes, &S, &O, &scratch);
+}
+
+/* One thread's slice in the backward drivers: the callbacks' scratch. */
+static inline size_t attn_bwd_slice_bytes(size_t scratch_bytes) { return st_ws_round(scratch_bytes); }
 
 /* Valid keys of row r in tile (query block ib, key block jb): causal and < T. */
 static inline int64_t row_limit(const attn *a, int64_t ib, int64_t jb, int64_t r)
@@ -119,10 +173,11 @@ static inline float softmax_row(const attn *a, float *s, int64_t lim, float *m, 
  *           head h and key block jb;
  *   pv:     O (mrows x D, ld D) += P V_j, P (mrows x n) in S (ld BK), zero
  *           past each row's valid keys;
- * both with the thread's scratch (scratch_bytes, attn_scratch).
+ * both with the thread's scratch (scratch_bytes, zeroed per call).
  * One task per (batch, head, query block), largest first; online softmax
  * over the key blocks up to the diagonal, then out = O / l and
- * lse = m + log l.
+ * lse = m + log l. Each slice of sl holds at least attn_fwd_slice_bytes(a,
+ * scratch_bytes).
  */
 typedef void (*attn_scores_fn)(const void *ctx, float *S, void *scratch, int64_t b, int64_t h,
 			       int64_t ib, int64_t jb, int64_t mrows);
@@ -130,14 +185,16 @@ typedef void (*attn_pv_fn)(const void *ctx, float *O, const float *S, void *scra
 			   int64_t kh, int64_t jb, int64_t mrows, int64_t n);
 
 static inline void attn_forward_tasks(const attn *a, float *out, float *lse, const void *ctx,
-				      attn_scores_fn scores, attn_pv_fn pv, size_t scratch_bytes)
+				      attn_scores_fn scores, attn_pv_fn pv, size_t scratch_bytes,
+				      const attn_slices *sl)
 {
 	int64_t nb = a->nb, T = a->T, H = a->H, D = a->D, ntask = a->B * H * nb;
-#pragma omp parallel
+#pragma omp parallel num_threads(sl->threads)
 	{
-		float *S = attn_xmalloc((size_t)(BQ * BK) * sizeof(float));
-		float *O = attn_xmalloc((size_t)(BQ * D) * sizeof(float));
-		void *scratch = attn_scratch(scratch_bytes);
+		float *S, *O;
+		void *scratch;
+		attn_fwd_slice(a, attn_slice(sl), scratch_bytes, &S, &O, &scratch);
+		memset(scratch, 0, scratch_bytes);
 		float m[BQ], l[BQ];
 		/* largest tasks (last query blocks) first, for balance */
 #pragma omp for schedule(dynamic, 1)
@@ -175,9 +232,6 @@ static inline void attn_forward_tasks(const attn *a, float *out, float *lse, con
 				lse[(b * H + h) * T + q0 + r] = m[r] + logf(l[r]);
 			}
 		}
-		free(S);
-		free(O);
-		free(scratch);
 	}
 }
 
@@ -250,18 +304,20 @@ typedef void (*attn_tile_bwd_fn)(const void *ctx, int64_t b, int64_t h, int64_t 
 /* Run the tiles of backward in the partition set by
  * st_attention_set_partition, or by the amount of parallelism. dQ_i sums
  * key blocks in increasing order, dK_j and dV_j (head, query block) in
- * increasing order, in both partitions. */
+ * increasing order, in both partitions. Each slice of sl holds at least
+ * attn_bwd_slice_bytes(scratch_bytes). */
 static inline void attn_backward_tasks(const attn *a, const void *ctx, attn_tile_bwd_fn tile,
-				       size_t scratch_bytes)
+				       size_t scratch_bytes, const attn_slices *sl)
 {
 	int64_t B = a->B, H = a->H, K = a->K, nb = a->nb, group = a->group;
 	int mode = st_attention_partition_mode();
 	if (mode == 0)
-		mode = B * K >= 2 * (int64_t)omp_get_max_threads() ? 1 : 2;
+		mode = B * K >= 2 * (int64_t)sl->threads ? 1 : 2;
 	if (mode == 1) {
-#pragma omp parallel
+#pragma omp parallel num_threads(sl->threads)
 		{
-			void *scratch = attn_scratch(scratch_bytes);
+			void *scratch = attn_slice(sl);
+			memset(scratch, 0, scratch_bytes);
 #pragma omp for schedule(dynamic, 1)
 			for (int64_t bk = 0; bk < B * K; bk++) {
 				int64_t b = bk / K, kh = bk % K;
@@ -270,12 +326,12 @@ static inline void attn_backward_tasks(const attn *a, const void *ctx, attn_tile
 						for (int64_t jb = 0; jb <= ib; jb++)
 							tile(ctx, b, h, ib, jb, scratch, G_DQ | G_DKV);
 			}
-			free(scratch);
 		}
 	} else {
-#pragma omp parallel
+#pragma omp parallel num_threads(sl->threads)
 		{
-			void *scratch = attn_scratch(scratch_bytes);
+			void *scratch = attn_slice(sl);
+			memset(scratch, 0, scratch_bytes);
 #pragma omp for schedule(dynamic, 1)
 			for (int64_t t = 0; t < B * H * nb; t++) {
 				int64_t ib = nb - 1 - t % nb, bh = t / nb;
@@ -289,7 +345,6 @@ static inline void attn_backward_tasks(const attn *a, const void *ctx, attn_tile
 					for (int64_t ib = jb; ib < nb; ib++)
 						tile(ctx, b, h, ib, jb, scratch, G_DKV);
 			}
-			free(scratch);
 		}
 	}
 }

@@ -77,16 +77,23 @@ void st_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *x, const f
 	rmsnorm_fwd(out, 1, rstd, x, w, N, C, eps);
 }
 
-void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-			 const float *rstd, int64_t N, int64_t C)
+size_t st_rmsnorm_backward_workspace_bytes(int64_t N, int64_t C)
+{
+	return (size_t)((N + RED_ROWS - 1) / RED_ROWS * C) * sizeof(float);
+}
+
+int st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+			const float *rstd, int64_t N, int64_t C, const st_ws *ws)
 {
 	int64_t nchunks = (N + RED_ROWS - 1) / RED_ROWS;
-	float *part = calloc((size_t)(nchunks * C), sizeof(float));
-	if (!part)
-		ST_BUG("out of memory in rmsnorm backward");
+	int rc = st_ws_check(ws, st_rmsnorm_backward_workspace_bytes(N, C), "st_rmsnorm_backward");
+	if (rc < 0)
+		return rc;
+	float *part = ws->mem; /* one row of partial sums of dw per chunk */
 #pragma omp parallel for schedule(static)
 	for (int64_t ch = 0; ch < nchunks; ch++) {
 		float *p = part + ch * C;
+		memset(p, 0, (size_t)C * sizeof(float));
 		int64_t end = (ch + 1) * RED_ROWS < N ? (ch + 1) * RED_ROWS : N;
 		for (int64_t i = ch * RED_ROWS; i < end; i++) {
 			const float *xi = x + i * C, *gi = dout + i * C;
@@ -138,7 +145,7 @@ void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x
 			dw[c] += s;
 		}
 	}
-	free(part);
+	return 0;
 }
 
 void st_rope_tables(float *cos_t, float *sin_t, int64_t T, int64_t D, double theta,
@@ -414,19 +421,43 @@ void st_xent_rows_grad_bf16(uint16_t *out, const float *l, const float *rscale,
 	xent_rows_grad(out, 1, l, rscale, targets, v0, nr, V, scale);
 }
 
+/* The output layer's workspace: a chunk of logits, then per row the sum of
+ * exponentials, the max, the target logit and the gradient factor. Placed at
+ * base, or only counted (base NULL); returns its bytes. */
+typedef struct lm_ws {
+	float *logits, *rmax, *tlog, *rsc;
+	double *rsum;
+} lm_ws;
+
+static size_t lm_ws_layout(lm_ws *l, char *base, int64_t V, int64_t chunk_rows)
+{
+	size_t off = 0, R = (size_t)chunk_rows;
+	l->logits = st_ws_take(base, &off, R * (size_t)V * sizeof(float));
+	l->rsum = st_ws_take(base, &off, R * sizeof(double));
+	l->rmax = st_ws_take(base, &off, R * sizeof(float));
+	l->tlog = st_ws_take(base, &off, R * sizeof(float));
+	l->rsc = st_ws_take(base, &off, R * sizeof(float));
+	return off;
+}
+
+size_t st_lm_head_workspace_bytes(int64_t V, int64_t chunk_rows)
+{
+	lm_ws l;
+	return lm_ws_layout(&l, NULL, V, chunk_rows);
+}
+
 static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
 		   const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
-		   float *scratch, int64_t chunk_rows)
+		   int64_t chunk_rows, const st_ws *ws)
 {
-	/* per row: max, sum of exponentials, target logit, gradient factor */
-	size_t per = 2 * sizeof(float) + sizeof(double) + sizeof(float);
-	char *rows = malloc((size_t)chunk_rows * per);
-	if (!rows)
-		return st_fail(ST_ENOMEM, "out of memory (cross-entropy rows)");
-	double *rsum = (double *)rows;
-	float *rmax = (float *)(rsum + chunk_rows), *tlog = rmax + chunk_rows, *rsc = tlog + chunk_rows;
-	int rc = 0;
-	double total = 0;
+	lm_ws l;
+	int rc = st_ws_check(ws, lm_ws_layout(&l, NULL, V, chunk_rows),
+			     dx ? "st_lm_head_xent" : "st_lm_head_loss");
+	if (rc < 0)
+		return rc;
+	lm_ws_layout(&l, ws->mem, V, chunk_rows);
+	float *scratch = l.logits, *rmax = l.rmax, *tlog = l.tlog, *rsc = l.rsc;
+	double *rsum = l.rsum, total = 0;
 	for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
 		int64_t nr = N - r0 < chunk_rows ? N - r0 : chunk_rows;
 		rc = st_gemm('N', 'T', nr, V, E, 1.0f, x + r0 * E, E, W, E, 0.0f, scratch, V);
@@ -446,7 +477,6 @@ static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const
 		if (rc < 0)
 			break;
 	}
-	free(rows);
 	if (rc == 0)
 		*loss_sum += total;
 	return rc;
@@ -454,13 +484,13 @@ static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const
 
 int st_lm_head_xent(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
 		    const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
-		    float *scratch, int64_t chunk_rows)
+		    int64_t chunk_rows, const st_ws *ws)
 {
-	return lm_head(loss_sum, dx, dW, x, W, targets, N, E, V, scale, scratch, chunk_rows);
+	return lm_head(loss_sum, dx, dW, x, W, targets, N, E, V, scale, chunk_rows, ws);
 }
 
 int st_lm_head_loss(double *loss_sum, const float *x, const float *W, const int32_t *targets,
-		    int64_t N, int64_t E, int64_t V, float *scratch, int64_t chunk_rows)
+		    int64_t N, int64_t E, int64_t V, int64_t chunk_rows, const st_ws *ws)
 {
-	return lm_head(loss_sum, NULL, NULL, x, W, targets, N, E, V, 0.0f, scratch, chunk_rows);
+	return lm_head(loss_sum, NULL, NULL, x, W, targets, N, E, V, 0.0f, chunk_rows, ws);
 }

@@ -7,11 +7,21 @@
  * gradient accumulation over micro-batches needs no extra pass.
  * Every op threads with OpenMP over a fixed partition of the work, and every
  * reduction runs in a fixed order: results do not depend on the thread count.
+ *
+ * No op allocates memory. Those that need scratch (RMSNorm backward,
+ * attention, the output layer) take a workspace from the caller
+ * (workspace.h), of at least the bytes their ..._workspace_bytes function
+ * gives for the shape (and, for per-thread slices, the threads it is sized
+ * for), and return 0, or ST_EINVAL without writing anything when it is too
+ * small. One workspace of the largest size serves every call.
  */
 #ifndef ST_KERNELS_OPS_H
 #define ST_KERNELS_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "kernels/cpu/workspace.h"
 
 /* out(N,C) = x * rstd * w; rstd(N) saved for backward. */
 void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N,
@@ -21,9 +31,13 @@ void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
 void st_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *x, const float *w, int64_t N,
 			     int64_t C, float eps);
 /* dx(N,C) += d/dx (accumulates: the residual stream's gradient is already there);
- * dw(C) += d/dw. Uses x and rstd from forward. */
-void st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-			 const float *rstd, int64_t N, int64_t C);
+ * dw(C) += d/dw. Uses x and rstd from forward. ws: the partial sums of dw
+ * per block of 64 rows (summed in block order afterwards, whatever the
+ * thread count), st_rmsnorm_backward_workspace_bytes(N, C); no per-thread
+ * part. */
+size_t st_rmsnorm_backward_workspace_bytes(int64_t N, int64_t C);
+int st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+			const float *rstd, int64_t N, int64_t C, const st_ws *ws);
 
 /*
  * RoPE tables: cos/sin (T, D/2) for positions 0..T-1. inv_freq[i] = theta^(-2i/D),
@@ -47,18 +61,24 @@ void st_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
 /*
  * Causal grouped-query attention, softmax(q k^T / sqrt(D)) v, tiled
  * flash-style (attention.c): blocks of 64 queries x 64 keys, online softmax
- * in forward, tiles recomputed in backward; no (T,T) buffer exists, only one
- * 64x64 score tile (two in backward) per thread plus transposed copies of k
- * (and v) of the size of k.
+ * in forward, tiles recomputed in backward; no (T,T) buffer exists.
  * q (B,T,H,D), k and v (B,T,K,D), out (B,T,H,D), lse (B,H,T) saved for
  * backward. Query head h reads kv head h / (H/K) (indexed, not copied).
+ * ws, st_attention_workspace_bytes(B, T, H, K, D, threads) for either
+ * direction: transposed copies of k (and in backward of v) of the size of
+ * k, in backward rowsum(dout o out) (B,H,T), and per thread of `threads`
+ * one 64x64 score tile and a 64-row output accumulator (forward) or two
+ * 64x64 tiles (backward).
  */
-void st_attention_forward(float *out, float *lse, const float *q, const float *k,
-			  const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+size_t st_attention_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+				    int threads);
+int st_attention_forward(float *out, float *lse, const float *q, const float *k,
+			 const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			 const st_ws *ws);
 /* dq = d/dq (overwrite); dk, dv = d/dk, d/dv (overwrite). */
-void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
-			   const float *lse, const float *q, const float *k, const float *v,
-			   int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+int st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+			  const float *lse, const float *q, const float *k, const float *v,
+			  int64_t B, int64_t T, int64_t H, int64_t K, int64_t D, const st_ws *ws);
 
 /*
  * The same with bf16 tile products (attention_bf16.c), for dtype=bfloat16:
@@ -69,12 +89,21 @@ void st_attention_backward(float *dq, float *dk, float *dv, const float *dout, c
  * them. Softmax statistics, lse, exp and rowsum(dout o out) stay fp32.
  * AVX512_BF16 (VDPBF16PS) when built for it and D % 16 == 0; plain loops
  * with the same roundings otherwise.
+ * ws, st_attention_bf16_workspace_bytes(B, T, H, K, D, threads) for either
+ * direction: k and v in bf16 pair layouts (forward two, backward three
+ * arrays of half the size of k), in backward rowsum(dout o out) (B,H,T),
+ * and per thread of `threads` a (T, D) bf16 row buffer, then reused for the
+ * tiles (fp32 and bf16) and one query block's bf16 operands.
  */
-void st_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
-			       const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
-void st_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
-				const float *out, const float *lse, const float *q, const float *k,
-				const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D);
+size_t st_attention_bf16_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+					 int threads);
+int st_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
+			      const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			      const st_ws *ws);
+int st_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
+			       const float *out, const float *lse, const float *q, const float *k,
+			       const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			       const st_ws *ws);
 
 /* Backward work partition, for tests: 0 automatic (default), 1 one task per
  * (batch, kv head), 2 separate dq and dk/dv passes. All give bit-identical
@@ -132,13 +161,16 @@ void st_xent_rows_grad_bf16(uint16_t *out, const float *l, const float *rscale,
  *   loss_sum += sum_t -log softmax(x_t W^T)[target_t]   (double, fixed order)
  *   dx (N,E) = scale * d(loss_sum)/dx   (overwrite)
  *   dW (V,E) += scale * d(loss_sum)/dW
- * scratch holds chunk_rows * V floats. Returns 0 or a negative ST_E* code.
+ * ws, st_lm_head_workspace_bytes(V, chunk_rows): one chunk's logits
+ * (chunk_rows x V floats) and four statistics per row; no per-thread part.
+ * Returns 0 or a negative ST_E* code.
  */
+size_t st_lm_head_workspace_bytes(int64_t V, int64_t chunk_rows);
 int st_lm_head_xent(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
 		    const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
-		    float *scratch, int64_t chunk_rows);
+		    int64_t chunk_rows, const st_ws *ws);
 /* Forward only (evaluation): loss_sum += sum of -log p(target). */
 int st_lm_head_loss(double *loss_sum, const float *x, const float *W, const int32_t *targets,
-		    int64_t N, int64_t E, int64_t V, float *scratch, int64_t chunk_rows);
+		    int64_t N, int64_t E, int64_t V, int64_t chunk_rows, const st_ws *ws);
 
 #endif
