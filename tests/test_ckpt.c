@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/file.h"
 #include "check.h"
@@ -306,7 +307,7 @@ static void test_header(void)
 	CHECK(st_safetensors_write(tp("h.safetensors"), 2, t, 1, mk, mv) == 0);
 	CHECK(st_safetensors_header(tp("h.safetensors"), 2, t, 1, mk, mv, &hdr, &hlen) == 0);
 	CHECK(hlen % 8 == 0);
-	CHECK(ck_read_text(tp("h.safetensors"), 1 << 20, &whole, &wlen) == 0);
+	CHECK(st_read_file(tp("h.safetensors"), 1 << 20, &whole, &wlen) == 0);
 	CHECK(wlen == hlen + sizeof(a) + sizeof(b) && memcmp(whole, hdr, hlen) == 0 &&
 	      memcmp(whole + hlen, a, sizeof(a)) == 0);
 	free(hdr);

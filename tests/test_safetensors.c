@@ -50,20 +50,8 @@ static void write_raw(const char *path, const void *buf, size_t n)
 
 static unsigned char *read_all(const char *path, size_t *n)
 {
-	FILE *fp = fopen(path, "rb");
-	if (!fp)
-		return NULL;
-	fseek(fp, 0, SEEK_END);
-	long len = ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	unsigned char *buf = malloc((size_t)len + 1);
-	if (fread(buf, 1, (size_t)len, fp) != (size_t)len) {
-		perror(path);
-		exit(1);
-	}
-	fclose(fp);
-	*n = (size_t)len;
-	return buf;
+	char *buf;
+	return st_read_file(path, SIZE_MAX, &buf, n) == 0 ? (unsigned char *)buf : NULL;
 }
 
 static void put_u64le(unsigned char *p, uint64_t v)

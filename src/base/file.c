@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -192,5 +193,73 @@ int st_mkdir_p(const char *path)
 	rc = mkdir_one(buf);
 out:
 	free(buf);
+	return rc;
+}
+
+int st_read_file(const char *path, size_t max, char **out, size_t *len)
+{
+	struct stat st;
+	size_t cap, got = 0;
+	char *buf = NULL, *nb, probe;
+	int fd, rc = 0, e;
+
+	*out = NULL;
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return st_fail(ST_EIO, "%s: cannot open: %s", path, strerror(errno));
+	if (fstat(fd, &st) < 0) {
+		rc = st_fail(ST_EIO, "%s: cannot stat: %s", path, strerror(errno));
+		goto out;
+	}
+	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > max) {
+		rc = st_fail(ST_EINVAL, "%s: too large (%lld bytes)", path, (long long)st.st_size);
+		goto out;
+	}
+	/* the size stat gives when it knows one (it may still change while we read) */
+	cap = S_ISREG(st.st_mode) ? (size_t)st.st_size : 4096;
+	if (cap > max)
+		cap = max;
+	if (!(buf = malloc(cap + 1))) {
+		rc = st_fail(ST_ENOMEM, "%s: out of memory", path);
+		goto out;
+	}
+	for (;;) {
+		/* full: read one byte to tell the end of the file from more data */
+		int full = got == cap;
+		ssize_t r = full ? read(fd, &probe, 1) : read(fd, buf + got, cap - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			rc = st_fail(ST_EIO, "%s: read failed: %s", path, strerror(errno));
+			goto out;
+		}
+		if (r == 0)
+			break;
+		if (full) {
+			if (cap >= max) {
+				rc = st_fail(ST_EINVAL, "%s: too large (more than %zu bytes)", path, max);
+				goto out;
+			}
+			cap = cap < 2048 ? 4096 : cap > max / 2 ? max : 2 * cap;
+			if (cap > max)
+				cap = max;
+			if (!(nb = realloc(buf, cap + 1))) {
+				rc = st_fail(ST_ENOMEM, "%s: out of memory", path);
+				goto out;
+			}
+			buf = nb;
+			buf[got] = probe;
+		}
+		got += (size_t)r;
+	}
+	buf[got] = '\0';
+	*out = buf;
+	buf = NULL;
+	if (len)
+		*len = got;
+out:
+	e = errno;
+	close(fd);
+	free(buf);
+	errno = e; /* the failing call's, for callers that word their own message */
 	return rc;
 }

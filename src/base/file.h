@@ -1,5 +1,5 @@
 /*
- * file.h - durable file writes.
+ * file.h - durable file writes, and reading a whole file.
  *
  * A file that must survive a crash (checkpoint shard, manifest, weights) is
  * written to a temporary name next to its final path, fsynced, renamed over
@@ -56,6 +56,17 @@ void st_atomic_file_abort(st_atomic_file *f);
 
 /* Write data[0..n) to path atomically (open + write + commit). */
 int st_write_file_atomic(const char *path, const void *data, size_t n);
+
+/*
+ * Read the whole file at path into a malloc'd buffer with a NUL after the
+ * data (*out; *len, if not NULL, the byte count without the NUL). Works on
+ * files whose size stat does not know (pipes, /proc). Errors: ST_EIO "PATH:
+ * cannot open|read ...: strerror" with errno left as the failing call set
+ * it (so callers may word their own message), ST_EINVAL "PATH: larger than
+ * N bytes" when the file holds more than max bytes, ST_ENOMEM. *out is
+ * NULL on error.
+ */
+int st_read_file(const char *path, size_t max, char **out, size_t *len);
 
 /* fsync a directory so that renames and creations inside it are durable. */
 int st_fsync_dir(const char *dir);

@@ -9,7 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/clock.h"
+#include "base/crc.h"
+#include "base/file.h"
+#include "base/path.h"
+#include "base/progress.h"
 
 #include "ckpt/ckpt.h"
 
@@ -96,8 +99,6 @@ const char *ck_box_str(const struct ck_box *b, char *buf, size_t cap);
 
 /* ---- reading pieces of one checkpoint ---- */
 
-struct ck_progress;
-
 struct ck_reader {
 	const char *dir;              /* step directory */
 	const struct ck_manifest *m;
@@ -106,7 +107,7 @@ struct ck_reader {
 	size_t tmp_cap;
 	const struct ck_piece *cached; /* the stored piece held in tmp */
 	int64_t bytes_read;
-	struct ck_progress *progress; /* optional */
+	st_progress *progress;        /* optional */
 };
 
 void ck_reader_init(struct ck_reader *r, const char *dir, const struct ck_manifest *m);
@@ -119,38 +120,19 @@ int ck_read_stored(struct ck_reader *r, const struct ck_tensor *t, const struct 
  */
 int ck_fill_piece(struct ck_reader *r, const st_ckpt_piece *want);
 
-/* ---- steps, paths, misc ---- */
+/* ---- steps, pieces ---- */
 
 /* A step directory name: decimal digits only, fits int64. */
 int ck_parse_step(const char *name, int64_t *step);
 /* Steps under dir (ascending); committed_only: those with a manifest. Missing dir: 0 steps. */
 int ck_list_steps(const char *dir, int committed_only, int64_t **steps, int *n);
-/* "a/b" into buf (ST_EINVAL if too long). */
-int ck_join(char *buf, size_t cap, const char *a, const char *b);
 /* "dir/<step>" */
 int ck_step_dir(char *buf, size_t cap, const char *dir, int64_t step);
-/* Remove a directory and the plain files in it (no recursion). */
-int ck_remove_dir(const char *path);
-/* The whole file as a NUL-terminated string (malloc'd); ST_EIO if unreadable, ST_EINVAL if > max bytes. */
-int ck_read_text(const char *path, size_t max, char **out, size_t *len);
-int ck_file_exists(const char *path);
-uint32_t ck_crc32(uint32_t crc, const void *data, size_t n);
 /* Validate a caller's piece: ndim, shapes, box inside the tensor, data. */
 int ck_check_piece(const st_ckpt_piece *p, const char *what);
 /* The piece's box. */
 struct ck_box ck_piece_box(const st_ckpt_piece *p);
 int64_t ck_piece_numel(const st_ckpt_piece *p);
-
-/* Progress lines on stderr for long operations: nothing in the first 3 s, then every 5 s. */
-struct ck_progress {
-	const char *what;
-	double t0, last;
-	int64_t total, done;
-	int printed;
-};
-void ck_progress_init(struct ck_progress *p, const char *what, int64_t total_bytes);
-void ck_progress_add(struct ck_progress *p, int64_t bytes);
-void ck_progress_end(struct ck_progress *p);
 
 /* ---- Hugging Face (hf.c) ---- */
 

@@ -131,9 +131,9 @@ static int resolve_ckpt(const char *ckpt, char *step_dir, size_t cap)
 	int64_t *steps;
 	int n, rc;
 
-	if ((rc = ck_join(p, sizeof(p), ckpt, CK_MANIFEST)) < 0)
+	if ((rc = st_path_join(p, sizeof(p), ckpt, CK_MANIFEST)) < 0)
 		return rc;
-	if (ck_file_exists(p)) {
+	if (st_file_exists(p)) {
 		snprintf(step_dir, cap, "%s", ckpt);
 		return 0;
 	}
@@ -166,7 +166,7 @@ static void remove_stale(const char *out_dir, char **written, int nwritten)
 				       strlen(nm) > 12 && !strcmp(nm + strlen(nm) - 12, ".safetensors"));
 		for (int i = 0; i < nwritten; i++)
 			ours |= !strcmp(written[i], nm);
-		if (model && !ours && ck_join(p, sizeof(p), out_dir, nm) == 0 && unlink(p) == 0)
+		if (model && !ours && st_path_join(p, sizeof(p), out_dir, nm) == 0 && unlink(p) == 0)
 			st_info("export: removed %s (from an earlier export)", p);
 	}
 	closedir(dp);
@@ -177,7 +177,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 	char step_dir[ST_PATH_MAX], path[ST_PATH_MAX], what[64];
 	struct ck_manifest m = {0};
 	struct ck_reader r;
-	struct ck_progress prog;
+	st_progress prog;
 	struct ck_hf_tensor *want = NULL;
 	st_config c;
 	int nwant = 0, nfiles = 0, rc;
@@ -247,7 +247,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 		goto out;
 
 	snprintf(what, sizeof(what), "export of step %" PRId64, m.step);
-	ck_progress_init(&prog, what, total);
+	st_progress_init(&prog, what, total);
 	r.progress = &prog;
 	if (nfiles > 1 && (!(index = json_pack("{s:{s:I}, s:{}}", "metadata", "total_size", (json_int_t)total,
 					       "weight_map")))) {
@@ -271,7 +271,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 		for (int i = 0; i < cnt; i++)
 			tt[i] = (st_safetensors_tensor){want[first + i].name, ST_DTYPE_F32, want[first + i].ndim,
 					       {want[first + i].shape[0], want[first + i].shape[1]}, NULL};
-		if ((rc = ck_join(path, sizeof(path), out_dir, fnames[f])) == 0 &&
+		if ((rc = st_path_join(path, sizeof(path), out_dir, fnames[f])) == 0 &&
 		    (rc = st_safetensors_header(path, cnt, tt, 1, mk, mv, &hdr, &hlen)) == 0 &&
 		    (rc = st_atomic_file_open(&af, path)) == 0) {
 			st_atomic_file_write(&af, hdr, hlen);
@@ -295,15 +295,15 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 			goto out;
 		first = last;
 	}
-	ck_progress_end(&prog);
-	if (index && ((rc = ck_join(path, sizeof(path), out_dir, "model.safetensors.index.json")) < 0 ||
+	st_progress_end(&prog);
+	if (index && ((rc = st_path_join(path, sizeof(path), out_dir, "model.safetensors.index.json")) < 0 ||
 		      (rc = write_json(path, index)) < 0))
 		goto out;
 	if (!(cfg = hf_config(&c))) {
 		rc = st_fail(ST_ENOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = ck_join(path, sizeof(path), out_dir, "config.json")) < 0 || (rc = write_json(path, cfg)) < 0)
+	if ((rc = st_path_join(path, sizeof(path), out_dir, "config.json")) < 0 || (rc = write_json(path, cfg)) < 0)
 		goto out;
 	fnames[nfiles] = index ? "model.safetensors.index.json" : NULL;
 	remove_stale(out_dir, fnames, nfiles + (index ? 1 : 0));
@@ -348,7 +348,7 @@ static int hf_open(struct hf_dir *h, const char *fname, st_safetensors **out)
 		return st_fail(ST_EINVAL, "%s: weight_map names \"%s\", not a plain file name", h->dir, fname);
 	if (h->nopen == 256)
 		return st_fail(ST_EINVAL, "%s: more than 256 safetensors files", h->dir);
-	if ((rc = ck_join(path, sizeof(path), h->dir, fname)) < 0 || (rc = st_safetensors_open(out, path)) < 0)
+	if ((rc = st_path_join(path, sizeof(path), h->dir, fname)) < 0 || (rc = st_safetensors_open(out, path)) < 0)
 		return rc;
 	if (!(h->names[h->nopen] = strdup(fname))) {
 		st_safetensors_close(*out);
@@ -441,13 +441,13 @@ int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces
 	json_t *cfg = NULL, *index = NULL;
 	json_error_t jerr;
 	struct hf_dir h = {.dir = dir};
-	struct ck_progress prog;
+	st_progress prog;
 	float *tmp = NULL;
 	size_t tmp_cap = 0;
 	int64_t total = 0;
 	int rc, tied;
 
-	if ((rc = ck_join(path, sizeof(path), dir, "config.json")) < 0)
+	if ((rc = st_path_join(path, sizeof(path), dir, "config.json")) < 0)
 		return rc;
 	if (!(cfg = json_load_file(path, 0, &jerr)) || !json_is_object(cfg)) {
 		rc = st_fail(ST_EINVAL, "%s: %s", path, cfg ? "not a JSON object" : jerr.text);
@@ -456,21 +456,21 @@ int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces
 	if ((rc = check_hf_config(dir, cfg, c)) < 0)
 		goto out;
 	tied = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
-	if ((rc = ck_join(path, sizeof(path), dir, "model.safetensors.index.json")) < 0)
+	if ((rc = st_path_join(path, sizeof(path), dir, "model.safetensors.index.json")) < 0)
 		goto out;
-	if (ck_file_exists(path)) {
+	if (st_file_exists(path)) {
 		if (!(index = json_load_file(path, 0, &jerr)) ||
 		    !json_is_object(h.weight_map = json_object_get(index, "weight_map"))) {
 			rc = st_fail(ST_EINVAL, "%s: %s", path, index ? "no \"weight_map\" object" : jerr.text);
 			goto out;
 		}
-	} else if ((rc = ck_join(path, sizeof(path), dir, "model.safetensors")) < 0 || !ck_file_exists(path)) {
+	} else if ((rc = st_path_join(path, sizeof(path), dir, "model.safetensors")) < 0 || !st_file_exists(path)) {
 		rc = rc < 0 ? rc : st_fail(ST_EINVAL, "%s: no model.safetensors or model.safetensors.index.json", dir);
 		goto out;
 	}
 	for (int i = 0; i < n; i++)
 		total += ck_piece_numel(&pieces[i]) * 4;
-	ck_progress_init(&prog, "import", total);
+	st_progress_init(&prog, "import", total);
 	for (int i = 0; i < n; i++) {
 		st_ckpt_piece *p = &pieces[i];
 		const char *name = p->name;
@@ -520,9 +520,9 @@ int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces
 		}
 		if (rc < 0)
 			goto out;
-		ck_progress_add(&prog, ck_box_numel(&pb) * 4);
+		st_progress_add(&prog, ck_box_numel(&pb) * 4);
 	}
-	ck_progress_end(&prog);
+	st_progress_end(&prog);
 out:
 	for (int i = 0; i < h.nopen; i++) {
 		st_safetensors_close(h.files[i]);

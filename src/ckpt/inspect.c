@@ -29,7 +29,7 @@ static void scan_dir(const char *sd, st_ckpt_step_info *s)
 		return;
 	while ((d = readdir(dp))) {
 		int pc;
-		if (ck_join(p, sizeof(p), sd, d->d_name) < 0 || stat(p, &st) < 0 || !S_ISREG(st.st_mode))
+		if (st_path_join(p, sizeof(p), sd, d->d_name) < 0 || stat(p, &st) < 0 || !S_ISREG(st.st_mode))
 			continue;
 		s->bytes += st.st_size;
 		if (!strncmp(d->d_name, "done-", 5) && strstr(d->d_name, ".json") && !strstr(d->d_name, ".tmp."))
@@ -61,10 +61,10 @@ int st_ckpt_list(const char *dir, st_ckpt_step_info **out, int *n)
 	for (int i = 0; i < ns; i++) {
 		struct ck_manifest m;
 		v[i].step = steps[i];
-		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) < 0 || (rc = ck_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
+		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) < 0 || (rc = st_path_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
 			break;
 		scan_dir(sd, &v[i]);
-		if (!ck_file_exists(mp))
+		if (!st_file_exists(mp))
 			continue;
 		if (ck_manifest_load(&m, sd, steps[i]) < 0) {
 			v[i].committed = -1;
@@ -114,7 +114,7 @@ static void check_headers(const char *sd, const struct ck_manifest *m, struct pr
 		st_safetensors *sf;
 		uint64_t data_bytes = 0, data_start;
 		struct stat st;
-		if (ck_join(path, sizeof(path), sd, m->files[f].name) < 0)
+		if (st_path_join(path, sizeof(path), sd, m->files[f].name) < 0)
 			continue;
 		if (stat(path, &st) < 0) {
 			problem(first, "%s: missing: %s", path, strerror(errno));
@@ -154,7 +154,7 @@ int st_ckpt_verify(const char *step_dir, int64_t *pieces_checked, int64_t *bytes
 	char mp[ST_PATH_MAX];
 	struct ck_manifest m;
 	struct ck_reader r;
-	struct ck_progress prog;
+	st_progress prog;
 	int64_t total = 0;
 	struct problems pr = {0}, *first = &pr;
 	int rc;
@@ -162,9 +162,9 @@ int st_ckpt_verify(const char *step_dir, int64_t *pieces_checked, int64_t *bytes
 	size_t cap = 0;
 
 	*pieces_checked = *bytes_checked = 0;
-	if ((rc = ck_join(mp, sizeof(mp), step_dir, CK_MANIFEST)) < 0)
+	if ((rc = st_path_join(mp, sizeof(mp), step_dir, CK_MANIFEST)) < 0)
 		return rc;
-	if (!ck_file_exists(mp))
+	if (!st_file_exists(mp))
 		return st_fail(ST_EINVAL, "%s is not a committed checkpoint (no %s)", step_dir, CK_MANIFEST);
 	if ((rc = ck_manifest_load(&m, step_dir, -1)) < 0) {
 		char msg[1024];
@@ -177,7 +177,7 @@ int st_ckpt_verify(const char *step_dir, int64_t *pieces_checked, int64_t *bytes
 		for (int j = 0; j < m.tensors[t].npieces; j++)
 			total += (int64_t)m.tensors[t].pieces[j].nbytes;
 	ck_reader_init(&r, step_dir, &m);
-	ck_progress_init(&prog, "verify", total);
+	st_progress_init(&prog, "verify", total);
 	r.progress = &prog;
 	for (int t = 0; t < m.ntensors; t++)
 		for (int j = 0; j < m.tensors[t].npieces; j++) {
@@ -197,7 +197,7 @@ int st_ckpt_verify(const char *step_dir, int64_t *pieces_checked, int64_t *bytes
 				*bytes_checked += (int64_t)p->nbytes;
 			(*pieces_checked)++;
 		}
-	ck_progress_end(&prog);
+	st_progress_end(&prog);
 	rc = 0;
 	if (pr.count)
 		rc = st_fail(ST_EIO, "%s%s", pr.first, pr.count > 1 ? " (and more problems, listed above)" : "");

@@ -17,7 +17,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <libdeflate.h>
 
 /* ------------------------------------------------------------- the model */
 
@@ -517,9 +516,9 @@ int ck_manifest_load(struct ck_manifest *m, const char *step_dir, int64_t expect
 	int rc;
 
 	memset(m, 0, sizeof(*m));
-	if ((rc = ck_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0)
+	if ((rc = st_path_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0)
 		return rc;
-	if ((rc = ck_read_text(path, 1u << 30, &text, &len)) < 0)
+	if ((rc = st_read_file(path, 1u << 30, &text, &len)) < 0)
 		return rc;
 	rc = ck_manifest_parse(m, path, text, 0, expect_step);
 	free(text);
@@ -661,7 +660,7 @@ int ck_list_steps(const char *dir, int committed_only, int64_t **steps, int *n)
 			continue;
 		if (committed_only) {
 			char mp[ST_PATH_MAX];
-			if (ck_join(mp, sizeof(mp), path, CK_MANIFEST) < 0 || !ck_file_exists(mp))
+			if (st_path_join(mp, sizeof(mp), path, CK_MANIFEST) < 0 || !st_file_exists(mp))
 				continue;
 		}
 		if ((rc = grow((void **)&v, &cap, *n, sizeof(*v))) < 0) {
@@ -679,132 +678,10 @@ int ck_list_steps(const char *dir, int committed_only, int64_t **steps, int *n)
 	return 0;
 }
 
-int ck_join(char *buf, size_t cap, const char *a, const char *b)
-{
-	int n = snprintf(buf, cap, "%s/%s", a, b);
-	if (n < 0 || (size_t)n >= cap)
-		return st_fail(ST_EINVAL, "path too long: %.100s/%.100s...", a, b);
-	return 0;
-}
-
 int ck_step_dir(char *buf, size_t cap, const char *dir, int64_t step)
 {
 	int n = snprintf(buf, cap, "%s/%" PRId64, dir, step);
 	if (n < 0 || (size_t)n >= cap)
 		return st_fail(ST_EINVAL, "path too long: %.200s...", dir);
 	return 0;
-}
-
-int ck_remove_dir(const char *path)
-{
-	char p[ST_PATH_MAX];
-	struct dirent *d;
-	DIR *dp = opendir(path);
-	int rc = 0;
-
-	if (!dp)
-		return errno == ENOENT ? 0 : st_fail(ST_EIO, "%s: cannot open: %s", path, strerror(errno));
-	while ((d = readdir(dp))) {
-		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
-			continue;
-		if (ck_join(p, sizeof(p), path, d->d_name) < 0 || (unlink(p) < 0 && errno != ENOENT))
-			rc = st_fail(ST_EIO, "%s: cannot remove: %s", p, strerror(errno));
-	}
-	closedir(dp);
-	if (rc == 0 && rmdir(path) < 0 && errno != ENOENT)
-		rc = st_fail(ST_EIO, "%s: cannot remove: %s", path, strerror(errno));
-	return rc;
-}
-
-int ck_read_text(const char *path, size_t max, char **out, size_t *len)
-{
-	struct stat st;
-	char *buf;
-	size_t got = 0;
-	int fd;
-
-	*out = NULL;
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-		return st_fail(ST_EIO, "%s: cannot open: %s", path, strerror(errno));
-	if (fstat(fd, &st) < 0) {
-		close(fd);
-		return st_fail(ST_EIO, "%s: cannot stat: %s", path, strerror(errno));
-	}
-	if ((size_t)st.st_size > max) {
-		close(fd);
-		return st_fail(ST_EINVAL, "%s: too large (%lld bytes)", path, (long long)st.st_size);
-	}
-	if (!(buf = malloc((size_t)st.st_size + 1))) {
-		close(fd);
-		return st_fail(ST_ENOMEM, "out of memory");
-	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			int e = r < 0 ? errno : 0;
-			free(buf);
-			close(fd);
-			return st_fail(ST_EIO, "%s: read failed: %s", path, e ? strerror(e) : "file shrank");
-		}
-		got += (size_t)r;
-	}
-	close(fd);
-	buf[got] = '\0';
-	*out = buf;
-	if (len)
-		*len = got;
-	return 0;
-}
-
-int ck_file_exists(const char *path)
-{
-	struct stat st;
-	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* CRC-32 (the gzip/zlib polynomial) through libdeflate: the same values as
- * zlib's crc32, 2.3x faster here (16 GB/s against 6.9, PCLMULQDQ). */
-uint32_t ck_crc32(uint32_t crc, const void *data, size_t n)
-{
-	return libdeflate_crc32(crc, data, n);
-}
-
-/* ---------------------------------------------------------------- progress */
-
-void ck_progress_init(struct ck_progress *p, const char *what, int64_t total_bytes)
-{
-	p->what = what;
-	p->t0 = p->last = st_mono_s();
-	p->total = total_bytes;
-	p->done = 0;
-	p->printed = 0;
-}
-
-static void progress_line(struct ck_progress *p, double now)
-{
-	double secs = now - p->t0;
-	st_info("%s: %.2f of %.2f GB (%.0f%%), %.0f MB/s", p->what, (double)p->done / 1e9, (double)p->total / 1e9,
-		p->total > 0 ? 100.0 * (double)p->done / (double)p->total : 100.0,
-		secs > 0 ? (double)p->done / 1e6 / secs : 0.0);
-}
-
-void ck_progress_add(struct ck_progress *p, int64_t bytes)
-{
-	if (!p)
-		return;
-	p->done += bytes;
-	double now = st_mono_s();
-	if (now - p->t0 >= 3.0 && now - p->last >= (p->printed ? 5.0 : 3.0)) {
-		progress_line(p, now);
-		p->last = now;
-		p->printed = 1;
-	}
-}
-
-void ck_progress_end(struct ck_progress *p)
-{
-	if (p && p->printed)
-		progress_line(p, st_mono_s());
 }

@@ -45,7 +45,7 @@ static int open_file(struct ck_reader *r, int file, int *fd)
 			r->fds[i] = -1;
 	}
 	if (r->fds[file] < 0) {
-		if ((rc = ck_join(path, sizeof(path), r->dir, r->m->files[file].name)) < 0)
+		if ((rc = st_path_join(path, sizeof(path), r->dir, r->m->files[file].name)) < 0)
 			return rc;
 		if ((r->fds[file] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
 			return st_fail(ST_EIO, "%s: cannot open shard: %s", path, strerror(errno));
@@ -77,10 +77,10 @@ int ck_read_stored(struct ck_reader *r, const struct ck_tensor *t, const struct 
 				       r->dir, fname, t->name, ck_box_str(&p->box, box, sizeof(box)),
 				       p->data_offset + p->nbytes);
 		got += (uint64_t)n;
-		ck_progress_add(r->progress, n);
+		st_progress_add(r->progress, n);
 	}
 	r->bytes_read += (int64_t)p->nbytes;
-	crc = ck_crc32(0, dst, p->nbytes);
+	crc = st_crc32(0, dst, p->nbytes);
 	if (crc != p->crc)
 		return st_fail(ST_EIO, "%s/%s: checksum mismatch in tensor %s%s (manifest crc32 %08x, data %08x)",
 			       r->dir, fname, t->name, ck_box_str(&p->box, box, sizeof(box)), p->crc, crc);

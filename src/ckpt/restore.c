@@ -71,7 +71,7 @@ static int64_t total_bytes(int n, const st_ckpt_piece *pieces)
  * was handed out before and completes).
  */
 static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n, st_ckpt_piece *pieces,
-		       struct ck_progress *prog)
+		       st_progress *prog)
 {
 	int next = 0, failed = 0, err_rc = 0, err_at = n;
 	char err_msg[1024] = "";
@@ -99,7 +99,7 @@ static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n,
 					snprintf(err_msg, sizeof(err_msg), "%s", st_errmsg());
 				}
 				if (rc == 0)
-					ck_progress_add(prog, ck_piece_numel(&pieces[i]) * (int64_t)sizeof(float));
+					st_progress_add(prog, ck_piece_numel(&pieces[i]) * (int64_t)sizeof(float));
 			}
 			if (rc < 0) {
 #pragma omp atomic write
@@ -119,17 +119,17 @@ static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n,
 static int try_step(const char *step_dir, int64_t step, st_ckpt_meta *meta, int n, st_ckpt_piece *pieces)
 {
 	struct ck_manifest m;
-	struct ck_progress prog;
+	st_progress prog;
 	char what[64];
 	int rc;
 
 	if ((rc = ck_manifest_load(&m, step_dir, step)) < 0)
 		return rc == ST_ENOMEM ? rc : refail(ST_EIO); /* a bad manifest: unusable */
 	snprintf(what, sizeof(what), "restore of step %" PRId64, m.step);
-	ck_progress_init(&prog, what, total_bytes(n, pieces));
+	st_progress_init(&prog, what, total_bytes(n, pieces));
 	rc = read_pieces(step_dir, &m, n, pieces, &prog);
 	if (rc == 0)
-		ck_progress_end(&prog);
+		st_progress_end(&prog);
 	if (rc == 0 && meta) {
 		meta->step = m.step;
 		meta->next_sample = m.next_sample;
@@ -289,8 +289,8 @@ static int restore_one(const char *step_dir, st_comm *comm, st_ckpt_meta *meta, 
 	rc = check_pieces(n, pieces);
 	if (rc == 0 && hf_model)
 		rc = ck_hf_load(step_dir, hf_model, n, pieces);
-	else if (rc == 0 && (rc = ck_join(path, sizeof(path), step_dir, CK_MANIFEST)) == 0) {
-		if (!ck_file_exists(path))
+	else if (rc == 0 && (rc = st_path_join(path, sizeof(path), step_dir, CK_MANIFEST)) == 0) {
+		if (!st_file_exists(path))
 			rc = st_fail(ST_EINVAL, "%s is not a committed slicetrain checkpoint (no %s)", step_dir,
 				     CK_MANIFEST);
 		else
@@ -319,10 +319,10 @@ int st_ckpt_load_params(const char *path, const st_config *c, st_comm *comm, int
 	char p[ST_PATH_MAX];
 	int hf = 0;
 
-	if (ck_join(p, sizeof(p), path, CK_MANIFEST) == 0 && !ck_file_exists(p) &&
-	    ck_join(p, sizeof(p), path, "config.json") == 0 && ck_file_exists(p))
+	if (st_path_join(p, sizeof(p), path, CK_MANIFEST) == 0 && !st_file_exists(p) &&
+	    st_path_join(p, sizeof(p), path, "config.json") == 0 && st_file_exists(p))
 		hf = 1;
-	if (!hf && ck_join(p, sizeof(p), path, CK_MANIFEST) == 0 && !ck_file_exists(p)) {
+	if (!hf && st_path_join(p, sizeof(p), path, CK_MANIFEST) == 0 && !st_file_exists(p)) {
 		int64_t *steps;
 		int nsteps = 0;
 		char hint[ST_PATH_MAX + 64] = "";

@@ -7,6 +7,7 @@
  */
 #include "ckpt/ckpt_int.h"
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/file.h"
 #include "ckpt/safetensors.h"
@@ -191,7 +192,7 @@ static int done_path(char *buf, size_t cap, const char *step_dir, int process)
 {
 	char name[64];
 	snprintf(name, sizeof(name), "done-%05d.json", process);
-	return ck_join(buf, cap, step_dir, name);
+	return st_path_join(buf, cap, step_dir, name);
 }
 
 /*
@@ -330,7 +331,7 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 	int rc;
 
 	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
-	if ((rc = ck_join(path, sizeof(path), step_dir, fname)) < 0)
+	if ((rc = st_path_join(path, sizeof(path), step_dir, fname)) < 0)
 		return rc;
 	done.is_done = 1;
 	done.step = s->meta.step;
@@ -343,7 +344,7 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 		const struct job_piece *p = &s->pieces[i];
 		struct ck_piece cp = {.file = 0, .key = p->key, .box = p->box, .data_offset = p->off, .nbytes = p->nbytes};
 		struct ck_tensor *ct = ck_manifest_find(&done, p->name);
-		cp.crc = ck_crc32(0, s->buf + p->off, p->nbytes);
+		cp.crc = st_crc32(0, s->buf + p->off, p->nbytes);
 		if (!ct) {
 			if ((rc = ck_manifest_add_tensor(&done, p->name, p->ndim, p->gshape)) < 0)
 				goto out;
@@ -380,8 +381,8 @@ static int collect_done(st_ckpt_saver *s, const char *step_dir, int p, struct ck
 		if (atomic_load(&s->abort))
 			return st_fail(ST_EPEER, "checkpoint step %" PRId64 ": commit aborted while waiting for process %d",
 				       s->meta.step, p);
-		if (ck_file_exists(path)) {
-			if ((rc = ck_read_text(path, 1u << 30, &text, NULL)) < 0)
+		if (st_file_exists(path)) {
+			if ((rc = st_read_file(path, 1u << 30, &text, NULL)) < 0)
 				return rc;
 			rc = ck_manifest_parse(&d, path, text, 1, s->meta.step);
 			free(text);
@@ -402,7 +403,7 @@ static int collect_done(st_ckpt_saver *s, const char *step_dir, int p, struct ck
 	if (d.process != p || d.process_count != s->o.process_count)
 		rc = st_fail(ST_EINVAL, "%s: written by process %d of %d, expected process %d of %d", path, d.process,
 			     d.process_count, p, s->o.process_count);
-	else if (ck_join(fpath, sizeof(fpath), step_dir, d.files[0].name) < 0 || stat(fpath, &st) < 0)
+	else if (st_path_join(fpath, sizeof(fpath), step_dir, d.files[0].name) < 0 || stat(fpath, &st) < 0)
 		rc = st_fail(ST_EINVAL, "%s: names file %s, which does not exist", path, d.files[0].name);
 	else if (st.st_size != d.files[0].bytes)
 		rc = st_fail(ST_EINVAL, "%s: file %s has %lld bytes, the record says %" PRId64, path, d.files[0].name,
@@ -418,13 +419,13 @@ static int remove_committed(const char *dir, int64_t step)
 {
 	char sd[ST_PATH_MAX], mp[ST_PATH_MAX];
 	int rc;
-	if ((rc = ck_step_dir(sd, sizeof(sd), dir, step)) < 0 || (rc = ck_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
+	if ((rc = ck_step_dir(sd, sizeof(sd), dir, step)) < 0 || (rc = st_path_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
 		return rc;
 	if (unlink(mp) < 0 && errno != ENOENT)
 		return st_fail(ST_EIO, "%s: cannot remove: %s", mp, strerror(errno));
 	if ((rc = st_fsync_dir(sd)) < 0)
 		return rc;
-	return ck_remove_dir(sd);
+	return st_remove_dir(sd);
 }
 
 static int prune(st_ckpt_saver *s)
@@ -475,7 +476,7 @@ static int commit(st_ckpt_saver *s, const char *step_dir)
 		goto out;
 	snprintf(where, sizeof(where), "checkpoint %s", step_dir);
 	if ((rc = ck_manifest_check_tiling(&m, where)) < 0 || (rc = ck_manifest_dump(&m, &text)) < 0 ||
-	    (rc = ck_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0 ||
+	    (rc = st_path_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0 ||
 	    (rc = st_write_file_atomic(path, text, strlen(text))) < 0 || (rc = st_fsync_dir(s->dir)) < 0)
 		goto out;
 	if ((rc = prune(s)) < 0) /* the checkpoint is committed: a pruning failure is only reported */
@@ -681,9 +682,9 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 	if ((rc = check_args(s, meta, n, pieces)) < 0)
 		return rc;
 	if ((rc = ck_step_dir(step_dir, sizeof(step_dir), s->dir, meta->step)) < 0 ||
-	    (rc = ck_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0)
+	    (rc = st_path_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0)
 		return rc;
-	if (ck_file_exists(path)) {
+	if (st_file_exists(path)) {
 		st_info("checkpoint step %" PRId64 " already exists in %s; not saving it again", meta->step, s->dir);
 		pthread_mutex_lock(&s->mu);
 		s->stats.skipped++;
@@ -724,7 +725,7 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 	}
 	/* the host buffer is the shard file's image: header, then the pieces */
 	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
-	if ((rc = ck_join(path, sizeof(path), step_dir, fname)) < 0 || (rc = build_header(s, path, &hdr, &hlen)) < 0)
+	if ((rc = st_path_join(path, sizeof(path), step_dir, fname)) < 0 || (rc = build_header(s, path, &hdr, &hlen)) < 0)
 		goto fail;
 	for (int i = 0; i < n; i++)
 		s->pieces[i].off += hlen;
@@ -781,12 +782,12 @@ int st_ckpt_cleanup(const char *dir)
 	if ((rc = ck_list_steps(dir, 0, &steps, &n)) < 0)
 		return rc;
 	for (int i = 0; i < n; i++) {
-		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) < 0 || (rc = ck_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
+		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) < 0 || (rc = st_path_join(mp, sizeof(mp), sd, CK_MANIFEST)) < 0)
 			break;
-		if (ck_file_exists(mp))
+		if (st_file_exists(mp))
 			continue;
 		st_warn("removing uncommitted checkpoint %s (no manifest: its save did not finish)", sd);
-		if ((rc = ck_remove_dir(sd)) < 0 && first == 0)
+		if ((rc = st_remove_dir(sd)) < 0 && first == 0)
 			first = rc;
 		removed++;
 	}

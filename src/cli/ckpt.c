@@ -103,7 +103,7 @@ static void checkpoints_dir(const char *dir, char *buf, size_t cap)
 	char p[ST_PATH_MAX];
 	int64_t step;
 	const char *base = strrchr(dir, '/');
-	if (ck_join(p, sizeof(p), dir, "checkpoints") == 0 && stat(p, &st) == 0 && S_ISDIR(st.st_mode) &&
+	if (st_path_join(p, sizeof(p), dir, "checkpoints") == 0 && stat(p, &st) == 0 && S_ISDIR(st.st_mode) &&
 	    !ck_parse_step(base ? base + 1 : dir, &step)) {
 		snprintf(buf, cap, "%s", p);
 		return;
@@ -169,9 +169,9 @@ static int cmd_verify(const char *arg, int *bad)
 
 	if (stat(arg, &st) < 0 || !S_ISDIR(st.st_mode))
 		return st_fail(ST_EINVAL, "%s: no such directory", arg);
-	if ((rc = ck_join(mp, sizeof(mp), arg, CK_MANIFEST)) < 0)
+	if ((rc = st_path_join(mp, sizeof(mp), arg, CK_MANIFEST)) < 0)
 		return rc;
-	if (ck_file_exists(mp))
+	if (st_file_exists(mp))
 		return verify_one(arg, bad);
 	checkpoints_dir(arg, dir, sizeof(dir));
 	if ((rc = ck_list_steps(dir, 1, &steps, &n)) < 0)

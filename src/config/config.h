@@ -31,7 +31,6 @@ enum st_remat { ST_REMAT_FULL, ST_REMAT_MINIMAL, ST_REMAT_NONE };
  * run goes on ("continue"), or the run stops with the error ("stop"). */
 enum st_ckpt_failure_policy { ST_CKPT_FAIL_CONTINUE, ST_CKPT_FAIL_STOP };
 
-#define ST_PATH_MAX 4096
 #define ST_NAME_MAX 256
 
 typedef struct st_config {

@@ -1,6 +1,7 @@
 #include "config/yaml.h"
 
 #include "base/err.h"
+#include "base/file.h"
 
 #include <errno.h>
 #include <math.h>
@@ -332,47 +333,17 @@ int st_yaml_parse(const char *name, const char *text, size_t len, st_ynode **roo
 	return rc;
 }
 
-/* Reads PATH into a NUL-terminated buffer. */
-static int read_file(const char *path, char **buf, size_t *len)
+/* PATH into a NUL-terminated buffer, with the config's own messages. */
+static int read_config(const char *path, char **buf, size_t *len)
 {
-	FILE *f = fopen(path, "rb");
-	size_t cap = 4096, n = 0, got;
-	char *b = NULL, *nb;
-	int rc;
-
-	*buf = NULL;
-	if (!f)
+	int rc = st_read_file(path, ST_YAML_MAX_BYTES, buf, len);
+	if (rc == ST_EINVAL)
+		return st_fail(ST_EINVAL, "cannot read config '%s': larger than %u MiB", path, ST_YAML_MAX_BYTES >> 20);
+	if (rc == ST_ENOMEM)
+		return st_fail(ST_ENOMEM, "cannot read config '%s': out of memory", path);
+	if (rc < 0) /* errno: the failing open or read's */
 		return st_fail(ST_EINVAL, "cannot read config '%s': %s", path, strerror(errno));
-	for (;;) {
-		if (!(nb = realloc(b, cap + 1))) {
-			rc = st_fail(ST_ENOMEM, "cannot read config '%s': out of memory", path);
-			goto fail;
-		}
-		b = nb;
-		got = fread(b + n, 1, cap - n, f);
-		n += got;
-		if (n < cap)
-			break;
-		if (cap >= ST_YAML_MAX_BYTES) {
-			rc = st_fail(ST_EINVAL, "cannot read config '%s': larger than %u MiB", path,
-				     ST_YAML_MAX_BYTES >> 20);
-			goto fail;
-		}
-		cap *= 2;
-	}
-	if (ferror(f)) {
-		rc = st_fail(ST_EINVAL, "cannot read config '%s': %s", path, strerror(errno));
-		goto fail;
-	}
-	fclose(f);
-	b[n] = '\0';
-	*buf = b;
-	*len = n;
 	return 0;
-fail:
-	fclose(f);
-	free(b);
-	return rc;
 }
 
 int st_yaml_load_file(const char *path, st_ynode **root)
@@ -382,7 +353,7 @@ int st_yaml_load_file(const char *path, st_ynode **root)
 	int rc;
 
 	*root = NULL;
-	if ((rc = read_file(path, &text, &len)) < 0)
+	if ((rc = read_config(path, &text, &len)) < 0)
 		return rc;
 	rc = st_yaml_parse(path, text, len, root);
 	free(text);

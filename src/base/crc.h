@@ -1,0 +1,22 @@
+/*
+ * crc.h - CRC-32 checksums.
+ *
+ * The gzip/zlib polynomial (IEEE 802.3, reflected), with zlib's values:
+ * st_crc32(0, buf, n) equals zlib's crc32(0, buf, n) and Python's
+ * zlib.crc32(buf). Computed by libdeflate (PCLMULQDQ where the CPU has it;
+ * figures in docs/checkpoints.md). Chain calls to checksum data in parts:
+ *
+ *   uint32_t c = st_crc32(0, a, na);
+ *   c = st_crc32(c, b, nb);              // == st_crc32(0, a ++ b, na + nb)
+ *
+ * Thread-safe; no allocation.
+ */
+#ifndef ST_BASE_CRC_H
+#define ST_BASE_CRC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+uint32_t st_crc32(uint32_t crc, const void *data, size_t n);
+
+#endif
