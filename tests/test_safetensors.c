@@ -1,6 +1,7 @@
 /*
  * test_safetensors.c - safetensors writer/reader and the atomic file helpers.
  *
+ * (including direct mode and st_read_file).
  * Round trips, the exact byte layout of small files, one malformed file per
  * validation rule (each must give ST_EINVAL with a message naming the file and
  * the problem), every truncation of a valid file, and random header mutations
@@ -187,6 +188,70 @@ static uint16_t bf16_of(float x)
 	uint32_t u;
 	memcpy(&u, &x, 4);
 	return (uint16_t)(u >> 16); /* exact for the values used here */
+}
+
+/* Direct mode: whole aligned blocks with O_DIRECT, a partial last block and
+ * unaligned buffers buffered; the same bytes wherever O_DIRECT is refused. */
+static void direct_case(const char *path)
+{
+	enum { BLK = ST_ATOMIC_FILE_ALIGN };
+	unsigned char *src, *b;
+	size_t n;
+	CHECK(posix_memalign((void **)&src, BLK, 4 * BLK) == 0);
+	for (int i = 0; i < 4 * BLK; i++)
+		src[i] = (unsigned char)(i * 7 + 3);
+	st_atomic_file f = ST_ATOMIC_FILE_INIT;
+	CHECK(st_atomic_file_open_direct(&f, path) == 0);
+	int direct = st_atomic_file_is_direct(&f);
+	CHECK(st_atomic_file_write(&f, src, 2 * BLK) == 0);                  /* whole blocks */
+	CHECK(st_atomic_file_is_direct(&f) == direct);
+	CHECK(st_atomic_file_write(&f, src + 2 * BLK, BLK + 100) == 0);      /* a block and a tail */
+	CHECK(!st_atomic_file_is_direct(&f));                                /* buffered from the tail on */
+	CHECK(st_atomic_file_write(&f, src + 3 * BLK + 100, BLK - 100) == 0); /* later writes: buffered */
+	CHECK(st_atomic_file_commit(&f) == 0);
+	b = read_all(path, &n);
+	CHECK(b && n == 4 * BLK && memcmp(b, src, n) == 0);
+	free(b);
+
+	/* an unaligned buffer leaves direct mode at once */
+	CHECK(st_atomic_file_open_direct(&f, path) == 0);
+	CHECK(st_atomic_file_write(&f, src + 1, 2 * BLK) == 0);
+	CHECK(!st_atomic_file_is_direct(&f));
+	CHECK(st_atomic_file_commit(&f) == 0);
+	b = read_all(path, &n);
+	CHECK(b && n == 2 * BLK && memcmp(b, src + 1, n) == 0);
+	free(b);
+	free(src);
+}
+
+static void test_direct_file(void)
+{
+	direct_case(P("direct.bin"));
+	char shm[64]; /* tmpfs: O_DIRECT refused on older kernels, accepted on newer ones */
+	snprintf(shm, sizeof(shm), "/dev/shm/test_safetensors.%ld", (long)getpid());
+	direct_case(shm);
+	unlink(shm);
+}
+
+static void test_read_file(void)
+{
+	char *b;
+	size_t n;
+	CHECK(st_write_file_atomic(P("r.txt"), "0123456789", 10) == 0);
+	CHECK(st_read_file(P("r.txt"), 10, &b, &n) == 0 && n == 10 && !strcmp(b, "0123456789"));
+	free(b);
+	CHECK(st_read_file(P("r.txt"), 9, &b, &n) == ST_EINVAL && !b && strstr(st_errmsg(), "too large"));
+	CHECK(st_write_file_atomic(P("empty"), "", 0) == 0);
+	CHECK(st_read_file(P("empty"), 0, &b, NULL) == 0 && b && b[0] == '\0');
+	free(b);
+	CHECK(st_read_file(P("missing"), 10, &b, &n) == ST_EIO && errno == ENOENT && !b);
+	CHECK(strstr(st_errmsg(), "missing: cannot open"));
+	CHECK(st_read_file(tmpdir, 10, &b, &n) == ST_EIO && errno == EISDIR && !b); /* a directory */
+	/* stat gives no size for /proc files: read to the end all the same */
+	CHECK(st_read_file("/proc/self/status", 1 << 20, &b, &n) == 0 && n > 0 && strlen(b) == n &&
+	      strstr(b, "Pid:"));
+	free(b);
+	CHECK(st_read_file("/proc/self/status", 8, &b, &n) == ST_EINVAL && !b); /* over max while reading */
 }
 
 static void test_roundtrip(void)
@@ -572,6 +637,8 @@ int main(void)
 	test_malformed();
 	test_truncations();
 	test_mutations();
+	test_direct_file(); /* these leave files in tmpdir: after the tests that count them */
+	test_read_file();
 	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
 	return check_result();
 }

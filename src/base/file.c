@@ -47,7 +47,7 @@ static int sticky(st_atomic_file *f, int code)
 	return f->err;
 }
 
-int st_atomic_file_open(st_atomic_file *f, const char *path)
+static int open_tmp(st_atomic_file *f, const char *path, int direct)
 {
 	*f = (st_atomic_file)ST_ATOMIC_FILE_INIT;
 	if (!path || !*path)
@@ -60,11 +60,52 @@ int st_atomic_file_open(st_atomic_file *f, const char *path)
 		return st_fail(ST_ENOMEM, "%s: out of memory", path);
 	}
 	snprintf(f->tmp, need, "%s.tmp.%ld", path, (long)getpid());
-	f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+	f->fd = direct ? open(f->tmp, flags | O_DIRECT, 0644) : -1;
+	f->direct = f->fd >= 0;
+	if (f->fd < 0 && (!direct || errno == EINVAL)) /* EINVAL: no O_DIRECT on this file system */
+		f->fd = open(f->tmp, flags, 0644);
 	if (f->fd < 0) {
 		int rc = st_fail(ST_EIO, "%s: cannot create: %s", f->tmp, strerror(errno));
 		release(f);
 		return rc;
+	}
+	return 0;
+}
+
+int st_atomic_file_open(st_atomic_file *f, const char *path) { return open_tmp(f, path, 0); }
+
+int st_atomic_file_open_direct(st_atomic_file *f, const char *path) { return open_tmp(f, path, 1); }
+
+int st_atomic_file_is_direct(const st_atomic_file *f) { return f->fd >= 0 && f->direct; }
+
+/* Later writes of f go through the page cache. */
+static int stop_direct(st_atomic_file *f)
+{
+	f->direct = 0;
+	int fl = fcntl(f->fd, F_GETFL);
+	if (fl < 0 || fcntl(f->fd, F_SETFL, fl & ~O_DIRECT) < 0)
+		return sticky(f, st_fail(ST_EIO, "%s: cannot leave O_DIRECT: %s", f->tmp, strerror(errno)));
+	return 0;
+}
+
+/* write(2) until n bytes are out, at most 64 MiB per call. In direct mode a
+ * write the file system refuses (EINVAL) is retried buffered. */
+static int write_all(st_atomic_file *f, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(f->fd, p, n > ((size_t)64 << 20) ? ((size_t)64 << 20) : n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EINVAL && f->direct) { /* O_DIRECT refused at write time */
+			if (stop_direct(f) < 0)
+				return f->err;
+			continue;
+		}
+		if (w <= 0)
+			return sticky(f, st_fail(ST_EIO, "%s: write failed: %s", f->tmp, w < 0 ? strerror(errno) : "no progress"));
+		p += w;
+		n -= (size_t)w;
 	}
 	return 0;
 }
@@ -76,17 +117,16 @@ int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n)
 	if (f->fd < 0)
 		ST_BUG("st_atomic_file_write on a file that is not open");
 	const char *p = buf;
-	while (n > 0) {
-		ssize_t w = write(f->fd, p, n);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return sticky(f, st_fail(ST_EIO, "%s: write failed: %s", f->tmp, strerror(errno)));
-		}
-		p += w;
-		n -= (size_t)w;
+	if (f->direct) {
+		size_t whole = (uintptr_t)p % ST_ATOMIC_FILE_ALIGN ? 0 : n / ST_ATOMIC_FILE_ALIGN * ST_ATOMIC_FILE_ALIGN;
+		if (whole && write_all(f, p, whole) < 0)
+			return f->err;
+		p += whole;
+		n -= whole;
+		if (n > 0 && f->direct && stop_direct(f) < 0) /* a partial block, or an unaligned buffer */
+			return f->err;
 	}
-	return 0;
+	return write_all(f, p, n) < 0 ? f->err : 0;
 }
 
 int st_atomic_file_commit(st_atomic_file *f)

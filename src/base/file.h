@@ -20,6 +20,26 @@
  *   st_atomic_file_write(&f, data, data_len);
  *   rc = st_atomic_file_commit(&f);             // fsync, rename, fsync(dir); on error: abort
  *
+ * Direct mode (st_atomic_file_open_direct), for large files written once
+ * (checkpoint shards): whole blocks go to the disk with O_DIRECT, bypassing
+ * the page cache (no copy into it, no cached pages pushing the caller's
+ * memory out). Alignment rules, per st_atomic_file_write call while the
+ * file is direct: buf must be ST_ATOMIC_FILE_ALIGN-aligned; its first
+ * n / ST_ATOMIC_FILE_ALIGN whole blocks are written directly, and a
+ * remainder (a partial last block) is written buffered, after which the file
+ * stays buffered for the rest of its writes. So: aligned buffers of whole
+ * blocks, then at most one last write of any length. An unaligned buf also
+ * switches the file to buffered writes (correct, only slower). Where the
+ * file system refuses O_DIRECT (tmpfs, some network file systems), at open
+ * or at the first write, the file is written buffered instead, silently.
+ * st_atomic_file_is_direct says which happened. commit is the same in both
+ * modes (fsync, rename, fsync of the directory).
+ *
+ *   // buf from posix_memalign(&buf, ST_ATOMIC_FILE_ALIGN, cap)
+ *   rc = st_atomic_file_open_direct(&f, path);
+ *   if (rc == 0) st_atomic_file_write(&f, buf, n);  // n / 4096 blocks direct, the tail buffered
+ *   if (rc == 0) rc = st_atomic_file_commit(&f);
+ *
  * To give up without committing call st_atomic_file_abort(&f), which removes
  * the temporary. commit and abort both release the struct; abort on a
  * released (or ST_ATOMIC_FILE_INIT) struct does nothing, so `goto fail`
@@ -34,8 +54,13 @@
 
 #include <stddef.h>
 
+/* Buffer address and block size for direct-mode writes: 4 KiB covers the
+ * logical block size of the disks and file systems we run on. */
+#define ST_ATOMIC_FILE_ALIGN 4096
+
 typedef struct st_atomic_file {
 	int fd;        /* -1 when not open */
+	int direct;    /* writes still go out with O_DIRECT (direct mode only) */
 	int err;       /* first error (sticky), 0 if none */
 	char *path;    /* final path */
 	char *tmp;     /* temporary path, "<path>.tmp.<pid>" */
@@ -46,6 +71,11 @@ typedef struct st_atomic_file {
 
 /* Create the temporary file for path (mode 0644 less umask). The directory must exist. */
 int st_atomic_file_open(st_atomic_file *f, const char *path);
+/* The same in direct mode (see above). */
+int st_atomic_file_open_direct(st_atomic_file *f, const char *path);
+/* 1 while f's writes go out with O_DIRECT: opened direct, accepted by the
+ * file system, and no partial block or unaligned buffer written yet. */
+int st_atomic_file_is_direct(const st_atomic_file *f);
 /* Append n bytes. After a failure every later write returns the same error. */
 int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n);
 /* fsync the temporary, rename it to the final path, fsync the directory.

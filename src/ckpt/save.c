@@ -26,7 +26,6 @@
 
 #define DEFAULT_COMMIT_TIMEOUT_MS 1800000
 #define MAX_COPY_THREADS 8
-#define CK_ALIGN 4096              /* host buffer and O_DIRECT block alignment */
 #define CK_SLACK ((size_t)1 << 20) /* spare bytes, so that a header a little longer next time fits */
 
 struct job_piece {
@@ -253,73 +252,22 @@ out:
 	return rc;
 }
 
-/* 0, or -errno (EINVAL: O_DIRECT refused) with nothing recorded. */
-static int write_all(int fd, const char *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(fd, p, n > ((size_t)64 << 20) ? ((size_t)64 << 20) : n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -errno;
-		if (w == 0)
-			return -EIO;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 /*
- * Write buf[0..n) to path atomically: a temporary "<path>.tmp.<pid>", fsync,
- * rename, fsync of the directory (as base/file.h does). The buffer is
- * CK_ALIGN-aligned, so its whole blocks go out with O_DIRECT where the file
- * system allows it: no copy into the page cache, which on this machine's
- * virtual disk runs at 0.3-2 GB/s against about 3 GB/s direct, and no
- * checkpoint pages pushing the training's memory out. The last partial
+ * The shard image, atomically (base/file.h's direct mode). The host buffer
+ * is ST_ATOMIC_FILE_ALIGN-aligned, so its whole blocks go out with O_DIRECT
+ * where the file system allows it: no copy into the page cache, which on a
+ * virtual disk runs well below the direct rate (docs/checkpoints.md), and
+ * no checkpoint pages pushing the training's memory out. The last partial
  * block is written buffered.
  */
-static int write_image(const char *path, const char *step_dir, const char *buf, size_t n)
+static int write_image(const char *path, const char *buf, size_t n)
 {
-	char tmp[ST_PATH_MAX + 32];
-	size_t whole = n / CK_ALIGN * CK_ALIGN;
-	int fd, e = 0, rc = 0, direct = 1;
-
-	snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
-	if (fd < 0 && errno == EINVAL) { /* no O_DIRECT here (tmpfs, some network file systems) */
-		direct = 0;
-		fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	}
-	if (fd < 0)
-		return st_fail(ST_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-	if (direct && whole) {
-		e = write_all(fd, buf, whole);
-		if (e == -EINVAL) { /* O_DIRECT refused at write time: start over buffered */
-			direct = 0;
-			whole = 0;
-			e = lseek(fd, 0, SEEK_SET) == 0 && ftruncate(fd, 0) == 0 ? 0 : -errno;
-		}
-	} else {
-		whole = 0;
-	}
-	if (e == 0 && direct && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT) < 0)
-		e = -errno;
-	if (e == 0)
-		e = write_all(fd, buf + whole, n - whole);
-	if (e == 0 && fsync(fd) < 0)
-		e = -errno;
-	if (e)
-		rc = st_fail(ST_EIO, "%s: write failed: %s", tmp, strerror(-e));
-	if (close(fd) < 0 && rc == 0)
-		rc = st_fail(ST_EIO, "%s: close failed: %s", tmp, strerror(errno));
-	if (rc == 0 && rename(tmp, path) < 0)
-		rc = st_fail(ST_EIO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-	if (rc < 0) {
-		unlink(tmp);
+	st_atomic_file f = ST_ATOMIC_FILE_INIT;
+	int rc = st_atomic_file_open_direct(&f, path);
+	if (rc < 0)
 		return rc;
-	}
-	return st_fsync_dir(step_dir);
+	st_atomic_file_write(&f, buf, n);
+	return st_atomic_file_commit(&f);
 }
 
 /* Shard file (the host buffer as it is) and done record of this process. */
@@ -353,7 +301,7 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 		if ((rc = ck_tensor_add_piece(ct, &cp)) < 0)
 			goto out;
 	}
-	if ((rc = write_image(path, step_dir, s->buf, s->used)) < 0)
+	if ((rc = write_image(path, s->buf, s->used)) < 0)
 		goto out;
 	*file_bytes = (int64_t)s->used;
 	if ((rc = ck_manifest_dump(&done, &text)) < 0 || (rc = done_path(path, sizeof(path), step_dir, s->o.process)) < 0)
@@ -548,8 +496,8 @@ static int reserve(st_ckpt_saver *s, size_t bytes)
 	free(s->buf);
 	s->buf = NULL;
 	s->cap = 0;
-	cap = (bytes + CK_SLACK + CK_ALIGN - 1) / CK_ALIGN * CK_ALIGN;
-	if (posix_memalign(&p, CK_ALIGN, cap) != 0)
+	cap = (bytes + CK_SLACK + ST_ATOMIC_FILE_ALIGN - 1) / ST_ATOMIC_FILE_ALIGN * ST_ATOMIC_FILE_ALIGN;
+	if (posix_memalign(&p, ST_ATOMIC_FILE_ALIGN, cap) != 0)
 		return st_fail(ST_ENOMEM, "checkpoint: out of memory for the host buffer (%zu bytes)", cap);
 	s->buf = p;
 	s->cap = cap;
@@ -559,7 +507,7 @@ static int reserve(st_ckpt_saver *s, size_t bytes)
 static void *prefault_main(void *arg)
 {
 	st_ckpt_saver *s = arg;
-	for (size_t i = 0; i < s->cap; i += CK_ALIGN)
+	for (size_t i = 0; i < s->cap; i += 4096) /* one write per page */
 		((volatile char *)s->buf)[i] = 0;
 	return NULL;
 }
