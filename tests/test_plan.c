@@ -2,9 +2,9 @@
  * `slicetrain plan`: MaxText's FLOPs figure for llama3-8b (95.5 TFLOPs per
  * device per step at batch 1 x 2048: 92.2 of weights, 3.3 of causal
  * attention), the tutorial's meshes, the planned bytes against what the code
- * allocates for a small model (parameter blocks, st_llama_act_bytes after
- * st_llama_alloc_acts, per remat policy), and a mesh or model that does not
- * resolve (ST_EINVAL).
+ * allocates for a small model (parameter blocks, st_llama_act_bytes and
+ * st_llama_workspace_bytes after st_llama_alloc_acts, per remat policy), and
+ * a mesh or model that does not resolve (ST_EINVAL).
  * Needs ST_ROOT (the repository root; tests/run.sh exports it).
  */
 #include <stdio.h>
@@ -96,6 +96,12 @@ static void test_small_model_bytes(void)
 		CHECK_MSG(p.activations == st_llama_act_bytes(&m), "%s%s: planned %lld, allocated %lld",
 			  remat[i % 3], bf16 ? " bf16" : "", (long long)p.activations,
 			  (long long)st_llama_act_bytes(&m));
+		/* the workspace: the kernels' (as allocated, for this process's
+		 * threads), the token batch (3 x 41 ids), the 64 MiB runtime */
+		int64_t ws = st_llama_workspace_bytes(&m);
+		CHECK_MSG(ws > 0 && p.workspace == ws + 4 * 3 * 41 + (64 << 20),
+			  "%s%s: planned workspace %lld, kernels' workspace allocated %lld", remat[i % 3],
+			  bf16 ? " bf16" : "", (long long)p.workspace, (long long)ws);
 		CHECK(p.params == m.nparams && p.params_piece == m.nparams && p.params_device == m.nparams);
 		CHECK(p.weights == m.nparams * (int64_t)sizeof(*m.params));
 		CHECK(p.grads == m.nparams * (int64_t)sizeof(*m.grads));

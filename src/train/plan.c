@@ -48,7 +48,6 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	if ((rc = st_llama_init_tp(&m, s, (int)tp, 0, NULL, 0)) < 0)
 		return rc;
 	p->local = m.ls;
-	int64_t E = s->E;
 	p->params = st_llama_count_params(s);
 	p->layer_piece = st_llama_unit_numel(&m, 1);
 	p->params_piece = m.nparams;
@@ -70,6 +69,11 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	st_llama_act_opts ao = {.tp = (int)tp, .bf16 = bf16,
 				.weight_copy_elems = bf16 && F > 1 ? st_llama_largest_linear(&m) : 0};
 	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
+	/* the kernels' workspace as st_llama_alloc_acts allocates it, its
+	 * per-thread slices for this process's OpenMP threads (OMP_NUM_THREADS:
+	 * set it as for the run), plus the token batch and the runtime */
+	p->workspace = st_llama_workspace_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao) +
+		       4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
 	p->bf16_weights = bf16 && F == 1 ? 2 * p->params_piece : 0;
 	/* checkpointing: st_ckpt_saver_reserve's host buffer, allocated and
 	 * touched when the run starts so that a save only copies: the file image
@@ -81,12 +85,6 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 		p->checkpoint = ceil_div(4096 + 3 * (int64_t)m.ntensors * 512 + 3 * 4 * p->params_device + (1 << 20),
 					 4096) * 4096;
 	st_llama_release(&m);
-
-	/* transient kernel buffers (largest phase: attention backward) + runtime */
-	int64_t N = p->rows * p->T, Tpad = ceil_div(p->T, 64) * 64;
-	int64_t attn = 4 * (2 * p->rows * p->local.K * s->D * Tpad + p->rows * p->local.H * p->T);
-	int64_t norm = 4 * ceil_div(N, 64) * E;
-	p->workspace = (attn > norm ? attn : norm) + 4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
 
 	p->total = p->weights + p->grads + p->optimizer + p->fsdp_buffer + p->bf16_weights +
 		   p->activations + p->workspace + p->checkpoint;
@@ -143,7 +141,7 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		 remat_name(c->remat_policy), (long long)p->rows, (long long)p->T, (long long)l->H,
 		 (long long)l->K, (long long)l->M, (long long)l->V);
 	line(out, "activations", p->activations, note);
-	line(out, "workspace", p->workspace, "attention's K/V transposes, batch, 64 MiB runtime");
+	line(out, "workspace", p->workspace, "kernels' workspace (attention's K/V layouts), batch, 64 MiB runtime");
 	if (p->memory > 0)
 		snprintf(note, sizeof(note), "of %.1f GiB: %s", p->memory / GIB,
 			 p->fits ? "fits" : "DOES NOT FIT");
