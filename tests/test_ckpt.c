@@ -32,6 +32,7 @@
 #include "ckpt/ckpt_int.h"
 #include "ckpt/safetensors.h"
 #include "config/config.h"
+#include "model/llama.h"
 
 static char tmpdir[512];
 
@@ -884,7 +885,7 @@ static void test_hf(void)
 	char cfgdir[1024], base[1100];
 	char *ov[] = {"model_name=llama3-test", "run_name=hf", "rope_type=llama3.1", "base_output_directory=/tmp/x"};
 	st_config c;
-	struct ck_hf_tensor *ht;
+	st_llama_shape shape;
 	struct tdef *td;
 	struct plist *pl = calloc(1, sizeof(*pl) * 4);
 	int nt;
@@ -895,10 +896,15 @@ static void test_hf(void)
 	st_config_set_config_dir(cfgdir);
 	CHECK_MSG(st_config_load(&c, base, 4, ov) == 0, "%s", st_errmsg());
 	CHECK(st_config_to_json(&c, &cj) == 0);
-	CHECK(ck_llama_tensors(&c, &ht, &nt) == 0 && nt == 3 + 9 * 2);
+	st_llama_shape_from_config(&shape, &c);
+	nt = (int)st_llama_num_tensors(&shape);
+	CHECK(nt == 3 + 9 * 2);
+	st_tensor *ht = calloc((size_t)nt, sizeof(*ht));
 	td = calloc((size_t)nt, sizeof(*td));
-	for (int i = 0; i < nt; i++)
-		td[i] = (struct tdef){ht[i].name, ht[i].ndim, {ht[i].shape[0], ht[i].shape[1]}};
+	for (int i = 0; i < nt; i++) {
+		st_llama_tensor_at(&shape, i, &ht[i]);
+		td[i] = (struct tdef){ht[i].name, ht[i].ndim, {ht[i].global_shape[0], ht[i].global_shape[1]}};
+	}
 	CHECK(!strcmp(td[nt - 1].name, "lm_head.weight") && td[2].shape[0] == 64 && td[2].shape[1] == 64);
 
 	/* save the parameters as 2 processes (column splits), export with tiny shards */

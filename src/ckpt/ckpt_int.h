@@ -136,12 +136,8 @@ int64_t ck_piece_numel(const st_ckpt_piece *p);
 
 /* ---- Hugging Face (hf.c) ---- */
 
-/* The Llama tensors of config c in the model's order (HF names and shapes). *out malloc'd. */
-struct ck_hf_tensor {
-	char name[96];
-	int ndim;
-	int64_t shape[2];
-};
-int ck_llama_tensors(const st_config *c, struct ck_hf_tensor **out, int *n);
+/* load_parameters_path from a Hugging Face model directory: fill pieces from
+ * config.json + safetensors (checked against c; see st_ckpt_load_params). */
+int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces);
 
 #endif

@@ -11,11 +11,13 @@
 #include "base/err.h"
 #include "base/file.h"
 #include "ckpt/safetensors.h"
+#include "model/llama.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,49 +26,31 @@
 
 #define DEFAULT_SHARD_BYTES INT64_C(5000000000) /* transformers' max_shard_size "5GB" */
 
-int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces);
-
-int ck_llama_tensors(const st_config *c, struct ck_hf_tensor **out, int *n)
+/* The model's tensor table for config c (global shapes, HF names), in the
+ * model's order. *out malloc'd. */
+static int model_tensors(const st_config *c, const char *where, st_tensor **out, int *n)
 {
-	int64_t E = c->emb_dim, V = c->vocab_size, M = c->mlp_dim, HD = c->num_query_heads * c->head_dim,
-		KD = c->num_kv_heads * c->head_dim, L = c->num_decoder_layers;
-	static const struct {
-		const char *suffix;
-		int rows, cols; /* 'E', 'M', 'Q' (HD), 'K' (KD), 0 */
-	} layer[] = {
-		{"input_layernorm.weight", 'E', 0},  {"self_attn.q_proj.weight", 'Q', 'E'},
-		{"self_attn.k_proj.weight", 'K', 'E'}, {"self_attn.v_proj.weight", 'K', 'E'},
-		{"self_attn.o_proj.weight", 'E', 'Q'}, {"post_attention_layernorm.weight", 'E', 0},
-		{"mlp.gate_proj.weight", 'M', 'E'},  {"mlp.up_proj.weight", 'M', 'E'},
-		{"mlp.down_proj.weight", 'E', 'M'},
-	};
-	int count = (int)(3 + 9 * L), k = 0;
-	struct ck_hf_tensor *t;
+	st_llama_shape s;
+	st_tensor *t;
+	int64_t nt;
+	int rc;
 
 	*out = NULL;
 	*n = 0;
-	if (L < 0 || L > 100000 || !(t = calloc((size_t)count, sizeof(*t))))
+	if ((rc = st_llama_check_config(c, NULL)) < 0) {
+		char msg[512];
+		snprintf(msg, sizeof(msg), "%s", st_errmsg());
+		return st_fail(ST_EINVAL, "%s: %s", where, msg);
+	}
+	st_llama_shape_from_config(&s, c);
+	nt = st_llama_num_tensors(&s);
+	if (nt > INT_MAX / (int64_t)sizeof(*t) || !(t = calloc((size_t)nt, sizeof(*t))))
 		return st_fail(ST_ENOMEM, "out of memory");
-#define DIM(ch) ((ch) == 'E' ? E : (ch) == 'M' ? M : (ch) == 'Q' ? HD : KD)
-	t[k++] = (struct ck_hf_tensor){"model.embed_tokens.weight", 2, {V, E}};
-	for (int64_t l = 0; l < L; l++)
-		for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++, k++) {
-			snprintf(t[k].name, sizeof(t[k].name), "model.layers.%" PRId64 ".%s", l, layer[i].suffix);
-			t[k].ndim = layer[i].cols ? 2 : 1;
-			t[k].shape[0] = DIM(layer[i].rows);
-			t[k].shape[1] = layer[i].cols ? DIM(layer[i].cols) : 0;
-		}
-#undef DIM
-	t[k++] = (struct ck_hf_tensor){"model.norm.weight", 1, {E, 0}};
-	t[k++] = (struct ck_hf_tensor){"lm_head.weight", 2, {V, E}};
+	for (int64_t i = 0; i < nt; i++)
+		st_llama_tensor_at(&s, i, &t[i]);
 	*out = t;
-	*n = k;
+	*n = (int)nt;
 	return 0;
-}
-
-static int64_t numel(const struct ck_hf_tensor *t)
-{
-	return t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0];
 }
 
 /* ---------------------------------------------------------------- export */
@@ -178,7 +162,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 	struct ck_manifest m = {0};
 	struct ck_reader r;
 	st_progress prog;
-	struct ck_hf_tensor *want = NULL;
+	st_tensor *want = NULL;
 	st_config c;
 	int nwant = 0, nfiles = 0, rc;
 	int *file_of = NULL;
@@ -199,7 +183,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 		rc = st_fail(ST_EINVAL, "%s/%s: %s", step_dir, CK_MANIFEST, msg);
 		goto out;
 	}
-	if ((rc = ck_llama_tensors(&c, &want, &nwant)) < 0)
+	if ((rc = model_tensors(&c, step_dir, &want, &nwant)) < 0)
 		goto out;
 	for (int i = 0; i < nwant; i++) {
 		const struct ck_tensor *t = ck_manifest_find(&m, want[i].name);
@@ -207,14 +191,15 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 			rc = st_fail(ST_EINVAL, "%s: tensor %s is missing from the checkpoint", step_dir, want[i].name);
 			goto out;
 		}
-		if (t->ndim != want[i].ndim || t->shape[0] != want[i].shape[0] || t->shape[1] != want[i].shape[1]) {
+		if (t->ndim != want[i].ndim || t->shape[0] != want[i].global_shape[0] ||
+		    t->shape[1] != want[i].global_shape[1]) {
 			rc = st_fail(ST_EINVAL, "%s: tensor %s does not have the shape its config gives", step_dir,
 				     want[i].name);
 			goto out;
 		}
-		total += numel(&want[i]) * 4;
-		if (numel(&want[i]) > biggest)
-			biggest = numel(&want[i]);
+		total += want[i].numel * 4;
+		if (want[i].numel > biggest)
+			biggest = want[i].numel;
 	}
 
 	/* the files: one, or greedy shards of at most shard_bytes (a bigger tensor alone) */
@@ -225,7 +210,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 	}
 	int64_t cur = 0;
 	for (int i = 0; i < nwant; i++) {
-		int64_t b = numel(&want[i]) * 4;
+		int64_t b = want[i].numel * 4;
 		if (nfiles == 0 || (total > shard_bytes && cur > 0 && cur + b > shard_bytes)) {
 			nfiles++;
 			cur = 0;
@@ -270,17 +255,17 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 		}
 		for (int i = 0; i < cnt; i++)
 			tt[i] = (st_safetensors_tensor){want[first + i].name, ST_DTYPE_F32, want[first + i].ndim,
-					       {want[first + i].shape[0], want[first + i].shape[1]}, NULL};
+					       {want[first + i].global_shape[0], want[first + i].global_shape[1]}, NULL};
 		if ((rc = st_path_join(path, sizeof(path), out_dir, fnames[f])) == 0 &&
 		    (rc = st_safetensors_header(path, cnt, tt, 1, mk, mv, &hdr, &hlen)) == 0 &&
 		    (rc = st_atomic_file_open(&af, path)) == 0) {
 			st_atomic_file_write(&af, hdr, hlen);
 			for (int i = 0; i < cnt && rc == 0; i++) {
-				const struct ck_hf_tensor *w = &want[first + i];
-				st_ckpt_piece p = {w->name, w->ndim, {w->shape[0], w->shape[1]}, {0, 0},
-						   {w->shape[0], w->shape[1]}, buf};
+				const st_tensor *w = &want[first + i];
+				st_ckpt_piece p = {w->name, w->ndim, {w->global_shape[0], w->global_shape[1]}, {0, 0},
+						   {w->global_shape[0], w->global_shape[1]}, buf};
 				if ((rc = ck_fill_piece(&r, &p)) == 0)
-					rc = st_atomic_file_write(&af, buf, (size_t)numel(w) * 4);
+					rc = st_atomic_file_write(&af, buf, (size_t)w->numel * 4);
 				if (rc == 0 && index)
 					rc = json_object_set_new(json_object_get(index, "weight_map"), w->name,
 								 json_string(fnames[f])) < 0 ? st_fail(ST_ENOMEM, "out of memory") : 0;

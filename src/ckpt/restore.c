@@ -18,8 +18,6 @@
 /* Outcome of one try on one process, ordered so that a MAX over processes decides. */
 enum { TRY_OK = 0, TRY_UNUSABLE = 1, TRY_HARD = 2 };
 
-int ck_hf_load(const char *dir, const st_config *c, int n, st_ckpt_piece *pieces); /* hf.c */
-
 /* A MAX of every process's status; without comm, the local one. */
 static int agree(st_comm *comm, int local, int *global)
 {

@@ -11,6 +11,7 @@
 #include "base/err.h"
 #include "comm/comm.h"
 #include "config/config.h"
+#include "model/llama.h"
 #include "train/train.h"
 
 static const char train_usage[] =
@@ -59,8 +60,11 @@ int st_cmd_train(int argc, char **argv)
 	st_log_quiet(!lead);
 	if (rc == 0)
 		rc = st_config_load(c, a.config ? a.config : default_cfg, a.nkv, a.kv);
+	int64_t nparams = 0;
+	if (rc == 0)
+		rc = st_llama_check_config(c, &nparams); /* the checks that need the model's tensor table */
 	if (rc == 0 && lead)
-		st_config_print(c);
+		st_config_print(c, nparams);
 	st_log_quiet(0);
 	st_cli_config_args_release(&a);
 	if (rc == 0) {

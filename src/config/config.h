@@ -122,19 +122,14 @@ void st_config_set_config_dir(const char *dir);
 const char *st_config_get_config_dir(void);
 
 /*
- * Parameter count of the resolved shape: untied embedding and output layer,
- * per layer q/k/v/o, gate/up/down and two RMSNorm weights, final norm.
- * -1 if it overflows int64 (st_config_load rejects such shapes).
- */
-int64_t st_config_num_params(const st_config *c);
-
-/*
  * Print the resolved config to stderr through st_info: one line for the
  * model shape (name, parameter count, layers, emb, heads/kv heads, head_dim,
  * mlp, vocab, RoPE), one for the run (seq len, batch, steps, dtype, remat,
- * data, output), one for the optimizer.
+ * data, output), one for the optimizer. num_params is the model's count
+ * (st_llama_check_config): the tensor table belongs to src/model, which
+ * src/config does not see.
  */
-void st_config_print(const st_config *c);
+void st_config_print(const st_config *c, int64_t num_params);
 
 /*
  * The resolved config as a JSON object (config_json.c), for checkpoint

@@ -72,33 +72,113 @@ void st_llama_shape_from_config(st_llama_shape *s, const st_config *c)
 	s->rope.original_max_len = (double)c->rope_original_max_len;
 }
 
-static int64_t layer_params(const st_llama_shape *s)
+/* One layer's tensors in table order. rows, cols: 'E' emb, 'Q' heads x
+ * head_dim, 'K' kv heads x head_dim, 'M' mlp, 0 none (1-D). */
+static const struct {
+	const char *suffix;
+	enum st_tensor_kind kind;
+	char rows, cols;
+	int tp_dim; /* Megatron: q/k/v, gate/up by rows (heads, mlp); o, down by columns */
+} layer_tensors[9] = {
+	{"input_layernorm.weight", ST_T_NORM, 'E', 0, -1},
+	{"self_attn.q_proj.weight", ST_T_LINEAR, 'Q', 'E', 0},
+	{"self_attn.k_proj.weight", ST_T_LINEAR, 'K', 'E', 0},
+	{"self_attn.v_proj.weight", ST_T_LINEAR, 'K', 'E', 0},
+	{"self_attn.o_proj.weight", ST_T_LINEAR, 'E', 'Q', 1},
+	{"post_attention_layernorm.weight", ST_T_NORM, 'E', 0, -1},
+	{"mlp.gate_proj.weight", ST_T_LINEAR, 'M', 'E', 0},
+	{"mlp.up_proj.weight", ST_T_LINEAR, 'M', 'E', 0},
+	{"mlp.down_proj.weight", ST_T_LINEAR, 'E', 'M', 1},
+};
+
+static int64_t layer_dim(const st_llama_shape *s, char d)
 {
-	return 2 * s->E + s->E * s->H * s->D * 2 + s->E * s->K * s->D * 2 + 3 * s->E * s->M;
+	return d == 'E' ? s->E : d == 'M' ? s->M : d == 'Q' ? s->H * s->D : d == 'K' ? s->K * s->D : 0;
+}
+
+int64_t st_llama_num_tensors(const st_llama_shape *s) { return 3 + 9 * s->L; }
+
+/* Tensor `slot` of layer l (0..8 in table order), or with l < 0 the
+ * embedding (slot 0), final norm (1) or output layer (2). */
+static void table_entry(const st_llama_shape *s, int64_t l, int slot, st_tensor *t)
+{
+	int64_t rows, cols;
+	memset(t, 0, sizeof(*t));
+	if (l >= 0) {
+		snprintf(t->name, sizeof(t->name), "model.layers.%lld.%s", (long long)l, layer_tensors[slot].suffix);
+		t->kind = layer_tensors[slot].kind;
+		t->tp_dim = layer_tensors[slot].tp_dim;
+		rows = layer_dim(s, layer_tensors[slot].rows);
+		cols = layer_dim(s, layer_tensors[slot].cols);
+	} else {
+		static const char *const name[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+		static const enum st_tensor_kind kind[3] = {ST_T_EMBED, ST_T_NORM, ST_T_LINEAR};
+		snprintf(t->name, sizeof(t->name), "%s", name[slot]);
+		t->kind = kind[slot];
+		t->tp_dim = slot == 2 ? 0 : -1; /* the output layer by vocabulary rows */
+		rows = slot == 1 ? s->E : s->V;
+		cols = slot == 1 ? 0 : s->E;
+	}
+	t->ndim = cols ? 2 : 1;
+	t->global_shape[0] = t->shape[0] = rows;
+	t->global_shape[1] = t->shape[1] = cols;
+	if (__builtin_mul_overflow(rows, cols ? cols : 1, &t->numel))
+		t->numel = -1;
+}
+
+void st_llama_tensor_at(const st_llama_shape *s, int64_t i, st_tensor *t)
+{
+	int64_t L = s->L;
+	if (i < 0 || i >= st_llama_num_tensors(s))
+		ST_BUG("tensor %lld of a table of %lld", (long long)i, (long long)st_llama_num_tensors(s));
+	if (i == 0 || i > 9 * L)
+		table_entry(s, -1, i == 0 ? 0 : (int)(i - 9 * L), t);
+	else
+		table_entry(s, (i - 1) / 9, (int)((i - 1) % 9), t);
 }
 
 int64_t st_llama_count_params(const st_llama_shape *s)
 {
-	return 2 * s->V * s->E + s->E + s->L * layer_params(s);
+	int64_t layer = 0, total = 0;
+	st_tensor t;
+	for (int slot = 0; slot < 9; slot++) { /* every layer has layer 0's tensors */
+		table_entry(s, 0, slot, &t);
+		if (t.numel < 0 || __builtin_add_overflow(layer, t.numel, &layer))
+			return -1;
+	}
+	if (__builtin_mul_overflow(layer, s->L, &total))
+		return -1;
+	for (int slot = 0; slot < 3; slot++) {
+		table_entry(s, -1, slot, &t);
+		if (t.numel < 0 || __builtin_add_overflow(total, t.numel, &total))
+			return -1;
+	}
+	return total;
 }
 
-/* rows x cols global (cols 0: 1-D); tp_dim as in st_tensor. */
-static void add_tensor(st_llama *m, const char *name, enum st_tensor_kind kind, int64_t rows,
-			 int64_t cols, int tp_dim, int64_t *off)
+int st_llama_check_config(const st_config *c, int64_t *num_params)
+{
+	st_llama_shape s;
+	st_llama_shape_from_config(&s, c);
+	int64_t n = st_llama_count_params(&s);
+	if (n < 0)
+		return st_fail(ST_EINVAL, "model %s is too large: its parameter count overflows 64 bits", c->model_name);
+	if (num_params)
+		*num_params = n;
+	return 0;
+}
+
+/* Append table entry i as this process holds it: tp_dim divided by tp. */
+static void add_tensor(st_llama *m, int64_t i, int64_t *off)
 {
 	st_tensor *t = &m->tensors[m->ntensors++];
-	snprintf(t->name, sizeof(t->name), "%s", name);
+	st_llama_tensor_at(&m->s, i, t);
 	t->offset = *off;
-	t->kind = kind;
-	t->ndim = cols ? 2 : 1;
-	t->global_shape[0] = t->shape[0] = rows;
-	t->global_shape[1] = t->shape[1] = cols;
-	t->tp_dim = tp_dim;
-	if (tp_dim >= 0) {
-		t->shape[tp_dim] /= m->tp;
-		t->tp_offset[tp_dim] = t->shape[tp_dim] * m->tp_rank;
+	if (t->tp_dim >= 0) {
+		t->shape[t->tp_dim] /= m->tp;
+		t->tp_offset[t->tp_dim] = t->shape[t->tp_dim] * m->tp_rank;
 	}
-	t->numel = cols ? t->shape[0] * t->shape[1] : t->shape[0];
+	t->numel = t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0];
 	*off += t->numel;
 }
 
@@ -172,42 +252,23 @@ int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, 
 	m->tp = tp;
 	m->tp_rank = tp_rank;
 	m->tp_comm = tp > 1 ? tp_comm : NULL;
-	/* this process's piece: replicated embedding, norms; the rest split by tp */
-	m->nparams = s->V * s->E + s->E + m->ls.V * s->E + s->L * layer_params(&m->ls);
-	int64_t L = s->L, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
-	m->tensors = calloc((size_t)(3 + 9 * L), sizeof(st_tensor));
+	/* this process's table: replicated embedding and norms, the rest split by tp */
+	int64_t L = s->L, nt = st_llama_num_tensors(s), off = 0;
+	m->tensors = calloc((size_t)nt, sizeof(st_tensor));
 	m->p.layers = calloc((size_t)L, sizeof(st_layer_view));
 	m->g.layers = calloc((size_t)L, sizeof(st_layer_view));
-	if (resident) {
+	if (m->tensors)
+		for (int64_t i = 0; i < nt; i++)
+			add_tensor(m, i, &off);
+	m->nparams = off;
+	if (resident && m->tensors) {
 		m->params = calloc((size_t)m->nparams, sizeof(float));
 		m->grads = calloc((size_t)m->nparams, sizeof(float));
 	}
 	if (!m->tensors || !m->p.layers || !m->g.layers || (resident && (!m->params || !m->grads))) {
 		st_llama_release(m);
-		return st_fail(ST_ENOMEM, "out of memory for %lld parameters", (long long)m->nparams);
+		return st_fail(ST_ENOMEM, "out of memory for %lld parameters", (long long)off);
 	}
-	int64_t off = 0;
-	char n[80];
-	add_tensor(m, "model.embed_tokens.weight", ST_T_EMBED, s->V, E, -1, &off);
-	for (int64_t l = 0; l < L; l++) {
-#define T(suffix, kind, r, c, dim)                                                 \
-	snprintf(n, sizeof(n), "model.layers.%lld.%s", (long long)l, suffix);            \
-	add_tensor(m, n, kind, r, c, dim, &off)
-		T("input_layernorm.weight", ST_T_NORM, E, 0, -1);
-		T("self_attn.q_proj.weight", ST_T_LINEAR, HD, E, 0);
-		T("self_attn.k_proj.weight", ST_T_LINEAR, KD, E, 0);
-		T("self_attn.v_proj.weight", ST_T_LINEAR, KD, E, 0);
-		T("self_attn.o_proj.weight", ST_T_LINEAR, E, HD, 1);
-		T("post_attention_layernorm.weight", ST_T_NORM, E, 0, -1);
-		T("mlp.gate_proj.weight", ST_T_LINEAR, M, E, 0);
-		T("mlp.up_proj.weight", ST_T_LINEAR, M, E, 0);
-		T("mlp.down_proj.weight", ST_T_LINEAR, E, M, 1);
-#undef T
-	}
-	add_tensor(m, "model.norm.weight", ST_T_NORM, E, 0, -1, &off);
-	add_tensor(m, "lm_head.weight", ST_T_LINEAR, s->V, E, 0, &off);
-	if (off != m->nparams)
-		ST_BUG("parameter table covers %lld of %lld", (long long)off, (long long)m->nparams);
 	if (resident)
 		for (int i = 0; i < m->ntensors; i++) {
 			*view_field(&m->p, i, L) = m->params + m->tensors[i].offset;

@@ -109,8 +109,40 @@ typedef struct st_llama {
 #define ST_LLAMA_INIT {0}
 
 void st_llama_shape_from_config(st_llama_shape *s, const st_config *c);
-/* Number of parameters of a shape. */
+
+/*
+ * The model's tensor table, read without a model (nothing is allocated).
+ * This is the one owner of the tensors' Hugging Face names, shapes and
+ * tensor-parallel split rules: st_llama_init_tp builds each process's table
+ * from it, and the parameter count, Hugging Face export/import and
+ * `slicetrain plan` read it.
+ *
+ * Table order: embedding; per layer input_layernorm, q, k, v, o,
+ * post_attention_layernorm, gate, up, down; final norm; output layer.
+ * st_llama_tensor_at fills *t with tensor i (0 <= i < st_llama_num_tensors)
+ * as one whole, unsplit tensor: name, kind, ndim, shape == global_shape,
+ * numel (-1 if it overflows int64), tp_dim (the dimension a tensor-parallel
+ * group splits, -1: replicated), offset and tp_offset 0.
+ *
+ *   for (int64_t i = 0; i < st_llama_num_tensors(&s); i++) {
+ *           st_tensor t;
+ *           st_llama_tensor_at(&s, i, &t);
+ *           ... t.name, t.ndim, t.global_shape ...
+ *   }
+ */
+int64_t st_llama_num_tensors(const st_llama_shape *s);
+void st_llama_tensor_at(const st_llama_shape *s, int64_t i, st_tensor *t);
+/* Number of parameters of a shape: the sum of the table's tensors (without
+ * walking every layer); -1 if it overflows int64. */
 int64_t st_llama_count_params(const st_llama_shape *s);
+/*
+ * The model-level check of a resolved config (those that need the tensor
+ * table, which src/config cannot see): its parameter count fits int64.
+ * ST_EINVAL "model NAME is too large: its parameter count overflows 64
+ * bits" otherwise (exit status 2). *num_params (may be NULL): the count.
+ * The trainer and `slicetrain plan` call it before sizing anything.
+ */
+int st_llama_check_config(const st_config *c, int64_t *num_params);
 int st_llama_init(st_llama *m, const st_llama_shape *s);
 /* Megatron-style tensor parallelism over a group of tp processes: q/k/v,
  * gate/up and the output layer split by rows (heads, mlp, vocab), o and down

@@ -45,10 +45,10 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	 * parts divided by tp, the rest replicated; buffers are sized from it by
 	 * the same functions that allocate them */
 	st_llama m = ST_LLAMA_INIT;
-	if ((rc = st_llama_init_tp(&m, s, (int)tp, 0, NULL, 0)) < 0)
+	if ((rc = st_llama_check_config(c, &p->params)) < 0 ||
+	    (rc = st_llama_init_tp(&m, s, (int)tp, 0, NULL, 0)) < 0)
 		return rc;
 	p->local = m.ls;
-	p->params = st_llama_count_params(s);
 	p->layer_piece = st_llama_unit_numel(&m, 1);
 	p->params_piece = m.nparams;
 	p->params_device = ceil_div(p->params_piece, F);

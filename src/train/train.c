@@ -317,7 +317,8 @@ int st_train(const st_config *c, st_train_result *res)
 		st_info("mesh: %s", t.mesh_desc);
 		print_header(&t);
 	}
-	if ((rc = check_memory(st_llama_count_params(&shape), c->model_name)) < 0)
+	int64_t nparams;
+	if ((rc = st_llama_check_config(c, &nparams)) < 0 || (rc = check_memory(nparams, c->model_name)) < 0)
 		goto out;
 	/* with fsdp > 1 the model is not resident: ZeRO-3 gathers it unit by unit */
 	int resident = p->mesh.size[ST_AXIS_FSDP] == 1;
