@@ -95,9 +95,14 @@ static int parse_value(const st_cli_opt *o, const char *v)
 		*(int *)o->value = 1;
 		return 0;
 	case ST_CLI_COUNT: {
+		errno = 0;
 		long long x = v ? strtoll(v, &end, 10) : 0;
 		if (!v || !*v || *end || x < 1)
 			return st_fail(ST_EINVAL, "%s needs a whole number >= 1, got '%s'", o->name, shown);
+		/* counts of slices and devices: a bound keeps every product of
+		 * them (devices, tokens, bytes) far from int64 overflow */
+		if (errno || x > ST_CLI_COUNT_MAX)
+			return st_fail(ST_EINVAL, "%s is at most %d, got '%s'", o->name, ST_CLI_COUNT_MAX, shown);
 		*(int64_t *)o->value = x;
 		return 0;
 	}

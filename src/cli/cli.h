@@ -64,7 +64,7 @@ const char *st_cli_use_config_dir(void);
  * the message of a missing or bad value (the commands' messages, kept as
  * they were):
  *   ST_CLI_FLAG   int, set to 1; takes no value
- *   ST_CLI_COUNT  int64_t, a whole number >= 1
+ *   ST_CLI_COUNT  int64_t, a whole number from 1 to ST_CLI_COUNT_MAX
  *                 "--x needs a whole number >= 1, got 'V'"
  *   ST_CLI_INT    int, a whole number in [min, max]
  *                 "--x needs a positive integer (min..max)"
@@ -74,6 +74,7 @@ const char *st_cli_use_config_dir(void);
  *                 as transformers' max_shard_size)
  *                 "--x needs a value", "--x 'V' is not a size (e.g. 5GB)"
  */
+#define ST_CLI_COUNT_MAX (1 << 20)
 enum st_cli_kind { ST_CLI_FLAG = 1, ST_CLI_COUNT, ST_CLI_INT, ST_CLI_GIB, ST_CLI_SIZE };
 
 typedef struct st_cli_opt {

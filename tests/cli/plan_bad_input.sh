@@ -7,6 +7,8 @@ m=model_name=llama3-test
 expect_error "no CONFIG.yml" "plan needs a CONFIG.yml" -- plan "$m"
 expect_error "zero slices" "--num-slices needs a whole number >= 1, got '0'" -- plan "$base" "$m" --num-slices 0
 expect_error "slices without value" "--devices-per-slice needs a whole number >= 1, got ''" -- plan "$base" "$m" --devices-per-slice
+expect_error "slices overflow" "--num-slices is at most 1048576, got '99999999999999999999'" -- plan "$base" "$m" --num-slices 99999999999999999999
+expect_error "devices too many" "--devices-per-slice is at most 1048576, got '2000000'" -- plan "$base" "$m" --devices-per-slice 2000000
 expect_error "memory not a number" "--memory needs a size in GiB > 0, got 'lots'" -- plan "$base" "$m" --memory lots
 expect_error "unknown option" "unknown option '--frobnicate' \(see slicetrain plan --help\)" -- plan "$base" "$m" --frobnicate
 expect_error "config errors come through" "model_nmae" -- plan "$base" model_nmae=llama3-test
