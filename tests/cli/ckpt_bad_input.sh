@@ -32,7 +32,6 @@ $SLICETRAIN ckpt list "$TMP/run" >"$TMP/list.txt" 2>&1 || fail "ckpt list: exit 
 grep -Eq '^3 +uncommitted' "$TMP/list.txt" || fail "ckpt list: step 3 not uncommitted: $(cat "$TMP/list.txt")"
 grep -Eq '^7 +damaged .*bad JSON' "$TMP/list.txt" || fail "ckpt list: step 7 not damaged: $(cat "$TMP/list.txt")"
 $SLICETRAIN ckpt verify "$TMP/run/checkpoints/7" >"$TMP/v.txt" 2>&1
-rc=$?
-[ $rc -eq 1 ] || fail "verify of a damaged manifest: exit $rc, want 1"
+status_is "verify of a damaged manifest" $? 1 "$TMP/v.txt"
 grep -q "manifest.json: bad JSON" "$TMP/v.txt" || fail "verify: $(cat "$TMP/v.txt")"
 finish

@@ -33,6 +33,6 @@ grep -q '^completed step' "$TMP/jax.1" && fail "only rank 0 prints the step line
 # the launcher's run of the same mesh gives the same losses
 OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 1 --devices-per-slice 2 -- "${common[@]}" run_name=ours \
 	ici_fsdp_parallelism=2 metrics_file="$TMP/ours.jsonl" >"$TMP/ours" 2>&1 || fail "launcher run failed"
-cmp -s <(metric_losses "$TMP/ours.jsonl") <(metric_losses "$TMP/torchrun.0.jsonl") || fail "torchrun-style losses differ from the launcher's"
+same_losses "torchrun-style vs the launcher's" "$TMP/ours.jsonl" "$TMP/torchrun.0.jsonl" 5
 echo "torchrun-style and JAX/MEGASCALE-style 2-process runs trained 5 steps each"
 finish

@@ -4,13 +4,12 @@
 # refused in MaxText's words.
 . "$(dirname "$0")/../cli_lib.sh"
 mt="$ST_ROOT/../shared/fixtures/maxtext-v0.2.1/base.yml"
-if [ ! -f "$mt" ]; then echo "skipped: $mt not present"; exit 0; fi
+[ -f "$mt" ] || skip_dep "$mt not present (shared fixtures)"
 tut=(base_output_directory="$TMP/data/" dataset_type=synthetic steps=3 run_name=rayjob-test)
 
 # llama3-8b at the tutorial's shape: resolved and priced, then refused for memory on one CPU device
 "$SLICETRAIN" train "$mt" "${tut[@]}" model_name=llama3-8b per_device_batch_size=1 max_target_length=2048 >"$TMP/out" 2>"$TMP/err"
-rc=$?
-[ $rc -eq 1 ] || fail "llama3-8b on one device: exit $rc, want 1 (does not fit)"
+status_is "llama3-8b on one device (does not fit)" $? 1 "$TMP/err"
 grep -q '8030261248' "$TMP/err" || fail "llama3-8b parameter count not printed"
 grep -q '32 layers' "$TMP/err" || fail "layers not printed"
 grep -q 'heads 32 (kv 8)' "$TMP/err" || fail "heads not printed"

@@ -1,14 +1,16 @@
 # Bit-exact resume: 20 steps straight, and 20 steps killed (SIGKILL) after the
-# step-10 checkpoint then run again (auto-resume), give the same loss lines
-# for every step and byte-identical exported weights; on one process and on a
+# step-10 checkpoint then run again (auto-resume), give the same losses for
+# every step (the metrics files, bit for bit), the same log lines apart from
+# timings, and byte-identical exported weights; on one process and on a
 # 4-process mesh (2 slices x ici_fsdp 2, dcn_data 2).
 . "$(dirname "$0")/../cli_lib.sh"
 common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=20 max_target_length=256
-	learning_rate=1e-3 dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=10)
+	learning_rate=1e-3 dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=10 log_period=1)
 strip() { grep '^completed step' "$1" | sed -E 's/seconds: [0-9.]+, TFLOP\/s\/device: [0-9.]+, Tokens\/s\/device: [0-9.]+/T/'; }
 
-run() { # launcher-args-or-empty run_name batch log extra...
+run() { # single|mesh run_name batch log extra... (metrics in $log.jsonl; flushed every step: log_period=1)
 	local mode=$1 name=$2 batch=$3 log=$4; shift 4
+	set -- metrics_file="$log.jsonl" "$@"
 	if [ "$mode" = single ]; then
 		OMP_NUM_THREADS=1 "$SLICETRAIN" train "${common[@]}" run_name="$name" per_device_batch_size="$batch" "$@" >>"$log" 2>>"$log.err"
 	else
@@ -34,7 +36,10 @@ for mode in single mesh; do
 	run $mode cut-$mode $batch "$TMP/resumed-$mode" || fail "$mode: resumed run failed: $(tail -3 "$TMP/resumed-$mode.err")"
 	grep -q 'restored step 10' "$TMP/resumed-$mode.err" || fail "$mode: did not resume from step 10"
 	# steps 0..9 from the first part, 10..19 from the resumed part
+	{ head -n 10 "$TMP/cut-$mode.jsonl"; cat "$TMP/resumed-$mode.jsonl"; } >"$TMP/joined-$mode.jsonl"
+	same_losses "$mode: straight vs killed and resumed" "$TMP/straight-$mode.jsonl" "$TMP/joined-$mode.jsonl" 20
 	{ strip "$TMP/cut-$mode" | head -10; strip "$TMP/resumed-$mode"; } >"$TMP/joined-$mode"
+	[ "$(wc -l <"$TMP/joined-$mode")" -eq 20 ] || fail "$mode: $(wc -l <"$TMP/joined-$mode") loss lines, want 20"
 	cmp -s <(strip "$TMP/straight-$mode") "$TMP/joined-$mode" \
 		|| fail "$mode: loss lines differ: $(diff <(strip "$TMP/straight-$mode") "$TMP/joined-$mode" | head -4)"
 	for r in straight cut; do

@@ -20,16 +20,15 @@ PY
 common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=5 max_target_length=32 learning_rate=1e-3
 	base_output_directory="$TMP/o" run_name=tok dataset_type=tokens enable_checkpointing=false)
 for src in "rows.npy" "shard_*.bin"; do
-	"$SLICETRAIN" train "${common[@]}" dataset_path="$TMP/$src" per_device_batch_size=4 >"$TMP/a" 2>"$TMP/err" \
-		|| fail "$src: exit $?: $(tail -2 "$TMP/err")"
+	"$SLICETRAIN" train "${common[@]}" dataset_path="$TMP/$src" per_device_batch_size=4 metrics_file="$TMP/${src%%[._]*}.jsonl" \
+		>"$TMP/a" 2>"$TMP/err" || fail "$src: exit $?: $(tail -2 "$TMP/err")"
 	[ "$(grep -c '^completed step' "$TMP/a")" -eq 5 ] || fail "$src: 5 steps expected"
 	grep -q 'total_weights: 128,' "$TMP/a" || fail "$src: total_weights should be 4 x 32"
 done
-"$SLICETRAIN" train "${common[@]}" dataset_path="$TMP/rows.npy" per_device_batch_size=2 gradient_accumulation_steps=2 >"$TMP/b" 2>"$TMP/err" \
-	|| fail "accumulation run: exit $?: $(tail -2 "$TMP/err")"
-loss() { sed 's/.*loss: //' "$1"; }
-cmp -s <(loss "$TMP/a") <(loss "$TMP/b") || fail "accumulation 2x2 differs from batch 4: $(paste <(loss "$TMP/a") <(loss "$TMP/b") | tr '\n' ' ')"
-paste <(loss "$TMP/a") <(loss "$TMP/b")
+"$SLICETRAIN" train "${common[@]}" dataset_path="$TMP/rows.npy" per_device_batch_size=2 gradient_accumulation_steps=2 \
+	metrics_file="$TMP/acc.jsonl" >/dev/null 2>"$TMP/err" || fail "accumulation run: exit $?: $(tail -2 "$TMP/err")"
+same_losses "accumulation 2x2 vs batch 4" "$TMP/rows.jsonl" "$TMP/acc.jsonl" 5 1e-6
+paste <(metric_losses "$TMP/rows.jsonl") <(metric_losses "$TMP/acc.jsonl")
 # the same files in file order (no shuffling) also train
 "$SLICETRAIN" train "${common[@]}" dataset_path="$TMP/rows.npy" per_device_batch_size=4 enable_data_shuffling=false >/dev/null 2>"$TMP/err" \
 	|| fail "enable_data_shuffling=false: exit $?"
