@@ -4,7 +4,7 @@
  *
  * Needs ST_ROOT (the repository root; tests/run.sh exports it). MaxText's
  * base.yml is read from $ST_ROOT/../shared/fixtures/maxtext-v0.2.1/ when
- * present; those cases print "skipped" otherwise.
+ * present; otherwise those cases are reported skipped (a missing dependency).
  */
 #include "base/err.h"
 #include "config/config.h"
@@ -389,7 +389,8 @@ static void test_maxtext_base(void)
 	int rc;
 
 	if (!have_maxtext) {
-		printf("skipped: MaxText base.yml not found at %s\n", maxtext_base);
+		check_skip_dep("MaxText base.yml cases (also in test_checkpoint_keys): %s not found (shared fixtures)",
+			       maxtext_base);
 		return;
 	}
 	err = capture_stderr(load_maxtext_tutorial, &c, &rc);

@@ -110,7 +110,7 @@ static void run_policy(enum st_remat p, double *loss, float **grads, int64_t *n)
 static void test_bf16(void)
 {
 	if (!st_cpu_has_bf16()) {
-		printf("bf16: skipped (%s)\n", st_cpu_bf16_message());
+		check_skip_hw("bf16 remat and gradient checks: %s", st_cpu_bf16_message());
 		return;
 	}
 	static const st_llama_shape sh = {

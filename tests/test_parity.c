@@ -153,6 +153,10 @@ static void parity(const char *dir, int llama31)
 int main(void)
 {
 	char dir[] = "/tmp/slicetrain-parity.XXXXXX";
+	if (system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1") != 0) {
+		check_skip_dep("/usr/bin/python3 cannot import torch and numpy (python3-torch, python3-numpy)");
+		return check_result();
+	}
 	if (!mkdtemp(dir))
 		return 1;
 	parity(dir, 0);
