@@ -1,6 +1,6 @@
 # slicetrain build.
-#   make            build build/slicetrain and the tests
-#   make test       build and run the whole test suite (prints "N passed, N failed")
+#   make            build build/slicetrain, the tests and the benchmarks that need no MPI
+#   make test       build and run the whole test suite (ends "N passed, N failed, N skipped")
 #   make san        the same suite built with ASan+UBSan, in build-san/
 #   make check      both: the optimized build's suite and the sanitized one
 #   make run        the main job: a short training run on the embedded default
@@ -26,8 +26,10 @@ TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# every benchmark but mpi_allreduce (openmpi): built with the rest, so that they keep compiling
+BENCH    := $(BUILD)/bench/collectives $(BUILD)/bench/train_step $(BUILD)/bench/attention
 
-all: $(BUILD)/slicetrain $(TESTS)
+all: $(BUILD)/slicetrain $(TESTS) $(BENCH)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -57,8 +59,6 @@ check:
 run: $(BUILD)/slicetrain
 	$(BUILD)/slicetrain train
 
-BENCH := $(BUILD)/bench/collectives $(BUILD)/bench/train_step $(BUILD)/bench/attention
-
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libslicetrain.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libslicetrain.a $(LDLIBS)
@@ -73,4 +73,4 @@ clean:
 	rm -rf build build-san
 
 .PHONY: all test san check run bench clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d) $(BENCH:=.d)

@@ -122,7 +122,7 @@ run_one() {
 	elif [ $rc -eq $SKIP_EXIT ]; then
 		skip=$((skip + 1))
 		while IFS= read -r r; do skipped+=("SKIP $name: ${r#SKIP }"); done <<<"$reasons"
-		printf 'SKIP %-44s %7ss  %s\n' "$name" "$secs" "$(head -1 <<<"$reasons")"
+		printf 'SKIP %-44s %7ss  %s\n' "$name" "$secs" "$(sed 's/^SKIP //' <<<"$reasons" | paste -sd ';')"
 	else
 		pass=$((pass + 1))
 		printf 'PASS %-44s %7ss\n' "$name" "$secs"
