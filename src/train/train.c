@@ -373,9 +373,17 @@ int st_train(const st_config *c, st_train_result *res)
 				(long long)st_fsdp_buffer_bytes(t.fsdp));
 	}
 
-	struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
+	/* The handler runs on a stack of its own (a signal sent to the process
+	 * goes to this thread, which never blocks it): a signal frame pushed
+	 * below the interrupted stack pointer clobbered data that oneDNN 2.6's
+	 * gemm keeps there, and 1 in 5 SIGTERMs during a step corrupted the heap
+	 * (tests/cli/sigterm_train.sh). */
+	static char sig_stack[64 << 10];
+	stack_t ss = {.ss_sp = sig_stack, .ss_size = sizeof(sig_stack)}, old_ss;
+	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_ONSTACK}, old_int, old_term;
 	sigemptyset(&sa.sa_mask);
 	stop_signal = 0;
+	sigaltstack(&ss, &old_ss);
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
 	int64_t total_weights = t.G * t.T;
@@ -414,6 +422,7 @@ int st_train(const st_config *c, st_train_result *res)
 	}
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
+	sigaltstack(&old_ss, NULL);
 	if (rc == 0 && t.metrics && fflush(t.metrics))
 		rc = st_fail(ST_EIO, "cannot write metrics_file '%s'", c->metrics_file);
 	if (rc == 0 && t.saver)
@@ -428,6 +437,8 @@ int st_train(const st_config *c, st_train_result *res)
 				st.last_commit_s);
 	}
 out:
-	trainer_release(&t, rc < 0);
+	/* a stop by signal is agreed by every process after the same step: the
+	 * save in flight commits (only a failure aborts it) */
+	trainer_release(&t, rc < 0 && rc != ST_EINTR);
 	return rc;
 }
