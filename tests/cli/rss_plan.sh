@@ -8,7 +8,7 @@
 # saver's host buffer for weights and moments), ici_fsdp=2 (ZeRO-3 buffers),
 # and bf16 (the bf16 weight copy; skipped without AVX512_BF16). What
 # checkpointing adds to the peak is the plan's checkpoint line within 5%.
-# Under the sanitizers (build-san*) RSS includes ASan's shadow memory and
+# Under the sanitizers (a build with ASan, as build-san) RSS includes ASan's shadow memory and
 # quarantine, so that build runs a reduced variant: the fp32 case only, and
 # only the lower bound (the run holds at least the planned weights, gradients
 # and AdamW state).
@@ -17,7 +17,7 @@ common=("$ST_ROOT/configs/base.yml" model_name=llama3-125m override_model_config
 	vocab_size=16000 steps=1 per_device_batch_size=1 max_target_length=128 dataset_type=synthetic
 	base_output_directory="$TMP/o" enable_checkpointing=false)
 san=0
-case "$SLICETRAIN" in */build-san*/*) san=1;; esac
+grep -qa __asan_init "$SLICETRAIN" && san=1
 
 # rss NAME DEVICES keys...: plan, run, compare
 rss() {

@@ -13,7 +13,7 @@
 # exit 134; 8 repetitions see that 3 times in 4.)
 . "$(dirname "$0")/../cli_lib.sh"
 reps=${SIGTERM_REPS:-8}
-case "$SLICETRAIN" in */build-san*/*) reps=${SIGTERM_REPS:-2};; esac
+grep -qa __asan_init "$SLICETRAIN" && reps=${SIGTERM_REPS:-2}
 common=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=64
 	dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=1 async_checkpointing=true log_period=1)
 
