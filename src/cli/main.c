@@ -6,7 +6,6 @@
  * and the subcommands map them to exit statuses (2 for bad input, 1 for
  * other failures, 128+N when stopped by signal N).
  */
-#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -55,12 +54,6 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *cmd = argv[1];
-	/* Kernels allocate per-call work buffers of a few MiB (attention's
-	 * key/value layouts); glibc would map and unmap each one, and the
-	 * training step would pay a page fault per 4 KiB every call. Keep
-	 * blocks under 64 MiB on the heap and freed memory for reuse. */
-	mallopt(M_MMAP_THRESHOLD, 64 << 20);
-	mallopt(M_TRIM_THRESHOLD, 256 << 20);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		if (!strcmp(cmd, commands[i].name))
 			return commands[i].run(argc - 2, argv + 2);
