@@ -6,10 +6,14 @@
 # every step's loss within 1e-5 relative, gradient norm within 1e-4, learning
 # rate within 1e-9; final weights within 1e-4 of each tensor's norm. On one
 # process and on fsdp 2 x tensor 2 (the clipping norm counts replicated
-# tensors once).
+# tensors once). First the oracle's own self-test (its --train against
+# torch.optim.AdamW and a hand-evaluated schedule; its gradients against
+# finite differences).
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/mesh_lib.sh"
 need_python numpy torch
+/usr/bin/python3 "$ST_ROOT/tests/parity/torch_oracle.py" --selftest --threads 1 >"$TMP/selftest.out" 2>&1 ||
+	fail "the oracle's self-test failed: $(grep -E '^FAIL|Error' "$TMP/selftest.out" | head -3)"
 steps=20 G=4 T=32 clip=0.25
 MESH_STEPS=$steps
 /usr/bin/python3 -c 'import sys, numpy as np
