@@ -24,22 +24,25 @@ trap 'stop_leftovers; rm -rf "$TMP"' EXIT
 
 worst=0
 for rep in $(seq 1 "$reps"); do
+	# files of this repetition only: the background job truncates a reused
+	# file after the wait below may already have read the last one's lines
+	out=$TMP/out.$rep err=$TMP/err.$rep
 	OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 2 --threads-per-device 1 -- \
 		"$ST_ROOT/configs/base.yml" model_name=llama3-test steps=100000 per_device_batch_size=1 \
 		max_target_length=32 ici_fsdp_parallelism=2 dcn_data_parallelism=2 enable_checkpointing=false \
-		base_output_directory="$TMP/o" run_name=launch_rank_dies >"$TMP/out" 2>"$TMP/err" &
+		base_output_directory="$TMP/o" run_name=launch_rank_dies >"$out" 2>"$err" &
 	launcher=$!
 	procs+=("$launcher $(start_time "$launcher")")
 	# wait until training runs (bounded), then a random extra moment
 	for _ in $(seq 1 600); do
-		grep -q 'completed step' "$TMP/out" 2>/dev/null && break
+		grep -q 'completed step' "$out" 2>/dev/null && break
 		kill -0 "$launcher" 2>/dev/null || break
 		sleep 0.1
 	done
 	workers=($(pgrep -P "$launcher"))
 	for w in "${workers[@]}"; do procs+=("$w $(start_time "$w")"); done
-	if ! grep -q 'completed step' "$TMP/out" || [ ${#workers[@]} -ne $world ]; then
-		fail "rep $rep: no training with $world workers within 60 s (${#workers[@]} workers): $(tail -3 "$TMP/err")"
+	if ! grep -q 'completed step' "$out" || [ ${#workers[@]} -ne $world ]; then
+		fail "rep $rep: no training with $world workers within 60 s (${#workers[@]} workers): $(tail -3 "$err")"
 		stop_leftovers
 		break
 	fi
@@ -54,7 +57,7 @@ for rep in $(seq 1 "$reps"); do
 		kill -KILL "$launcher"
 	fi
 	wait "$launcher"; st=$?
-	status_is "rep $rep: the launcher after worker $victim was killed (3: peer failure)" $st 3 "$TMP/err"
+	status_is "rep $rep: the launcher after worker $victim was killed (3: peer failure)" $st 3 "$err"
 	left=0
 	for p in "${procs[@]}"; do
 		set -- $p
