@@ -12,6 +12,9 @@ while [ $rep -lt "$reps" ]; do
 	rep=$((rep + 1))
 	port=$(free_port)
 	pids=()
+	# the ranks' redirections truncate in the background: without this the
+	# wait below could read the previous repetition's step line
+	rm -f "$TMP"/out.* "$TMP"/err.*
 	for r in 0 1 2 3; do
 		SLICETRAIN_COORDINATOR=127.0.0.1:$port SLICETRAIN_RANK=$r SLICETRAIN_WORLD_SIZE=4 SLICETRAIN_NUM_SLICES=2 \
 		OMP_NUM_THREADS=1 "$SLICETRAIN" train "$ST_ROOT/configs/base.yml" model_name=llama3-test steps=100000 \
