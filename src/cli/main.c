@@ -58,8 +58,9 @@ int main(int argc, char **argv)
 		if (!strcmp(cmd, commands[i].name))
 			return commands[i].run(argc - 2, argv + 2);
 	if (st_cli_is_help(cmd) || !strcmp(cmd, "help")) {
-		if (argc > 2 && !strcmp(argv[2], "train")) /* the only command with a help page here */
-			return st_cmd_train(1, (char *[]){"--help", NULL});
+		for (size_t i = 0; argc > 2 && i < sizeof(commands) / sizeof(commands[0]); i++)
+			if (!strcmp(argv[2], commands[i].name))
+				return commands[i].run(1, (char *[]){"--help", NULL});
 		fputs(usage, stdout);
 		return 0;
 	}

@@ -65,4 +65,8 @@ expect_error "token id >= vocab (.npy)" "big\.npy.*256" -- train "$base" "${ok[@
 "$SLICETRAIN" frobnicate >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command must exit 2"
 "$SLICETRAIN" >/dev/null 2>&1; [ $? -eq 2 ] || fail "no command must exit 2"
 "$SLICETRAIN" --help | grep -q 'usage: slicetrain' || fail "--help prints usage"
+for c in train launch export ckpt plan; do # every command's own page, both ways
+	"$SLICETRAIN" help $c | head -1 | grep -q "^usage: slicetrain $c" || fail "help $c: not $c's usage"
+	"$SLICETRAIN" $c --help | head -1 | grep -q "^usage: slicetrain $c" || fail "$c --help: not $c's usage"
+done
 finish
