@@ -41,7 +41,8 @@ struct ck_tensor {
 	char *name;
 	int ndim;
 	int64_t shape[2];
-	int npieces, cap;
+	int npieces;
+	size_t cap;
 	struct ck_piece *pieces;
 };
 
@@ -60,9 +61,11 @@ struct ck_manifest {
 	char mesh[256];
 	double time_unix;
 	char *config_json;           /* compact JSON object text (manifest only) */
-	int nfiles, cap_files;
+	int nfiles;
+	size_t cap_files;
 	struct ck_file *files;
-	int ntensors, cap_tensors;
+	int ntensors;
+	size_t cap_tensors;
 	struct ck_tensor *tensors;
 };
 

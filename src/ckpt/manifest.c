@@ -5,6 +5,7 @@
  */
 #include "ckpt/ckpt_int.h"
 
+#include "base/array.h"
 #include "base/err.h"
 
 #include <dirent.h>
@@ -45,23 +46,10 @@ struct ck_tensor *ck_manifest_find(const struct ck_manifest *m, const char *name
 	return NULL;
 }
 
-static int grow(void **v, int *cap, int n, size_t elsize)
-{
-	if (n < *cap)
-		return 0;
-	int ncap = *cap ? 2 * *cap : 8;
-	void *nv = realloc(*v, (size_t)ncap * elsize);
-	if (!nv)
-		return st_fail(ST_ENOMEM, "out of memory");
-	*v = nv;
-	*cap = ncap;
-	return 0;
-}
-
 int ck_manifest_add_file(struct ck_manifest *m, const char *name, int process, int64_t bytes)
 {
 	int rc;
-	if ((rc = grow((void **)&m->files, &m->cap_files, m->nfiles, sizeof(*m->files))) < 0)
+	if ((rc = st_array_reserve(&m->files, &m->cap_files, (size_t)m->nfiles, sizeof(*m->files), 8)) < 0)
 		return rc;
 	struct ck_file *f = &m->files[m->nfiles];
 	if (!(f->name = strdup(name)))
@@ -74,7 +62,7 @@ int ck_manifest_add_file(struct ck_manifest *m, const char *name, int process, i
 int ck_manifest_add_tensor(struct ck_manifest *m, const char *name, int ndim, const int64_t *shape)
 {
 	int rc;
-	if ((rc = grow((void **)&m->tensors, &m->cap_tensors, m->ntensors, sizeof(*m->tensors))) < 0)
+	if ((rc = st_array_reserve(&m->tensors, &m->cap_tensors, (size_t)m->ntensors, sizeof(*m->tensors), 8)) < 0)
 		return rc;
 	struct ck_tensor *t = &m->tensors[m->ntensors];
 	memset(t, 0, sizeof(*t));
@@ -89,7 +77,7 @@ int ck_manifest_add_tensor(struct ck_manifest *m, const char *name, int ndim, co
 int ck_tensor_add_piece(struct ck_tensor *t, const struct ck_piece *p)
 {
 	int rc;
-	if ((rc = grow((void **)&t->pieces, &t->cap, t->npieces, sizeof(*t->pieces))) < 0)
+	if ((rc = st_array_reserve(&t->pieces, &t->cap, (size_t)t->npieces, sizeof(*t->pieces), 8)) < 0)
 		return rc;
 	t->pieces[t->npieces] = *p;
 	if (!(t->pieces[t->npieces].key = strdup(p->key)))
@@ -641,7 +629,8 @@ int ck_list_steps(const char *dir, int committed_only, int64_t **steps, int *n)
 	char path[ST_PATH_MAX];
 	struct dirent *d;
 	int64_t *v = NULL, step;
-	int cap = 0, rc;
+	size_t cap = 0;
+	int rc;
 	DIR *dp;
 
 	*steps = NULL;
@@ -663,7 +652,7 @@ int ck_list_steps(const char *dir, int committed_only, int64_t **steps, int *n)
 			if (st_path_join(mp, sizeof(mp), path, CK_MANIFEST) < 0 || !st_file_exists(mp))
 				continue;
 		}
-		if ((rc = grow((void **)&v, &cap, *n, sizeof(*v))) < 0) {
+		if ((rc = st_array_reserve(&v, &cap, (size_t)*n, sizeof(*v), 8)) < 0) {
 			closedir(dp);
 			free(v);
 			*n = 0;

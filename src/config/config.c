@@ -11,6 +11,7 @@
  */
 #include "config/config_int.h"
 
+#include "base/array.h"
 #include "base/err.h"
 
 #include <dirent.h>
@@ -66,14 +67,9 @@ static int layer_put(struct layer *l, const struct entry *e)
 		*old = *e;
 		return 0;
 	}
-	if (l->n == l->cap) {
-		size_t ncap = l->cap ? 2 * l->cap : 64;
-		struct entry *v = realloc(l->v, ncap * sizeof(*v));
-		if (!v)
-			return st_fail(ST_ENOMEM, "out of memory");
-		l->v = v;
-		l->cap = ncap;
-	}
+	int rc = st_array_reserve(&l->v, &l->cap, l->n, sizeof(*l->v), 64);
+	if (rc < 0)
+		return rc;
 	l->v[l->n++] = *e;
 	return 0;
 }
@@ -126,15 +122,10 @@ struct loader {
 
 static int keep_tree(struct loader *ld, st_ynode *t)
 {
-	if (ld->ntrees == ld->cap_trees) {
-		size_t ncap = ld->cap_trees ? 2 * ld->cap_trees : 16;
-		st_ynode **v = realloc(ld->trees, ncap * sizeof(*v));
-		if (!v) {
-			st_ynode_free(t);
-			return st_fail(ST_ENOMEM, "out of memory");
-		}
-		ld->trees = v;
-		ld->cap_trees = ncap;
+	int rc = st_array_reserve(&ld->trees, &ld->cap_trees, ld->ntrees, sizeof(*ld->trees), 16);
+	if (rc < 0) {
+		st_ynode_free(t);
+		return rc;
 	}
 	ld->trees[ld->ntrees++] = t;
 	return 0;
@@ -144,15 +135,7 @@ static int keep_tree(struct loader *ld, st_ynode *t)
 static const char *keep_str(struct loader *ld, const char *s)
 {
 	char *copy;
-	if (ld->nstrs == ld->cap_strs) {
-		size_t ncap = ld->cap_strs ? 2 * ld->cap_strs : 16;
-		char **v = realloc(ld->strs, ncap * sizeof(*v));
-		if (!v)
-			goto oom;
-		ld->strs = v;
-		ld->cap_strs = ncap;
-	}
-	if (!(copy = strdup(s)))
+	if (st_array_reserve(&ld->strs, &ld->cap_strs, ld->nstrs, sizeof(*ld->strs), 16) < 0 || !(copy = strdup(s)))
 		goto oom;
 	ld->strs[ld->nstrs++] = copy;
 	return copy;

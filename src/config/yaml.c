@@ -1,5 +1,6 @@
 #include "config/yaml.h"
 
+#include "base/array.h"
 #include "base/err.h"
 #include "base/file.h"
 
@@ -56,20 +57,11 @@ void st_ynode_free(st_ynode *n)
 /* Appends ITEM (and KEY, for maps) to N, growing the arrays. */
 static int node_append(st_ynode *n, st_ynode *key, st_ynode *item, size_t *cap)
 {
-	if (n->n == *cap) {
-		size_t ncap = *cap ? 2 * *cap : 8;
-		st_ynode **items = realloc(n->items, ncap * sizeof(*items));
-		if (!items)
-			return -1;
-		n->items = items;
-		if (n->kind == ST_Y_MAP) {
-			st_ynode **keys = realloc(n->keys, ncap * sizeof(*keys));
-			if (!keys)
-				return -1;
-			n->keys = keys;
-		}
-		*cap = ncap;
-	}
+	size_t kcap = *cap; /* keys grow with items, to the same capacity */
+	if (n->kind == ST_Y_MAP && st_array_reserve(&n->keys, &kcap, n->n, sizeof(*n->keys), 8) < 0)
+		return -1;
+	if (st_array_reserve(&n->items, cap, n->n, sizeof(*n->items), 8) < 0)
+		return -1;
 	if (n->kind == ST_Y_MAP)
 		n->keys[n->n] = key;
 	n->items[n->n++] = item;
