@@ -320,6 +320,13 @@ static void test_rope(void)
 	CHECK_NEAR(c.rope_high_freq_factor, 4, 0);
 	CHECK(c.rope_original_max_len == 8192);
 	CHECK(st_llama_check_config(&c, &n) == 0 && n == INT64_C(8030261248));
+	/* a shape whose parameter count overflows int64 loads; the model's check refuses it */
+	rc = LOAD(&c, rpath("configs/default.yml"), "model_name=llama3-test", "override_model_config=true",
+		  "base_emb_dim=2147483647", "base_mlp_dim=2147483647", "base_num_query_heads=1",
+		  "base_num_kv_heads=1", "head_dim=1");
+	CHECK_MSG(rc == 0, "%s", st_errmsg());
+	CHECK(st_llama_check_config(&c, &n) == ST_EINVAL &&
+	      !strcmp(st_errmsg(), "model llama3-test is too large: its parameter count overflows 64 bits"));
 
 	rc = LOAD(&c, rpath("configs/default.yml"), "model_name=llama3-8b");
 	CHECK_MSG(rc == 0 && !c.rope_llama31, "%s", st_errmsg());

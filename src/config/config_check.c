@@ -331,12 +331,12 @@ static const char *human_count(int64_t n, char *buf, size_t cap)
 	return buf;
 }
 
-static const char *remat_name(enum st_remat r)
+/* An enum field's value by its config name, as the key table spells it. */
+static const char *enum_name(const char *key, int v)
 {
-	return r == ST_REMAT_FULL ? "full" : r == ST_REMAT_MINIMAL ? "minimal" : "none";
+	const char *name = st_ckey_enum_name(st_ckey_find(key), v);
+	return name ? name : "?";
 }
-
-static const char *dtype_name(enum st_dtype d) { return d == ST_DTYPE_BF16 ? "bfloat16" : "float32"; }
 
 void st_config_print(const st_config *c, int64_t n)
 {
@@ -355,7 +355,7 @@ void st_config_print(const st_config *c, int64_t n)
 	st_info("run %s: seq len %" PRId64 ", per_device_batch_size %g, gradient_accumulation_steps %" PRId64
 		", steps %" PRId64 ", dtype %s, remat %s, data %s%s, output %s",
 		c->run_name, c->max_target_length, c->per_device_batch_size, c->gradient_accumulation_steps, c->steps,
-		dtype_name(c->dtype), remat_name(c->remat_policy),
+		enum_name("dtype", (int)c->dtype), enum_name("remat_policy", (int)c->remat_policy),
 		c->dataset_type == ST_DATA_TOKENS ? "tokens " : "synthetic",
 		c->dataset_type == ST_DATA_TOKENS ? c->dataset_path : "", c->base_output_directory);
 	st_info("optimizer adamw: lr %g (warmup %g, final %g, schedule %" PRId64 " steps), b1 %g, b2 %g, eps %g, "

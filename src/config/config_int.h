@@ -57,6 +57,9 @@ const struct st_ckey *st_ckey_find(const char *name);
 const struct st_ckey *st_ckey_table(size_t *n);
 /* NAME, or the key it is an older name of. */
 const char *st_ckey_canonical(const char *name);
+/* The first name of value V in enum key K's table ("none" for
+ * remat_policy ST_REMAT_NONE, not its alias "save-all"), or NULL. */
+const char *st_ckey_enum_name(const struct st_ckey *k, int v);
 
 /* Fill F with the built-in defaults (the values in configs/base.yml). */
 void st_ckeys_set_defaults(struct st_cfull *f);

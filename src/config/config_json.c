@@ -24,14 +24,6 @@ static void *public_field(struct st_cfull *f, const struct st_ckey *k)
 	return (char *)f + k->off;
 }
 
-static const char *enum_name(const struct st_ckey *k, int v)
-{
-	for (const struct st_cenum *e = k->enums; e->name; e++)
-		if (e->value == v)
-			return e->name;
-	return NULL;
-}
-
 int st_config_to_json(const st_config *c, char **out)
 {
 	struct st_cfull f = {.c = *c};
@@ -64,7 +56,7 @@ int st_config_to_json(const st_config *c, char **out)
 			v = json_string((const char *)field);
 			break;
 		case ST_K_ENUM: {
-			const char *name = enum_name(k, *(int *)field);
+			const char *name = st_ckey_enum_name(k, *(int *)field);
 			v = name ? json_string(name) : json_integer(*(int *)field);
 			break;
 		}

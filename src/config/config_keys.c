@@ -167,6 +167,14 @@ const char *st_ckey_canonical(const char *name)
 	return k && k->alias_of ? k->alias_of : name;
 }
 
+const char *st_ckey_enum_name(const struct st_ckey *k, int v)
+{
+	for (const struct st_cenum *e = k->enums; e && e->name; e++)
+		if (e->value == v)
+			return e->name;
+	return NULL;
+}
+
 /* ---- command-line values ---- */
 
 static int is_quoted(const char *s, size_t len)
