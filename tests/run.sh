@@ -53,19 +53,20 @@ session_pids() {
 	done
 }
 
-# The time limit of the test whose source is $1 on a build with scale $2.
+# The time limit of the test whose source is $1, on a build with time scale $scale.
 time_limit() {
 	[ -n "${ST_TEST_TIMEOUT:-}" ] && { echo "$ST_TEST_TIMEOUT"; return; }
 	local t
 	t=$(head -n 40 "$1" 2>/dev/null | sed -nE 's/^(#| \*) timeout: ([0-9]+) *$/\2/p' | head -1)
-	echo $((${t:-300} * $2))
+	echo $((${t:-300} * scale))
 }
 
-# run_one NAME SOURCE KIND(c|sh) LIMIT COMMAND...
+# run_one NAME SOURCE KIND(c|sh) COMMAND...
 run_one() {
-	local name=$1 src=$2 kind=$3 limit=$4; shift 4
+	local name=$1 src=$2 kind=$3 limit; shift 3
 	[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && return
 	selected=$((selected + 1))
+	limit=$(time_limit "$src")
 	local out="$logdir/out" san="$logdir/san" t0=$EPOCHREALTIME rc done why="" left
 	rm -rf "$san" "$logdir/tmp" && mkdir "$san" "$logdir/tmp"
 	# its own session (and process group): a timeout kills all of it
@@ -133,7 +134,8 @@ run_one() {
 first=1
 for b in $BUILDS; do
 	[ -x "$b/slicetrain" ] || { echo "tests/run.sh: no $b/slicetrain (build it: make BUILD=$b)" >&2; exit 2; }
-	export SLICETRAIN="$PWD/$b/slicetrain"
+	case $b in /*) SLICETRAIN=$b/slicetrain ;; *) SLICETRAIN=$PWD/$b/slicetrain ;; esac
+	export SLICETRAIN
 	scale=1
 	grep -qa __asan_init "$b/slicetrain" && scale=${ST_SAN_TIMEOUT_SCALE:-3}
 	# builds after the first (the sanitized one) repeat the randomized
@@ -144,11 +146,11 @@ for b in $BUILDS; do
 		case "$t" in *.o|*.d) continue;; esac
 		[ -x "$t" ] || continue
 		n=$(basename "$t")
-		run_one "$b/$n" "tests/$n.c" c "$(time_limit "tests/$n.c" $scale)" "$t"
+		run_one "$b/$n" "tests/$n.c" c "$t"
 	done
 	for t in tests/cli/*.sh; do
 		[ -e "$t" ] || continue
-		run_one "$b/cli/$(basename "$t" .sh)" "$t" sh "$(time_limit "$t" $scale)" bash "$t"
+		run_one "$b/cli/$(basename "$t" .sh)" "$t" sh bash "$t"
 	done
 done
 if [ $selected -eq 0 ]; then
