@@ -91,9 +91,9 @@ static const char *names[3] = { "allreduce", "reduce_scatter", "allgather" };
 static int run_op(st_comm *c, int op, float *a, float *b, long count, int64_t *counts)
 {
 	switch (op) {
-	case 0: return st_comm_allreduce(c, a, count, ST_C_F32, ST_SUM);
-	case 1: return st_comm_reduce_scatter(c, a, b, counts, ST_C_F32);
-	default: return st_comm_allgather(c, b, a, counts, ST_C_F32);
+	case 0: return st_comm_allreduce(c, a, count, ST_DTYPE_F32, ST_SUM);
+	case 1: return st_comm_reduce_scatter(c, a, b, counts, ST_DTYPE_F32);
+	default: return st_comm_allgather(c, b, a, counts, ST_DTYPE_F32);
 	}
 }
 
@@ -122,7 +122,7 @@ static int rank_main(int rank, int n, int slices, int port, const int *ops, shar
 	}
 	/* the slowest join, as rank 0 sees it */
 	double jm = join_ms;
-	st_comm_allreduce(c, &jm, 1, ST_C_F64, ST_MAX);
+	st_comm_allreduce(c, &jm, 1, ST_DTYPE_F64, ST_MAX);
 	if (rank == 0)
 		sh->join_ms = jm;
 	float *a = malloc((size_t)hi), *b = malloc((size_t)hi / (size_t)n + 64);
@@ -158,7 +158,7 @@ static int rank_main(int rank, int n, int slices, int port, const int *ops, shar
 				t[it] = now() - t1;
 			}
 			if (!rc)
-				rc = st_comm_allreduce(c, t, iters, ST_C_F64, ST_MAX);
+				rc = st_comm_allreduce(c, t, iters, ST_DTYPE_F64, ST_MAX);
 			if (rc) {
 				fprintf(stderr, "rank %d: %s\n", rank, st_errmsg());
 				return 1;

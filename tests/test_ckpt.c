@@ -107,9 +107,9 @@ struct st_comm {
 int st_comm_rank(const st_comm *c) { return c->rank; }
 int st_comm_size(const st_comm *c) { return c->g->size; }
 
-int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, enum st_redop op)
+int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype dt, enum st_redop op)
 {
-	if (count != 1 || dt != ST_C_I64 || op != ST_MAX)
+	if (count != 1 || dt != ST_DTYPE_I64 || op != ST_MAX)
 		ST_BUG("fake allreduce: only one I64 MAX");
 	c->g->vals[c->rank] = *(int64_t *)buf;
 	pthread_barrier_wait(&c->g->bar);

@@ -143,17 +143,17 @@ static uint64_t mix(uint64_t x)
 	return x ^ (x >> 31);
 }
 
-static size_t esz(int dt) { return dt == ST_C_F32 ? 4 : 8; }
+static size_t esz(int dt) { return dt == ST_DTYPE_F32 ? 4 : 8; }
 
 /* Value of element i of rank's input: wide exponents so that the order of
  * additions shows in the bits. */
 static void gen(int dt, int rank, int64_t i, uint64_t seed, void *out)
 {
 	uint64_t h = mix(seed ^ mix(((uint64_t)rank << 40) ^ (uint64_t)i));
-	if (dt == ST_C_F32) { /* sign, exponent 2^-16 .. 2^15, random mantissa */
+	if (dt == ST_DTYPE_F32) { /* sign, exponent 2^-16 .. 2^15, random mantissa */
 		uint32_t b = (uint32_t)(h >> 63) << 31 | (uint32_t)(127 - 16 + (h & 31)) << 23 | (uint32_t)(h >> 20) >> 9;
 		memcpy(out, &b, 4);
-	} else if (dt == ST_C_F64) { /* exponent 2^-32 .. 2^31 */
+	} else if (dt == ST_DTYPE_F64) { /* exponent 2^-32 .. 2^31 */
 		uint64_t b = (h >> 63) << 63 | (uint64_t)(1023 - 32 + (h & 63)) << 52 | ((h >> 6) & ((1ull << 52) - 1));
 		memcpy(out, &b, 8);
 	} else {
@@ -169,13 +169,13 @@ static void fill(int dt, int rank, int64_t first, int64_t count, uint64_t seed, 
 
 static void op2(int dt, int op, void *acc, const void *x)
 {
-	if (dt == ST_C_F32) {
+	if (dt == ST_DTYPE_F32) {
 		float a, b;
 		memcpy(&a, acc, 4);
 		memcpy(&b, x, 4);
 		a = op == ST_SUM ? a + b : ((b > a || b != b) ? b : a);
 		memcpy(acc, &a, 4);
-	} else if (dt == ST_C_F64) {
+	} else if (dt == ST_DTYPE_F64) {
 		double a, b;
 		memcpy(&a, acc, 8);
 		memcpy(&b, x, 8);
@@ -236,7 +236,7 @@ static void reference(const world *w, int n, const int *ranks, int dt, int op, i
 	}
 }
 
-static const char *dtn(int dt) { return dt == ST_C_F32 ? "f32" : dt == ST_C_F64 ? "f64" : "i64"; }
+static const char *dtn(int dt) { return dt == ST_DTYPE_F32 ? "f32" : dt == ST_DTYPE_F64 ? "f64" : "i64"; }
 
 /* ---- the collectives battery ---- */
 
@@ -318,22 +318,26 @@ static void check_broadcast(st_comm *c, int n, int me, size_t bytes)
 	free(b);
 }
 
+/* the element types collectives take */
+static const int comm_dtypes[] = { ST_DTYPE_F32, ST_DTYPE_F64, ST_DTYPE_I64 };
+#define NCOMM_DTYPES 3
+
 static void battery(st_comm *c, const world *w, int n, const int *ranks, int big)
 {
 	int me = st_comm_rank(c);
 	CHECK(st_comm_size(c) == n);
-	for (int dt = ST_C_F32; dt <= ST_C_I64; dt++)
-		for (int op = ST_SUM; op <= ST_MAX; op++) {
+	for (int di = 0; di < NCOMM_DTYPES; di++)
+		for (int op = ST_SUM, dt = comm_dtypes[di]; op <= ST_MAX; op++) {
 			check_allreduce(c, w, n, ranks, me, dt, op, 1, 0);
 			check_allreduce(c, w, n, ranks, me, dt, op, 7, 1);
-			if (big && (op == ST_SUM || dt == ST_C_F64))
-				check_allreduce(c, w, n, ranks, me, dt, op, 1000003, dt == ST_C_F32);
+			if (big && (op == ST_SUM || dt == ST_DTYPE_F64))
+				check_allreduce(c, w, n, ranks, me, dt, op, 1000003, dt == ST_DTYPE_F32);
 		}
 	/* max propagates NaN */
 	double v[3] = { (double)me, 1.0, -5.0 };
 	if (me == n - 1)
 		v[1] = __builtin_nan("");
-	CHECK(st_comm_allreduce(c, v, 3, ST_C_F64, ST_MAX) == 0);
+	CHECK(st_comm_allreduce(c, v, 3, ST_DTYPE_F64, ST_MAX) == 0);
 	CHECK(v[0] == (double)(n - 1) && v[1] != v[1] && v[2] == -5.0);
 
 	int64_t uneven[MAXP], zeros[MAXP] = { 0 }, one[MAXP] = { 0 }, even[MAXP];
@@ -342,15 +346,15 @@ static void battery(st_comm *c, const world *w, int n, const int *ranks, int big
 		even[i] = 1000003 * (int64_t)(i + 1) / n - 1000003 * (int64_t)i / n;
 	}
 	one[n - 1] = 1;
-	for (int dt = ST_C_F32; dt <= ST_C_I64; dt++) {
-		check_rs_ag(c, w, n, ranks, me, dt, uneven, 0);
-		check_rs_ag(c, w, n, ranks, me, dt, one, 0);
+	for (int di = 0; di < NCOMM_DTYPES; di++) {
+		check_rs_ag(c, w, n, ranks, me, comm_dtypes[di], uneven, 0);
+		check_rs_ag(c, w, n, ranks, me, comm_dtypes[di], one, 0);
 	}
-	check_rs_ag(c, w, n, ranks, me, ST_C_F32, zeros, 0);
-	check_rs_ag(c, w, n, ranks, me, ST_C_F64, uneven, 1);
+	check_rs_ag(c, w, n, ranks, me, ST_DTYPE_F32, zeros, 0);
+	check_rs_ag(c, w, n, ranks, me, ST_DTYPE_F64, uneven, 1);
 	if (big) {
-		check_rs_ag(c, w, n, ranks, me, ST_C_F32, even, 0);
-		check_rs_ag(c, w, n, ranks, me, ST_C_F64, even, 1);
+		check_rs_ag(c, w, n, ranks, me, ST_DTYPE_F32, even, 0);
+		check_rs_ag(c, w, n, ranks, me, ST_DTYPE_F64, even, 1);
 	}
 	check_broadcast(c, n, me, 1);
 	check_broadcast(c, n, me, 4099);
@@ -392,7 +396,7 @@ static void body_collectives(st_group *g, const world *w, int rank)
 	st_comm *c1;
 	CHECK(st_comm_create(&c1, g, 1, &rank) == 0);
 	float x = 3;
-	CHECK(st_comm_allreduce(c1, &x, 1, ST_C_F32, ST_SUM) == 0 && x == 3);
+	CHECK(st_comm_allreduce(c1, &x, 1, ST_DTYPE_F32, ST_SUM) == 0 && x == 3);
 	st_comm_free(c1);
 	/* a communicator left open is released by leave; members that finish
 	 * and leave first do not fail the others' last barrier */
@@ -453,9 +457,9 @@ static void body_loop(st_group *g, const world *w, int rank)
 	rep->ok[rank] = 1;
 	for (long it = 0; rc == 0; it++) {
 		switch (it % 3) {
-		case 0: rc = st_comm_allreduce(c, x, (int64_t)count, ST_C_F32, ST_SUM); break;
-		case 1: rc = st_comm_reduce_scatter(c, x, x + count / 2, counts, ST_C_F32); break;
-		default: rc = st_comm_allgather(c, x, x + count / 2, counts, ST_C_F32); break;
+		case 0: rc = st_comm_allreduce(c, x, (int64_t)count, ST_DTYPE_F32, ST_SUM); break;
+		case 1: rc = st_comm_reduce_scatter(c, x, x + count / 2, counts, ST_DTYPE_F32); break;
+		default: rc = st_comm_allgather(c, x, x + count / 2, counts, ST_DTYPE_F32); break;
 		}
 	}
 	rep->fail_at[rank] = st_mono_s();
@@ -542,14 +546,14 @@ static void body_slow(st_group *g, const world *w, int rank)
 	st_comm *c;
 	CHECK(st_comm_create(&c, g, w->n, all) == 0);
 	double x = rank + 1;
-	CHECK(st_comm_allreduce(c, &x, 1, ST_C_F64, ST_SUM) == 0);
+	CHECK(st_comm_allreduce(c, &x, 1, ST_DTYPE_F64, ST_SUM) == 0);
 	if (rank == w->n - 1)
 		usleep((useconds_t)slow_ms * 1000); /* "computing" */
 	double t0 = st_mono_s();
 	double y[1000];
 	for (int i = 0; i < 1000; i++)
 		y[i] = rank;
-	int rc = st_comm_allreduce(c, y, 1000, ST_C_F64, ST_SUM);
+	int rc = st_comm_allreduce(c, y, 1000, ST_DTYPE_F64, ST_SUM);
 	CHECK_MSG(rc == 0, "rank %d: slow peer declared dead: %s", rank, st_errmsg());
 	CHECK(y[999] == (double)(w->n * (w->n - 1) / 2));
 	if (rank == 0)
@@ -598,7 +602,7 @@ static void body_abort(st_group *g, const world *w, int rank)
 		abort_arg a = { g, 200 };
 		pthread_create(&th, NULL, aborter, &a);
 		double t0 = st_mono_s();
-		int rc = st_comm_allreduce(c, &x, 1, ST_C_F32, ST_SUM); /* rank 1 never joins it */
+		int rc = st_comm_allreduce(c, &x, 1, ST_DTYPE_F32, ST_SUM); /* rank 1 never joins it */
 		CHECK_MSG(rc == ST_EINTR, "abort: rc %d (%s)", rc, st_errmsg());
 		CHECK(st_mono_s() - t0 < 1.0);
 		CHECK(st_group_status(g) == ST_EINTR);
@@ -607,7 +611,7 @@ static void body_abort(st_group *g, const world *w, int rank)
 		double t0 = st_mono_s();
 		while (st_group_status(g) == 0 && st_mono_s() - t0 < 5)
 			usleep(1000);
-		int rc = st_comm_allreduce(c, &x, 1, ST_C_F32, ST_SUM);
+		int rc = st_comm_allreduce(c, &x, 1, ST_DTYPE_F32, ST_SUM);
 		CHECK_MSG(rc == ST_EPEER && strstr(st_errmsg(), "rank 0 aborted"), "peer of abort: %d %s", rc, st_errmsg());
 	}
 	st_comm_free(c);
@@ -681,7 +685,7 @@ static void body_garbage(st_group *g, const world *w, int rank)
 	}
 	for (int i = 0; i < 10; i++) {
 		double v[4] = { 1, 2, 3, (double)rank };
-		CHECK(st_comm_allreduce(c, v, 4, ST_C_F64, ST_SUM) == 0 && v[3] == 1.0);
+		CHECK(st_comm_allreduce(c, v, 4, ST_DTYPE_F64, ST_SUM) == 0 && v[3] == 1.0);
 	}
 	CHECK_MSG(st_group_status(g) == 0, "garbage broke the group: %s", st_errmsg());
 	st_comm_free(c);
@@ -788,8 +792,8 @@ static void test_group_lifecycle(void)
 		float x = 1;
 		CHECK(join(&g, &w, 0, pa) == 0);
 		CHECK(st_comm_create(&c, g, 2, r01) == 0);
-		CHECK(st_comm_allreduce(c, &x, 1, ST_C_F32, ST_SUM) == 0 && x == 2);
-		int rc = st_comm_allreduce(c, &x, 1, ST_C_F32, ST_SUM); /* the peer crashes instead */
+		CHECK(st_comm_allreduce(c, &x, 1, ST_DTYPE_F32, ST_SUM) == 0 && x == 2);
+		int rc = st_comm_allreduce(c, &x, 1, ST_DTYPE_F32, ST_SUM); /* the peer crashes instead */
 		CHECK_MSG(rc == ST_EPEER && strstr(st_errmsg(), "rank 1 exited"), "got %d '%s'", rc, st_errmsg());
 		st_comm_free(c);
 		st_group_leave(g);
@@ -801,8 +805,8 @@ static void test_group_lifecycle(void)
 		CHECK(st_comm_create(&d, h, 2, r01) == 0);
 		for (int i = 0; i < 20; i++) {
 			double v[3] = { 1, 2, 3 }, u[2] = { 5, 6 };
-			CHECK(st_comm_allreduce(c, v, 3, ST_C_F64, ST_SUM) == 0 && v[2] == 6);
-			CHECK(st_comm_allreduce(d, u, 2, ST_C_F64, ST_MAX) == 0 && u[1] == 6);
+			CHECK(st_comm_allreduce(c, v, 3, ST_DTYPE_F64, ST_SUM) == 0 && v[2] == 6);
+			CHECK(st_comm_allreduce(d, u, 2, ST_DTYPE_F64, ST_MAX) == 0 && u[1] == 6);
 		}
 		st_comm_free(c);
 		st_comm_free(d);
@@ -821,7 +825,7 @@ static void test_group_lifecycle(void)
 		float x = 1;
 		if (join(&g, &w, 1, pa))
 			exit(1);
-		if (st_comm_create(&c, g, 2, r01) || st_comm_allreduce(c, &x, 1, ST_C_F32, ST_SUM))
+		if (st_comm_create(&c, g, 2, r01) || st_comm_allreduce(c, &x, 1, ST_DTYPE_F32, ST_SUM))
 			exit(1);
 		_exit(0); /* no leave */
 	}
@@ -838,8 +842,8 @@ static void test_group_lifecycle(void)
 		CHECK(st_comm_create(&d, h, 2, r01) == 0);
 		for (int i = 0; i < 20; i++) {
 			double v[3] = { 0, 0, 3 }, u[2] = { 1, 2 };
-			CHECK(st_comm_allreduce(c, v, 3, ST_C_F64, ST_SUM) == 0 && v[2] == 6);
-			CHECK(st_comm_allreduce(d, u, 2, ST_C_F64, ST_MAX) == 0 && u[1] == 6);
+			CHECK(st_comm_allreduce(c, v, 3, ST_DTYPE_F64, ST_SUM) == 0 && v[2] == 6);
+			CHECK(st_comm_allreduce(d, u, 2, ST_DTYPE_F64, ST_MAX) == 0 && u[1] == 6);
 		}
 		st_comm_free(c);
 		st_comm_free(d);

@@ -375,13 +375,13 @@ static void test_single_group(void)
 	CHECK(st_comm_create(&c, g, 1, &r0) == 0);
 	double x[3] = { 1, 2, 3 }, y[3];
 	int64_t cnt = 3;
-	CHECK(st_comm_allreduce(c, x, 3, ST_C_F64, ST_SUM) == 0 && x[2] == 3);
-	CHECK(st_comm_allgather(c, x, y, &cnt, ST_C_F64) == 0 && y[1] == 2);
-	CHECK(st_comm_reduce_scatter(c, x, y, &cnt, ST_C_F64) == 0 && y[0] == 1);
+	CHECK(st_comm_allreduce(c, x, 3, ST_DTYPE_F64, ST_SUM) == 0 && x[2] == 3);
+	CHECK(st_comm_allgather(c, x, y, &cnt, ST_DTYPE_F64) == 0 && y[1] == 2);
+	CHECK(st_comm_reduce_scatter(c, x, y, &cnt, ST_DTYPE_F64) == 0 && y[0] == 1);
 	CHECK(st_comm_broadcast(c, x, sizeof(x), 0) == 0);
 	CHECK(st_comm_barrier(c) == 0);
-	CHECK(st_comm_allreduce(c, x, -1, ST_C_F64, ST_SUM) == ST_EINVAL);
-	CHECK(st_comm_allreduce(c, x, 1, (enum st_dtype_c)7, ST_SUM) == ST_EINVAL);
+	CHECK(st_comm_allreduce(c, x, -1, ST_DTYPE_F64, ST_SUM) == ST_EINVAL);
+	CHECK(st_comm_allreduce(c, x, 1, (enum st_dtype)7, ST_SUM) == ST_EINVAL);
 	CHECK(st_comm_broadcast(c, x, 8, 1) == ST_EINVAL);
 	int bad[2] = { 0, 0 };
 	st_comm *c2;

@@ -27,7 +27,7 @@ static int agree(st_comm *comm, int local, int *global)
 		*global = local;
 		return 0;
 	}
-	if ((rc = st_comm_allreduce(comm, &v, 1, ST_C_I64, ST_MAX)) < 0)
+	if ((rc = st_comm_allreduce(comm, &v, 1, ST_DTYPE_I64, ST_MAX)) < 0)
 		return rc;
 	*global = (int)v;
 	return 0;

@@ -100,7 +100,6 @@ typedef float vf __attribute__((vector_size(64)));
 typedef double vd __attribute__((vector_size(64)));
 typedef uint64_t vu __attribute__((vector_size(64)));
 
-static size_t dt_size(int dt) { return dt == ST_C_F32 ? 4 : 8; }
 
 /* d[i] = a[i] op b[i] for n elements; d may be a or b. */
 static void combine(void *d, const void *a, const void *b, size_t n, int dt, int op)
@@ -108,7 +107,7 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
 	uint8_t *D = d;
 	const uint8_t *A = a, *B = b;
 	size_t i = 0;
-	if (op == ST_SUM && dt == ST_C_F32) {
+	if (op == ST_SUM && dt == ST_DTYPE_F32) {
 		for (; i + 16 <= n; i += 16) {
 			vf x, y;
 			memcpy(&x, A + i * 4, 64);
@@ -123,7 +122,7 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
 			x += y;
 			memcpy(D + i * 4, &x, 4);
 		}
-	} else if (op == ST_SUM && dt == ST_C_F64) {
+	} else if (op == ST_SUM && dt == ST_DTYPE_F64) {
 		for (; i + 8 <= n; i += 8) {
 			vd x, y;
 			memcpy(&x, A + i * 8, 64);
@@ -153,7 +152,7 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
 			x += y;
 			memcpy(D + i * 8, &x, 8);
 		}
-	} else if (dt == ST_C_F32) { /* max: NaN wins */
+	} else if (dt == ST_DTYPE_F32) { /* max: NaN wins */
 		for (; i < n; i++) {
 			float x, y;
 			memcpy(&x, A + i * 4, 4);
@@ -162,7 +161,7 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
 				x = y;
 			memcpy(D + i * 4, &x, 4);
 		}
-	} else if (dt == ST_C_F64) {
+	} else if (dt == ST_DTYPE_F64) {
 		for (; i < n; i++) {
 			double x, y;
 			memcpy(&x, A + i * 8, 8);
@@ -187,7 +186,7 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
  * elements. An output may be one of the inputs (never partially overlapping). */
 static void reduce(void *d1, void *d2, const void *const *src, int k, size_t n, int dt, int op)
 {
-	size_t esz = dt_size(dt), bytes = n * esz;
+	size_t esz = st_dtype_size(dt), bytes = n * esz;
 	if (k == 1) {
 		if (d1 != src[0])
 			memcpy(d1, src[0], bytes);
@@ -551,14 +550,14 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 
 static int check_dt(int dt, int op)
 {
-	if (dt != ST_C_F32 && dt != ST_C_F64 && dt != ST_C_I64)
+	if (dt != ST_DTYPE_F32 && dt != ST_DTYPE_F64 && dt != ST_DTYPE_I64)
 		return st_fail(ST_EINVAL, "collective: unknown data type %d", dt);
 	if (op != ST_SUM && op != ST_MAX)
 		return st_fail(ST_EINVAL, "collective: unknown reduction %d", op);
 	return 0;
 }
 
-int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, enum st_redop op)
+int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype dt, enum st_redop op)
 {
 	int r = check_dt(dt, op);
 	if (r < 0)
@@ -567,7 +566,7 @@ int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, 
 		return st_fail(ST_EINVAL, "allreduce: bad buffer or count %lld", (long long)count);
 	if (c->n == 1 || count == 0)
 		return c->n == 1 ? 0 : st_group_check(c->g);
-	job j = { .mode = M_AR, .dt = dt, .op = op, .esz = dt_size(dt), .in = buf, .out = buf };
+	job j = { .mode = M_AR, .dt = dt, .op = op, .esz = st_dtype_size(dt), .in = buf, .out = buf };
 	for (int i = 0; i < c->n; i++)
 		c->cnt[i] = (int64_t)((__int128)count * (i + 1) / c->n - (__int128)count * i / c->n);
 	return run(c, &j, c->cnt);
@@ -585,7 +584,7 @@ static int sum_counts(const st_comm *c, const int64_t *counts, const char *what,
 	return 0;
 }
 
-int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t *counts, enum st_dtype_c dt)
+int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t *counts, enum st_dtype dt)
 {
 	int r = check_dt(dt, ST_SUM);
 	if (r < 0)
@@ -595,7 +594,7 @@ int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t 
 		return r;
 	if ((total > 0 && !in) || (counts[c->me] > 0 && !out))
 		return st_fail(ST_EINVAL, "reduce_scatter: NULL buffer");
-	size_t esz = dt_size(dt);
+	size_t esz = st_dtype_size(dt);
 	if (c->n == 1) {
 		if (out != in && counts[0])
 			memmove(out, in, (size_t)counts[0] * esz);
@@ -605,7 +604,7 @@ int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t 
 	return run(c, &j, counts);
 }
 
-int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *counts, enum st_dtype_c dt)
+int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *counts, enum st_dtype dt)
 {
 	int r = check_dt(dt, ST_SUM);
 	if (r < 0)
@@ -615,7 +614,7 @@ int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *coun
 		return r;
 	if ((total > 0 && !out) || (counts[c->me] > 0 && !in))
 		return st_fail(ST_EINVAL, "allgather: NULL buffer");
-	size_t esz = dt_size(dt);
+	size_t esz = st_dtype_size(dt);
 	if (c->n == 1) {
 		if (out != in && counts[0])
 			memmove(out, in, (size_t)counts[0] * esz);
@@ -636,14 +635,14 @@ int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root)
 	for (int i = 0; i < c->n; i++)
 		c->cnt[i] = i == root ? (int64_t)bytes : 0;
 	/* bytes move as 1-byte elements; nothing is reduced */
-	job j = { .mode = M_AG, .dt = ST_C_F32, .op = ST_SUM, .esz = 1, .in = buf, .out = buf };
+	job j = { .mode = M_AG, .dt = ST_DTYPE_F32, .op = ST_SUM, .esz = 1, .in = buf, .out = buf };
 	return run(c, &j, c->cnt);
 }
 
 int st_comm_barrier(st_comm *c)
 {
 	int64_t one = 1;
-	return st_comm_allreduce(c, &one, 1, ST_C_I64, ST_SUM);
+	return st_comm_allreduce(c, &one, 1, ST_DTYPE_I64, ST_SUM);
 }
 
 int st_comm_rank(const st_comm *c) { return c->me; }

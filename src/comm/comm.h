@@ -13,7 +13,7 @@
  *   int ranks[] = {0, 1};
  *   st_comm *c;
  *   rc = st_comm_create(&c, g, 2, ranks);           // collective over the members
- *   rc = st_comm_allreduce(c, buf, n, ST_F32, ST_SUM);
+ *   rc = st_comm_allreduce(c, buf, n, ST_DTYPE_F32, ST_SUM);
  *   st_comm_free(c);
  *   st_group_leave(g);
  *
@@ -34,10 +34,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h" /* collectives take ST_DTYPE_F32, ST_DTYPE_F64 and ST_DTYPE_I64 */
+
 typedef struct st_group st_group;
 typedef struct st_comm st_comm;
 
-enum st_dtype_c { ST_C_F32, ST_C_F64, ST_C_I64 };
 enum st_redop { ST_SUM, ST_MAX };
 
 /* Where a process is, as read from the environment (or set by hand). */
@@ -93,17 +94,17 @@ void st_comm_free(st_comm *c);
  * ST_EPEER / ST_EINTR once the group failed or was aborted.
  */
 /* In place over count elements. */
-int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype_c dt, enum st_redop op);
+int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype dt, enum st_redop op);
 /* in: the concatenation of size chunks, chunk i of counts[i] elements;
  * out: this member's chunk, reduced (sum). counts[i] may differ per chunk
  * (and be 0), but every member passes the same counts. out may be disjoint
  * from in, or exactly this member's chunk inside in. */
 int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t *counts,
-			   enum st_dtype_c dt);
+			   enum st_dtype dt);
 /* in: this member's counts[rank] elements; out: the concatenation of all
  * chunks. in may be disjoint from out, or exactly this member's chunk in out. */
 int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *counts,
-		      enum st_dtype_c dt);
+		      enum st_dtype dt);
 int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root);
 int st_comm_barrier(st_comm *c);
 

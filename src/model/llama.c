@@ -600,7 +600,7 @@ int64_t st_llama_workspace_bytes(const st_llama *m) { return m->acts ? m->acts->
 /* Sum over the tensor-parallel group, in place (nothing to do without one). */
 static int tp_sum(st_llama *m, float *buf, int64_t n)
 {
-	return m->tp_comm ? st_comm_allreduce(m->tp_comm, buf, n, ST_C_F32, ST_SUM) : 0;
+	return m->tp_comm ? st_comm_allreduce(m->tp_comm, buf, n, ST_DTYPE_F32, ST_SUM) : 0;
 }
 
 /*
@@ -840,12 +840,12 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 		st_xent_rows_exp(l, lmax, rsum, tlog, a->targets + r0, v0, nr, Vl);
 		memcpy(gmax, lmax, (size_t)nr * sizeof(float));
 		if (m->tp_comm)
-			TRY(st_comm_allreduce(m->tp_comm, gmax, nr, ST_C_F32, ST_MAX));
+			TRY(st_comm_allreduce(m->tp_comm, gmax, nr, ST_DTYPE_F32, ST_MAX));
 		for (int64_t r = 0; r < nr; r++)
 			rsum[r] *= exp((double)lmax[r] - (double)gmax[r]);
 		if (m->tp_comm) {
-			TRY(st_comm_allreduce(m->tp_comm, rsum, nr, ST_C_F64, ST_SUM));
-			TRY(st_comm_allreduce(m->tp_comm, tlog, nr, ST_C_F32, ST_SUM)); /* one holder each */
+			TRY(st_comm_allreduce(m->tp_comm, rsum, nr, ST_DTYPE_F64, ST_SUM));
+			TRY(st_comm_allreduce(m->tp_comm, tlog, nr, ST_DTYPE_F32, ST_SUM)); /* one holder each */
 		}
 		for (int64_t r = 0; r < nr; r++)
 			total += (double)gmax[r] + log(rsum[r]) - (double)tlog[r];

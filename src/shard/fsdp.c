@@ -53,7 +53,7 @@ static int gather_unit(st_fsdp *f, int u, st_comm *c)
 	int64_t base = f->m->tensors[t0].offset;
 	for (int i = t0; i < t0 + nt; i++) {
 		int rc = st_comm_allgather(c, f->s->p + f->s->off[i], dst + (f->m->tensors[i].offset - base),
-					   f->s->counts + (int64_t)i * f->F, ST_C_F32);
+					   f->s->counts + (int64_t)i * f->F, ST_DTYPE_F32);
 		if (rc < 0)
 			return rc;
 	}
@@ -154,7 +154,7 @@ static int fsdp_embed_forward(void *ctx, st_llama *m, const int32_t *tokens, int
 		mine[t] = tokens[t];
 	for (int j = 0; j < f->F; j++)
 		counts[j] = n;
-	int rc = st_comm_allgather(f->p->fsdp, mine, f->tok_all, counts, ST_C_I64);
+	int rc = st_comm_allgather(f->p->fsdp, mine, f->tok_all, counts, ST_DTYPE_I64);
 	if (rc < 0)
 		return rc;
 	const float *rows = s->p + s->off[0];
@@ -168,7 +168,7 @@ static int fsdp_embed_forward(void *ctx, st_llama *m, const int32_t *tokens, int
 	}
 	for (int j = 0; j < f->F; j++)
 		counts[j] = n * E;
-	return st_comm_reduce_scatter(f->p->fsdp, f->emb_all, x, counts, ST_C_F32);
+	return st_comm_reduce_scatter(f->p->fsdp, f->emb_all, x, counts, ST_DTYPE_F32);
 }
 
 /* Embedding backward: gather the group's dx; this member adds, in the
@@ -182,7 +182,7 @@ static int fsdp_embed_backward(void *ctx, st_llama *m, const int32_t *tokens, in
 	(void)tokens; /* the group's tokens are still in tok_all from the forward pass */
 	for (int j = 0; j < f->F; j++)
 		counts[j] = n * E;
-	int rc = st_comm_allgather(f->p->fsdp, dx, f->emb_all, counts, ST_C_F32);
+	int rc = st_comm_allgather(f->p->fsdp, dx, f->emb_all, counts, ST_DTYPE_F32);
 	if (rc < 0)
 		return rc;
 	float *g = s->g + s->off[0];
@@ -213,7 +213,7 @@ static int fsdp_grads_ready(void *ctx, st_llama *m, int u)
 	int64_t base = m->tensors[t0].offset;
 	for (int i = t0; i < t0 + nt; i++) {
 		int rc = st_comm_reduce_scatter(f->p->fsdp, f->gslot + (m->tensors[i].offset - base), f->rs,
-						s->counts + (int64_t)i * f->F, ST_C_F32);
+						s->counts + (int64_t)i * f->F, ST_DTYPE_F32);
 		if (rc < 0)
 			return rc;
 		float *g = s->g + s->off[i];

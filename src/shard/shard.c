@@ -74,12 +74,12 @@ int st_shard_reduce_grads(st_shard *s, const st_llama *m, const st_par *p)
 	int F = (int)p->mesh.size[ST_AXIS_FSDP];
 	for (int i = 0; !m->hooks && !s->alias && i < s->ntensors; i++) { /* ZeRO-3 did this unit by unit */
 		int rc = st_comm_reduce_scatter(p->fsdp, m->grads + m->tensors[i].offset, s->g + s->off[i],
-						s->counts + (int64_t)i * F, ST_C_F32);
+						s->counts + (int64_t)i * F, ST_DTYPE_F32);
 		if (rc < 0)
 			return rc;
 	}
 	if (p->mesh.size[ST_AXIS_DATA] > 1)
-		return st_comm_allreduce(p->dp, s->g, s->n, ST_C_F32, ST_SUM);
+		return st_comm_allreduce(p->dp, s->g, s->n, ST_DTYPE_F32, ST_SUM);
 	return 0;
 }
 
@@ -93,7 +93,7 @@ int st_shard_grad_norm(const st_shard *s, const st_llama *m, const st_par *p, do
 			sum += st_sum_squares(s->g + s->off[i], s->rows[i] * s->cols[i]);
 		}
 	}
-	int rc = st_comm_allreduce(p->world_comm, &sum, 1, ST_C_F64, ST_SUM);
+	int rc = st_comm_allreduce(p->world_comm, &sum, 1, ST_DTYPE_F64, ST_SUM);
 	*norm = sqrt(sum);
 	return rc;
 }
@@ -103,7 +103,7 @@ int st_shard_gather_params(const st_shard *s, st_llama *m, const st_par *p)
 	int F = (int)p->mesh.size[ST_AXIS_FSDP];
 	for (int i = 0; !s->alias && i < s->ntensors; i++) {
 		int rc = st_comm_allgather(p->fsdp, s->p + s->off[i], m->params + m->tensors[i].offset,
-					   s->counts + (int64_t)i * F, ST_C_F32);
+					   s->counts + (int64_t)i * F, ST_DTYPE_F32);
 		if (rc < 0)
 			return rc;
 	}

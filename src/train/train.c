@@ -135,7 +135,7 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 		if ((rc = st_llama_forward_backward(&t->model, t->tokens, scale, &loss_sum)) < 0)
 			return rc;
 	}
-	if ((rc = st_comm_allreduce(p->batch, &loss_sum, 1, ST_C_F64, ST_SUM)) < 0)
+	if ((rc = st_comm_allreduce(p->batch, &loss_sum, 1, ST_DTYPE_F64, ST_SUM)) < 0)
 		return rc;
 	double loss = loss_sum / ((double)t->G * (double)t->T);
 	if (!isfinite(loss))
@@ -288,7 +288,7 @@ static void trainer_release(trainer *t, int failed)
 static int agree_stop(trainer *t, int *sig)
 {
 	int64_t v = stop_signal;
-	int rc = st_comm_allreduce(t->par.world_comm, &v, 1, ST_C_I64, ST_MAX);
+	int rc = st_comm_allreduce(t->par.world_comm, &v, 1, ST_DTYPE_I64, ST_MAX);
 	*sig = (int)v;
 	return rc;
 }
