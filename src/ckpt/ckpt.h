@@ -248,6 +248,19 @@ typedef struct st_ckpt_step_info {
 /* The step directories under dir, ascending; *out malloc'd (free()). A missing dir gives 0 steps. */
 int st_ckpt_list(const char *dir, st_ckpt_step_info **out, int *n);
 
+/* What a user may name as "the checkpoints": a checkpoints directory, or a
+ * run directory holding one (DIR/checkpoints, unless DIR's own name is a
+ * step number). Writes the checkpoints directory to buf. */
+void st_ckpt_resolve_dir(const char *dir, char *buf, size_t cap);
+
+/* The committed step directories that `ckpt verify ARG` checks: ARG itself
+ * when it is a step directory (has a manifest), else every committed step of
+ * the checkpoints directory ARG names (st_ckpt_resolve_dir), ascending.
+ * *dirs: malloc'd array of malloc'd paths (st_ckpt_free_dirs). ST_EINVAL when
+ * ARG is not a directory or holds no committed checkpoint. */
+int st_ckpt_verify_targets(const char *arg, char ***dirs, int *n);
+void st_ckpt_free_dirs(char **dirs, int n);
+
 /*
  * Recompute every checksum of the committed checkpoint in step_dir and check
  * each shard's safetensors header against the manifest. Returns 0 if all

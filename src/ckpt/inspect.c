@@ -207,3 +207,70 @@ out:
 	free(buf);
 	return rc;
 }
+
+void st_ckpt_resolve_dir(const char *dir, char *buf, size_t cap)
+{
+	struct stat st;
+	char p[ST_PATH_MAX];
+	int64_t step;
+	const char *base = strrchr(dir, '/');
+	if (st_path_join(p, sizeof(p), dir, "checkpoints") == 0 && stat(p, &st) == 0 && S_ISDIR(st.st_mode) &&
+	    !ck_parse_step(base ? base + 1 : dir, &step)) {
+		snprintf(buf, cap, "%s", p);
+		return;
+	}
+	snprintf(buf, cap, "%s", dir);
+}
+
+void st_ckpt_free_dirs(char **dirs, int n)
+{
+	for (int i = 0; dirs && i < n; i++)
+		free(dirs[i]);
+	free(dirs);
+}
+
+int st_ckpt_verify_targets(const char *arg, char ***dirs_out, int *n_out)
+{
+	char dir[ST_PATH_MAX], mp[ST_PATH_MAX], sd[ST_PATH_MAX];
+	struct stat st;
+	int64_t *steps = NULL;
+	char **dirs = NULL;
+	int n = 0, rc;
+
+	*dirs_out = NULL;
+	*n_out = 0;
+	if (stat(arg, &st) < 0 || !S_ISDIR(st.st_mode))
+		return st_fail(ST_EINVAL, "%s: no such directory", arg);
+	if ((rc = st_path_join(mp, sizeof(mp), arg, CK_MANIFEST)) < 0)
+		return rc;
+	if (st_file_exists(mp)) {
+		if (!(dirs = malloc(sizeof(*dirs))) || !(dirs[0] = strdup(arg))) {
+			free(dirs);
+			return st_fail(ST_ENOMEM, "out of memory");
+		}
+		*dirs_out = dirs;
+		*n_out = 1;
+		return 0;
+	}
+	st_ckpt_resolve_dir(arg, dir, sizeof(dir));
+	if ((rc = ck_list_steps(dir, 1, &steps, &n)) < 0)
+		return rc;
+	if (n == 0) {
+		free(steps);
+		return st_fail(ST_EINVAL, "%s: no committed checkpoint here (not a step directory with %s, nor a "
+			       "checkpoints directory holding one)", arg, CK_MANIFEST);
+	}
+	if (!(dirs = calloc((size_t)n, sizeof(*dirs))))
+		rc = st_fail(ST_ENOMEM, "out of memory");
+	for (int i = 0; i < n && rc == 0; i++)
+		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) == 0 && !(dirs[i] = strdup(sd)))
+			rc = st_fail(ST_ENOMEM, "out of memory");
+	free(steps);
+	if (rc < 0) {
+		st_ckpt_free_dirs(dirs, n);
+		return rc;
+	}
+	*dirs_out = dirs;
+	*n_out = n;
+	return 0;
+}

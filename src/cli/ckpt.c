@@ -6,7 +6,6 @@
 
 #include "base/err.h"
 #include "ckpt/ckpt.h"
-#include "ckpt/ckpt_int.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -96,21 +95,6 @@ static const char *human_bytes(int64_t b, char *buf, size_t cap)
 	return buf;
 }
 
-/* DIR, or DIR/checkpoints when DIR is a run directory. */
-static void checkpoints_dir(const char *dir, char *buf, size_t cap)
-{
-	struct stat st;
-	char p[ST_PATH_MAX];
-	int64_t step;
-	const char *base = strrchr(dir, '/');
-	if (st_path_join(p, sizeof(p), dir, "checkpoints") == 0 && stat(p, &st) == 0 && S_ISDIR(st.st_mode) &&
-	    !ck_parse_step(base ? base + 1 : dir, &step)) {
-		snprintf(buf, cap, "%s", p);
-		return;
-	}
-	snprintf(buf, cap, "%s", dir);
-}
-
 static int cmd_list(const char *arg)
 {
 	char dir[ST_PATH_MAX], size[32], when[64];
@@ -118,7 +102,7 @@ static int cmd_list(const char *arg)
 	struct stat st;
 	int n, rc;
 
-	checkpoints_dir(arg, dir, sizeof(dir));
+	st_ckpt_resolve_dir(arg, dir, sizeof(dir));
 	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
 		return st_fail(ST_EINVAL, "%s: no such directory", dir);
 	if ((rc = st_ckpt_list(dir, &v, &n)) < 0)
@@ -162,29 +146,12 @@ static int verify_one(const char *step_dir, int *bad)
 
 static int cmd_verify(const char *arg, int *bad)
 {
-	char dir[ST_PATH_MAX], mp[ST_PATH_MAX], sd[ST_PATH_MAX];
-	int64_t *steps;
-	struct stat st;
-	int n, rc;
-
-	if (stat(arg, &st) < 0 || !S_ISDIR(st.st_mode))
-		return st_fail(ST_EINVAL, "%s: no such directory", arg);
-	if ((rc = st_path_join(mp, sizeof(mp), arg, CK_MANIFEST)) < 0)
-		return rc;
-	if (st_file_exists(mp))
-		return verify_one(arg, bad);
-	checkpoints_dir(arg, dir, sizeof(dir));
-	if ((rc = ck_list_steps(dir, 1, &steps, &n)) < 0)
-		return rc;
-	if (n == 0) {
-		free(steps);
-		return st_fail(ST_EINVAL, "%s: no committed checkpoint here (not a step directory with %s, nor a "
-			       "checkpoints directory holding one)", arg, CK_MANIFEST);
-	}
+	char **dirs;
+	int n, rc = st_ckpt_verify_targets(arg, &dirs, &n);
 	for (int i = 0; i < n && rc == 0; i++)
-		if ((rc = ck_step_dir(sd, sizeof(sd), dir, steps[i])) == 0)
-			rc = verify_one(sd, bad);
-	free(steps);
+		rc = verify_one(dirs[i], bad);
+	if (n > 0)
+		st_ckpt_free_dirs(dirs, n);
 	return rc;
 }
 
