@@ -1,0 +1,110 @@
+/*
+ * proto.h - the elastic layer's wire protocol: controller <-> agents (and
+ * `slicetrain nodes` -> controller).
+ *
+ * One controller per run; one agent per host. An agent connects to the
+ * controller over TCP, says which slice and host it is and how many devices
+ * it drives, then starts and stops its host's worker processes
+ * (`slicetrain train ...`) when the controller says so, and reports what
+ * happens to them. Everything works across machines; on one machine
+ * everything listens on loopback.
+ *
+ * Framing: one JSON object per line ("\n"-terminated, UTF-8), at most
+ * ST_PROTO_MAX_LINE bytes including the newline. Every object has a string
+ * "type". A peer that sends a longer line, invalid JSON, a non-object, an
+ * unknown "type", a missing field or a field of the wrong type is dropped
+ * and logged (never a crash, never an unbounded allocation). Authentication
+ * (a per-run token proved by challenge-response) comes in a later issue: it
+ * will be a handshake before "hello", so nothing below changes.
+ *
+ * agent -> controller
+ *   {"type":"hello","version":1,"slice":S,"host":H,"hosts_per_slice":N,
+ *    "devices":D,"pid":P}                  first message; D devices on this host
+ *   {"type":"heartbeat"}                     every ST_PROTO_HEARTBEAT_MS
+ *   {"type":"started","gen":G,"workers":[{"rank":R,"pid":P},...]}
+ *   {"type":"exit","gen":G,"rank":R,"pid":P,"status":X,"signal":N}
+ *                                            a worker of generation G ended: exit
+ *                                            status X (-1 if killed) or signal N (0 if none)
+ *   {"type":"output","gen":G,"rank":R,"stream":"out"|"err","text":"..."}
+ *                                            one line a worker printed (without "\n")
+ *   {"type":"notice","signal":15}            the agent itself got SIGTERM (its host is
+ *                                            being preempted); it has already passed the
+ *                                            notice on to its workers
+ *
+ * controller -> agent
+ *   {"type":"welcome","version":1}
+ *   {"type":"start","gen":G,"ranks":[R,...],"env":{"NAME":"VALUE",...},
+ *    "args":["CONFIG.yml","key=value",...],"threads":T}
+ *                                            start one worker per rank R (its devices in
+ *                                            order), each as `slicetrain train ARGS` with
+ *                                            ENV added and SLICETRAIN_RANK=R, OMP_NUM_THREADS=T
+ *   {"type":"stop","gen":G,"how":"resize"|"notice"|"kill"}
+ *                                            resize: SIGUSR1 to every worker of G (save at the
+ *                                            next step boundary and exit); notice: SIGTERM
+ *                                            (preemption: the same, counted as preemption);
+ *                                            kill: SIGKILL
+ *   {"type":"kill","gen":G,"rank":R}         SIGKILL one worker (fault injection)
+ *   {"type":"shutdown"}                      kill every worker, reap them, exit 0
+ *
+ * status client -> controller (a connection whose first message is this)
+ *   {"type":"status"}  ->  {"type":"status","state":"running","gen":G,"step":N,
+ *                           "mesh":"...","slices":[{"slice":S,"state":"...","since":T,
+ *                           "hosts":[{"host":H,"pid":P,"last_heartbeat":T,"workers":[...]}]}]}
+ *
+ * The worker contract (environment the agent passes to each worker, besides
+ * the worker group's own SLICETRAIN_RANK / _WORLD_SIZE / _NUM_SLICES /
+ * _COORDINATOR, see comm/env.c):
+ *   SLICETRAIN_ELASTIC_MAX_DEVICES  the group's device count at the maximum size: the
+ *                                   worker keeps the global batch of that size (more
+ *                                   gradient accumulation on fewer devices), unless
+ *                                   elastic_batch=scale
+ *   SLICETRAIN_GENERATION           the generation number (for logs)
+ * Worker exit statuses the controller reads: 0 finished; 2 bad input (the
+ * run cannot go on: the controller stops with it); 3 a peer failed; 128+N
+ * stopped by signal N: 143 after a preemption notice (SIGTERM), 138 after a
+ * resize request (SIGUSR1), both after saving a checkpoint at the step they
+ * stopped after.
+ */
+#ifndef ST_ELASTIC_PROTO_H
+#define ST_ELASTIC_PROTO_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#define ST_PROTO_VERSION 1
+#define ST_PROTO_MAX_LINE (64 << 10)
+#define ST_PROTO_HEARTBEAT_MS 200
+
+/* A connection carrying protocol lines, non-blocking. */
+typedef struct st_proto_conn {
+	int fd;             /* -1 when closed */
+	char *rbuf;         /* bytes received, not yet a whole line */
+	size_t rlen, rcap;
+	char *wbuf;         /* bytes queued, not yet sent */
+	size_t wlen, wcap;
+} st_proto_conn;
+
+#define ST_PROTO_CONN_INIT { .fd = -1 }
+
+/* Take ownership of a connected socket (made non-blocking). */
+int st_proto_conn_init(st_proto_conn *c, int fd);
+/* Close the socket and free the buffers; safe on ST_PROTO_CONN_INIT. */
+void st_proto_conn_release(st_proto_conn *c);
+
+/* Read what the socket has. Returns 1 and *msg (a JSON object with a string
+ * "type"; json_decref it) for each whole line, 0 when no whole line is there
+ * yet, ST_EPEER when the peer closed, ST_EPROTO (with a message) for a line
+ * that breaks the framing rules above. Call until it returns 0. */
+int st_proto_recv(st_proto_conn *c, json_t **msg);
+/* Queue msg as one line and send what the socket takes now. */
+int st_proto_send(st_proto_conn *c, const json_t *msg);
+/* Send queued bytes; 1 if some remain (poll for POLLOUT), 0 if none, <0 error. */
+int st_proto_flush(st_proto_conn *c);
+
+/* Field access with type checks: ST_EPROTO naming the field when it is
+ * missing or of the wrong type. */
+int st_proto_get_int(const json_t *msg, const char *key, long long lo, long long hi, long long *out);
+int st_proto_get_str(const json_t *msg, const char *key, const char **out);
+
+#endif
