@@ -69,18 +69,23 @@
 #define ST_ELASTIC_PROTO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
 #define ST_PROTO_VERSION 1
 #define ST_PROTO_MAX_LINE (64 << 10)
 #define ST_PROTO_HEARTBEAT_MS 200
+#define ST_PROTO_MAX_QUEUE (16 << 20)
 
-/* A connection carrying protocol lines, non-blocking. */
+/* A connection carrying protocol lines, non-blocking. The receive buffer is
+ * ST_PROTO_MAX_LINE bytes (allocated once); the send queue grows up to
+ * ST_PROTO_MAX_QUEUE bytes, past which the peer counts as not reading. */
 typedef struct st_proto_conn {
 	int fd;             /* -1 when closed */
-	char *rbuf;         /* bytes received, not yet a whole line */
-	size_t rlen, rcap;
+	char *rbuf;         /* bytes received: rbuf[roff, rlen) not yet returned */
+	size_t roff, rlen, rcap;
+	size_t rscan;       /* rbuf[roff, rscan) is known to hold no newline */
 	char *wbuf;         /* bytes queued, not yet sent */
 	size_t wlen, wcap;
 } st_proto_conn;
@@ -97,14 +102,37 @@ void st_proto_conn_release(st_proto_conn *c);
  * yet, ST_EPEER when the peer closed, ST_EPROTO (with a message) for a line
  * that breaks the framing rules above. Call until it returns 0. */
 int st_proto_recv(st_proto_conn *c, json_t **msg);
-/* Queue msg as one line and send what the socket takes now. */
+/* Queue msg as one line and send what the socket takes now. ST_EINVAL if
+ * its line would be longer than ST_PROTO_MAX_LINE (nothing queued), ST_EPEER
+ * if the connection failed or the queue would pass ST_PROTO_MAX_QUEUE. */
 int st_proto_send(st_proto_conn *c, const json_t *msg);
+/* The same, taking the reference to msg (json_decref'd here); msg NULL (a
+ * failed json_pack) is ST_ENOMEM. */
+int st_proto_send_new(st_proto_conn *c, json_t *msg);
 /* Send queued bytes; 1 if some remain (poll for POLLOUT), 0 if none, <0 error. */
 int st_proto_flush(st_proto_conn *c);
+/* Flush until the queue is empty or deadline (st_mono_ns): 0, ST_EPEER. */
+int st_proto_flush_until(st_proto_conn *c, int64_t deadline);
 
 /* Field access with type checks: ST_EPROTO naming the field when it is
- * missing or of the wrong type. */
+ * missing or of the wrong type (an integer out of [lo, hi] too). */
 int st_proto_get_int(const json_t *msg, const char *key, long long lo, long long hi, long long *out);
 int st_proto_get_str(const json_t *msg, const char *key, const char **out);
+
+/* ---- addresses and sockets (both sides) ---- */
+
+/* "host:port" or "[v6]:port" -> host, port. 0, or ST_EINVAL with a message. */
+int st_proto_parse_addr(const char *addr, char *host, size_t hostcap, int *port);
+/* Connect to "host:port" until deadline (st_mono_ns): a blocking, CLOEXEC,
+ * TCP_NODELAY socket for st_proto_conn_init. ST_EINVAL for a bad address,
+ * ST_EPEER when nothing answers by then. */
+int st_proto_connect(const char *addr, int64_t deadline, int *fd);
+/* Listen on host:port (port 0: the kernel picks one; host NULL, "" or "*":
+ * every address). *fd is CLOEXEC; *bound_port the port. 0, ST_EINVAL for a
+ * host that does not resolve, ST_EIO when bind/listen fail. */
+int st_proto_listen(const char *host, int port, int *fd, int *bound_port);
+/* Accept one connection (CLOEXEC, TCP_NODELAY) from a listening socket:
+ * 1 and *fd, 0 when none is pending (non-blocking listener), ST_EIO. */
+int st_proto_accept(int lfd, int *fd);
 
 #endif

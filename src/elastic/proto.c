@@ -1,0 +1,294 @@
+/*
+ * proto.c - the elastic wire protocol (proto.h): line framing of JSON
+ * objects over non-blocking sockets with bounded buffers, field getters,
+ * and the socket helpers both sides use (over comm's net.c).
+ */
+#include "elastic/proto.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/array.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "comm/comm_int.h"
+
+int st_proto_conn_init(st_proto_conn *c, int fd)
+{
+	*c = (st_proto_conn)ST_PROTO_CONN_INIT;
+	int rc = st_set_nonblock(fd, 1);
+	if (rc < 0) {
+		close(fd);
+		return st_fail(ST_EIO, "protocol: cannot make the socket non-blocking: %s", strerror(-rc));
+	}
+	if (!(c->rbuf = malloc(ST_PROTO_MAX_LINE))) {
+		close(fd);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	c->rcap = ST_PROTO_MAX_LINE;
+	c->fd = fd;
+	return 0;
+}
+
+void st_proto_conn_release(st_proto_conn *c)
+{
+	if (c->fd >= 0)
+		close(c->fd);
+	free(c->rbuf);
+	free(c->wbuf);
+	*c = (st_proto_conn)ST_PROTO_CONN_INIT;
+}
+
+/* rbuf[roff, end) is one line without its newline: parse and check it. */
+static int parse_line(const char *line, size_t len, json_t **msg)
+{
+	json_error_t je;
+	json_t *m = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+	if (!m)
+		return st_fail(ST_EPROTO, "protocol: invalid JSON at column %d: %s", je.column, je.text);
+	if (!json_is_object(m)) {
+		json_decref(m);
+		return st_fail(ST_EPROTO, "protocol: a message is not a JSON object");
+	}
+	if (!json_is_string(json_object_get(m, "type"))) {
+		json_decref(m);
+		return st_fail(ST_EPROTO, "protocol: a message without a string \"type\"");
+	}
+	*msg = m;
+	return 1;
+}
+
+int st_proto_recv(st_proto_conn *c, json_t **msg)
+{
+	*msg = NULL;
+	if (c->fd < 0)
+		return st_fail(ST_EPEER, "protocol: connection closed");
+	for (;;) {
+		char *nl = memchr(c->rbuf + c->rscan, '\n', c->rlen - c->rscan);
+		if (nl) {
+			size_t start = c->roff, end = (size_t)(nl - c->rbuf);
+			c->roff = c->rscan = end + 1;
+			return parse_line(c->rbuf + start, end - start, msg);
+		}
+		c->rscan = c->rlen;
+		if (c->roff > 0) { /* compact: the partial line moves to the front */
+			memmove(c->rbuf, c->rbuf + c->roff, c->rlen - c->roff);
+			c->rlen -= c->roff;
+			c->rscan -= c->roff;
+			c->roff = 0;
+		}
+		if (c->rlen == c->rcap)
+			return st_fail(ST_EPROTO, "protocol: a line longer than %d bytes", ST_PROTO_MAX_LINE);
+		ssize_t n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+		if (n > 0) {
+			c->rlen += (size_t)n;
+			continue;
+		}
+		if (n == 0)
+			return st_fail(ST_EPEER, "protocol: the peer closed the connection%s",
+				       c->rlen ? " in the middle of a line" : "");
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		return st_fail(ST_EPEER, "protocol: receive failed: %s", strerror(errno));
+	}
+}
+
+int st_proto_flush(st_proto_conn *c)
+{
+	size_t off = 0;
+	int rc = 0;
+	if (c->fd < 0)
+		return st_fail(ST_EPEER, "protocol: connection closed");
+	while (off < c->wlen) {
+		ssize_t n = send(c->fd, c->wbuf + off, c->wlen - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n > 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		rc = st_fail(ST_EPEER, "protocol: send failed: %s", n < 0 ? strerror(errno) : "no progress");
+		break;
+	}
+	memmove(c->wbuf, c->wbuf + off, c->wlen - off);
+	c->wlen -= off;
+	return rc < 0 ? rc : c->wlen > 0;
+}
+
+int st_proto_flush_until(st_proto_conn *c, int64_t deadline)
+{
+	for (;;) {
+		int rc = st_proto_flush(c);
+		if (rc <= 0)
+			return rc;
+		int64_t left = deadline - st_mono_ns();
+		if (left <= 0)
+			return st_fail(ST_EPEER, "protocol: the peer did not take %zu queued bytes in time", c->wlen);
+		struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+		if (poll(&p, 1, (int)(left / 1000000) + 1) < 0 && errno != EINTR)
+			return st_fail(ST_EPEER, "protocol: poll failed: %s", strerror(errno));
+	}
+}
+
+int st_proto_send(st_proto_conn *c, const json_t *msg)
+{
+	if (c->fd < 0)
+		return st_fail(ST_EPEER, "protocol: connection closed");
+	char *s = json_dumps(msg, JSON_COMPACT);
+	if (!s)
+		return st_fail(ST_ENOMEM, "protocol: cannot serialize a message");
+	size_t n = strlen(s);
+	if (n + 1 > ST_PROTO_MAX_LINE) {
+		free(s);
+		return st_fail(ST_EINVAL, "protocol: a message of %zu bytes is longer than the %d-byte line limit",
+			       n + 1, ST_PROTO_MAX_LINE);
+	}
+	if (c->wlen + n + 1 > ST_PROTO_MAX_QUEUE) {
+		free(s);
+		return st_fail(ST_EPEER, "protocol: the peer is not reading (%zu bytes queued)", c->wlen);
+	}
+	if (st_array_reserve(&c->wbuf, &c->wcap, c->wlen + n, 1, 4096) < 0) {
+		free(s);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	memcpy(c->wbuf + c->wlen, s, n);
+	c->wbuf[c->wlen + n] = '\n';
+	c->wlen += n + 1;
+	free(s);
+	int rc = st_proto_flush(c);
+	return rc < 0 ? rc : 0;
+}
+
+int st_proto_send_new(st_proto_conn *c, json_t *msg)
+{
+	if (!msg)
+		return st_fail(ST_ENOMEM, "protocol: cannot build a message");
+	int rc = st_proto_send(c, msg);
+	json_decref(msg);
+	return rc;
+}
+
+int st_proto_get_int(const json_t *msg, const char *key, long long lo, long long hi, long long *out)
+{
+	const json_t *v = json_object_get(msg, key);
+	if (!v)
+		return st_fail(ST_EPROTO, "protocol: \"%s\" is missing", key);
+	if (!json_is_integer(v))
+		return st_fail(ST_EPROTO, "protocol: \"%s\" is not an integer", key);
+	long long x = json_integer_value(v);
+	if (x < lo || x > hi)
+		return st_fail(ST_EPROTO, "protocol: \"%s\" is %lld, not in %lld..%lld", key, x, lo, hi);
+	*out = x;
+	return 0;
+}
+
+int st_proto_get_str(const json_t *msg, const char *key, const char **out)
+{
+	const json_t *v = json_object_get(msg, key);
+	if (!v)
+		return st_fail(ST_EPROTO, "protocol: \"%s\" is missing", key);
+	if (!json_is_string(v))
+		return st_fail(ST_EPROTO, "protocol: \"%s\" is not a string", key);
+	*out = json_string_value(v);
+	return 0;
+}
+
+/* ---- addresses and sockets ---- */
+
+int st_proto_parse_addr(const char *addr, char *host, size_t hostcap, int *port)
+{
+	if (st_split_hostport(addr, host, hostcap, port) < 0)
+		return st_fail(ST_EINVAL, "'%s' is not an address HOST:PORT (port 1..65535; [v6]:PORT)",
+			       addr ? addr : "");
+	return 0;
+}
+
+int st_proto_connect(const char *addr, int64_t deadline, int *fd)
+{
+	char host[256];
+	int port, rc;
+	if ((rc = st_proto_parse_addr(addr, host, sizeof(host), &port)) < 0)
+		return rc;
+	/* a controller that is still starting refuses: retry until the deadline */
+	for (;;) {
+		rc = st_tcp_connect(host, port, deadline, fd);
+		if (rc == 0)
+			return 0;
+		int64_t left = deadline - st_mono_ns();
+		if (left <= 0 || rc == -ETIMEDOUT)
+			break;
+		struct timespec ts = {0, left < 100000000 ? left : 100000000};
+		nanosleep(&ts, NULL);
+	}
+	return st_fail(ST_EPEER, "cannot connect to %s: %s", addr, strerror(-rc));
+}
+
+int st_proto_listen(const char *host, int port, int *fd, int *bound_port)
+{
+	int rc;
+	if (!host || !*host || !strcmp(host, "*")) {
+		if ((rc = st_tcp_listen(port, 64, fd, bound_port)) < 0)
+			return st_fail(ST_EIO, "cannot listen on port %d: %s", port, strerror(-rc));
+		return 0;
+	}
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE},
+			*res, *ai;
+	char ps[16];
+	snprintf(ps, sizeof(ps), "%d", port);
+	if ((rc = getaddrinfo(host, ps, &hints, &res)) != 0)
+		return st_fail(ST_EINVAL, "cannot resolve '%s': %s", host, gai_strerror(rc));
+	int err = EADDRNOTAVAIL, one = 1;
+	for (ai = res; ai; ai = ai->ai_next) {
+		int s = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+		if (s < 0) {
+			err = errno;
+			continue;
+		}
+		setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0 && listen(s, 64) == 0 &&
+		    getsockname(s, (struct sockaddr *)&ss, &sl) == 0) {
+			freeaddrinfo(res);
+			*bound_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+							       : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+			*fd = s;
+			return 0;
+		}
+		err = errno;
+		close(s);
+	}
+	freeaddrinfo(res);
+	return st_fail(ST_EIO, "cannot listen on %s:%d: %s", host, port, strerror(err));
+}
+
+int st_proto_accept(int lfd, int *fd)
+{
+	for (;;) {
+		int s = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (s >= 0) {
+			int one = 1;
+			setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			*fd = s;
+			return 1;
+		}
+		if (errno == EINTR || errno == ECONNABORTED)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		return st_fail(ST_EIO, "accept failed: %s", strerror(errno));
+	}
+}
