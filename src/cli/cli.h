@@ -39,6 +39,16 @@ int st_cmd_plan(int argc, char **argv);
  */
 int st_cmd_launch(int argc, char **argv);
 
+/*
+ * slicetrain agent --controller HOST:PORT --slice S --host H --hosts-per-slice N
+ *                  --devices D [--threads-per-device T] [--grace S] [--quiet]: agent.c
+ *
+ * The elastic agent of one host (elastic/agent.h): 0 after the controller's
+ * shutdown or a SIGTERM whose workers stopped, 3 the controller is
+ * unreachable or gone, 1 it broke the protocol, 130 SIGINT.
+ */
+int st_cmd_agent(int argc, char **argv);
+
 /* slicetrain export CHECKPOINT_DIR OUT_DIR [--shard-size SIZE]: ckpt.c */
 int st_cmd_export(int argc, char **argv);
 /* slicetrain ckpt list|verify DIR: ckpt.c; 1 when a checkpoint is damaged. */

@@ -22,6 +22,8 @@ static const char usage[] =
 	"                                       (configs/default.yml: llama3-125m, synthetic data)\n"
 	"  launch --num-slices S --devices-per-slice D [--threads-per-device T] -- [CONFIG.yml] [key=value ...]\n"
 	"                                       start a worker group on this machine (docs/distributed.md)\n"
+	"  agent --controller HOST:PORT --slice S --host H --hosts-per-slice N --devices D\n"
+	"                                       the elastic agent of one host (docs/elastic.md)\n"
 	"  export CHECKPOINT_DIR OUT_DIR        write a checkpoint as a Hugging Face model directory\n"
 	"  ckpt list|verify DIR                 list checkpoints, or recompute their checksums\n"
 	"  plan CONFIG.yml [key=value ...] [--num-slices S --devices-per-slice D] [--memory GiB]\n"
@@ -42,6 +44,7 @@ static const struct {
 } commands[] = {
 	{"train", st_cmd_train},
 	{"launch", st_cmd_launch},
+	{"agent", st_cmd_agent},
 	{"export", st_cmd_export},
 	{"ckpt", st_cmd_ckpt},
 	{"plan", st_cmd_plan},

@@ -1,0 +1,97 @@
+#include "cli/cli.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "elastic/agent.h"
+#include "elastic/proto.h"
+
+static const char agent_usage[] =
+	"usage: slicetrain agent --controller HOST:PORT --slice S --host H --hosts-per-slice N\n"
+	"                        --devices D [--threads-per-device T] [--grace SECONDS]\n"
+	"                        [--connect-timeout SECONDS] [--welcome-timeout SECONDS] [--quiet]\n"
+	"\n"
+	"The elastic agent of one host (docs/elastic.md): connects to the controller,\n"
+	"says it is host H of slice S with D devices, then starts, stops and reports\n"
+	"this host's worker processes (`slicetrain train ...`, one per device) as the\n"
+	"controller says. Workers' lines are forwarded to the controller and printed\n"
+	"here prefixed [rank R] (not with --quiet).\n"
+	"\n"
+	"  --threads-per-device T   OMP_NUM_THREADS when the controller gives none (default 1)\n"
+	"  --grace SECONDS          after SIGTERM (preemption notice), the workers' time to\n"
+	"                           save and exit before SIGKILL (default 30)\n"
+	"  --connect-timeout S      keep trying to reach the controller this long (default 10)\n"
+	"  --welcome-timeout S      the controller must answer hello within (default 10)\n"
+	"\n"
+	"Exit status: 0 the controller said shutdown, or SIGTERM and the workers stopped;\n"
+	"3 the controller is unreachable or gone, 1 it broke the protocol, 2 bad\n"
+	"arguments, 130 SIGINT. Workers never outlive the agent.\n";
+
+int st_cmd_agent(int argc, char **argv)
+{
+	const char *controller = NULL;
+	int slice = -1, host = -1, hps = 0, devices = 0, threads = 1, grace = 30, cto = 10, wto = 10, quiet = 0;
+	const st_cli_opt opts[] = {
+		{.name = "--slice", .kind = ST_CLI_INT, .value = &slice, .min = 0, .max = 1 << 20},
+		{.name = "--host", .kind = ST_CLI_INT, .value = &host, .min = 0, .max = 1 << 20},
+		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &hps, .min = 1, .max = 1 << 20},
+		{.name = "--devices", .kind = ST_CLI_INT, .value = &devices, .min = 1, .max = 4096},
+		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = 4096},
+		{.name = "--grace", .kind = ST_CLI_INT, .value = &grace, .min = 1, .max = 86400},
+		{.name = "--connect-timeout", .kind = ST_CLI_INT, .value = &cto, .min = 1, .max = 86400},
+		{.name = "--welcome-timeout", .kind = ST_CLI_INT, .value = &wto, .min = 1, .max = 86400},
+		{.name = "--quiet", .kind = ST_CLI_FLAG, .value = &quiet},
+		{0},
+	};
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		if (st_cli_is_help(a)) {
+			fputs(agent_usage, stdout);
+			return 0;
+		}
+		if (!strcmp(a, "--controller")) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "slicetrain agent: --controller needs HOST:PORT\n");
+				return 2;
+			}
+			controller = argv[++i];
+			continue;
+		}
+		int rc = st_cli_option(opts, argc, argv, &i);
+		if (rc == 0) {
+			fprintf(stderr, "slicetrain agent: unknown argument '%s'\n%s", a, agent_usage);
+			return 2;
+		}
+		if (rc < 0) {
+			fprintf(stderr, "slicetrain agent: %s\n", st_errmsg());
+			return 2;
+		}
+	}
+	if (!controller || slice < 0 || host < 0 || hps < 1 || devices < 1) {
+		fprintf(stderr, "slicetrain agent: --controller, --slice, --host, --hosts-per-slice and "
+				"--devices are required\n%s", agent_usage);
+		return 2;
+	}
+	char h[256];
+	int port;
+	if (st_proto_parse_addr(controller, h, sizeof(h), &port) < 0) {
+		fprintf(stderr, "slicetrain agent: --controller: %s\n", st_errmsg());
+		return 2;
+	}
+	if (host >= hps) {
+		fprintf(stderr, "slicetrain agent: --host %d is not below --hosts-per-slice %d\n", host, hps);
+		return 2;
+	}
+	st_agent_opts o = {
+		.controller = controller, .slice = slice, .host = host, .hosts_per_slice = hps,
+		.devices = devices, .threads_per_device = threads, .grace_s = grace,
+		.connect_timeout_s = cto, .welcome_timeout_s = wto, .quiet = quiet,
+	};
+	int rc = st_agent_run(&o);
+	if (rc == 0)
+		return 0;
+	fprintf(stderr, "slicetrain agent: error: %s\n", st_errmsg());
+	return rc == ST_EINTR ? 128 + SIGINT : st_exit_status(rc);
+}

@@ -1,0 +1,676 @@
+/*
+ * agent.c - the elastic agent (agent.h): one poll loop over the controller's
+ * connection, a self-pipe woken by signals, and the workers' output pipes.
+ */
+#include "elastic/agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/array.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "elastic/proto.h"
+
+#define OUT_LINE 4096          /* a worker's output line is forwarded in pieces of at most this */
+#define MAX_ARGS 4096          /* arguments and environment entries of one "start" */
+#define MAX_RANK (1 << 20)
+#define REAP_S 10.0            /* how long SIGKILLed workers may take to be reaped */
+#define FINAL_FLUSH_S 1.0      /* the last reports' time to leave */
+
+typedef struct wstream {
+	int fd; /* read end of the worker's stdout / stderr; -1 when closed */
+	size_t len;
+	char buf[OUT_LINE];
+} wstream;
+
+typedef struct worker {
+	long long gen;
+	int rank;
+	pid_t pid;
+	wstream s[2]; /* 0 stdout, 1 stderr */
+} worker;
+
+typedef struct agent {
+	const st_agent_opts *o;
+	st_proto_conn c;
+	int lost;         /* the connection failed: reports are dropped */
+	int err;          /* first failure of a send (the loop stops on it) */
+	char errmsg[512];
+	worker *w;        /* live (not yet reaped) workers */
+	size_t nw, wcap;
+	char exe[PATH_MAX];
+	pid_t self;
+} agent;
+
+static volatile sig_atomic_t got_term, got_int;
+static int wake_fd = -1; /* write end of the self-pipe */
+
+static void on_signal(int sig)
+{
+	int e = errno;
+	if (sig == SIGTERM)
+		got_term = 1;
+	else if (sig == SIGINT)
+		got_int = 1;
+	if (wake_fd >= 0 && write(wake_fd, "", 1) < 0) {
+		/* full pipe: a wake-up is already pending */
+	}
+	errno = e;
+}
+
+/* ---- reporting ---- */
+
+static void note_err(agent *a, int rc)
+{
+	if (rc >= 0 || a->err)
+		return;
+	a->err = rc;
+	snprintf(a->errmsg, sizeof(a->errmsg), "%s", st_errmsg());
+}
+
+/* Send msg (its reference taken) unless the connection is gone. */
+static void report(agent *a, json_t *msg)
+{
+	if (a->lost || a->c.fd < 0) {
+		json_decref(msg);
+		return;
+	}
+	int rc = st_proto_send_new(&a->c, msg);
+	if (rc < 0) {
+		note_err(a, rc);
+		a->lost = 1;
+	}
+}
+
+/* A JSON string of a worker's bytes: NULs and (when the bytes are not
+ * UTF-8) bytes past ASCII become '?'. */
+static json_t *text_json(const char *s, size_t n)
+{
+	char *t = malloc(n + 1);
+	if (!t)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		t[i] = s[i] ? s[i] : '?';
+	json_t *j = json_stringn(t, n);
+	if (!j) {
+		for (size_t i = 0; i < n; i++)
+			if ((unsigned char)t[i] >= 0x80)
+				t[i] = '?';
+		j = json_stringn(t, n);
+	}
+	free(t);
+	return j;
+}
+
+static void emit_line(agent *a, const worker *w, int which, const char *s, size_t n)
+{
+	if (!a->o->quiet) {
+		FILE *f = which ? stderr : stdout;
+		fprintf(f, "[rank %d] %.*s\n", w->rank, (int)n, s);
+		fflush(f);
+	}
+	json_t *t = text_json(s, n);
+	if (!t) {
+		note_err(a, st_fail(ST_ENOMEM, "out of memory"));
+		return;
+	}
+	report(a, json_pack("{s:s,s:I,s:i,s:s,s:o}", "type", "output", "gen", (json_int_t)w->gen,
+			    "rank", w->rank, "stream", which ? "err" : "out", "text", t));
+}
+
+/* Read what the stream has (once; final: until it is empty, then close it)
+ * and emit its whole lines, a full buffer as one line, and at its end the
+ * rest. */
+static void drain(agent *a, worker *w, int which, int final)
+{
+	wstream *s = &w->s[which];
+	while (s->fd >= 0) {
+		ssize_t n = read(s->fd, s->buf + s->len, OUT_LINE - s->len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		int end = n == 0 || (n < 0 && (final || errno != EAGAIN));
+		if (n > 0)
+			s->len += (size_t)n;
+		size_t start = 0;
+		for (size_t i = 0; i < s->len; i++)
+			if (s->buf[i] == '\n') {
+				emit_line(a, w, which, s->buf + start, i - start);
+				start = i + 1;
+			}
+		if ((end || (start == 0 && s->len == OUT_LINE)) && s->len > start) {
+			emit_line(a, w, which, s->buf + start, s->len - start);
+			start = s->len;
+		}
+		memmove(s->buf, s->buf + start, s->len - start);
+		s->len -= start;
+		if (end) {
+			close(s->fd);
+			s->fd = -1;
+		}
+		if (!final)
+			break;
+	}
+}
+
+/* ---- workers ---- */
+
+static void setenv_int(const char *k, long v)
+{
+	char b[32];
+	snprintf(b, sizeof(b), "%ld", v);
+	setenv(k, b, 1);
+}
+
+/* The child's side of spawn: never returns. */
+static void exec_worker(const agent *a, int rank, int threads, int pin, const json_t *env,
+			const json_t *args, int out, int err)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != a->self)
+		_exit(1);
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigemptyset(&dfl.sa_mask);
+	int sigs[] = {SIGTERM, SIGINT, SIGCHLD, SIGPIPE};
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		sigaction(sigs[i], &dfl, NULL);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	int devnull = open("/dev/null", O_RDONLY);
+	if (devnull >= 0 && devnull != 0) {
+		dup2(devnull, 0);
+		close(devnull);
+	}
+	dup2(out, 1);
+	dup2(err, 2);
+	close(out);
+	close(err);
+	const char *k;
+	json_t *v;
+	json_object_foreach((json_t *)env, k, v)
+		setenv(k, json_string_value(v), 1);
+	setenv_int("SLICETRAIN_RANK", rank);
+	setenv_int("OMP_NUM_THREADS", threads);
+	if (pin) { /* the machine has a core for every thread of every rank up to this one */
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		for (int t = 0; t < threads; t++)
+			CPU_SET(rank * threads + t, &set);
+		sched_setaffinity(0, sizeof(set), &set);
+	}
+	size_t na = json_array_size(args);
+	char **argv = calloc(na + 3, sizeof(char *));
+	if (!argv)
+		_exit(127);
+	argv[0] = (char *)"slicetrain";
+	argv[1] = (char *)"train";
+	for (size_t i = 0; i < na; i++)
+		argv[i + 2] = (char *)json_string_value(json_array_get(args, i));
+	execv(a->exe, argv);
+	fprintf(stderr, "slicetrain agent: cannot run %s: %s\n", a->exe, strerror(errno));
+	_exit(127);
+}
+
+/* Fork one worker; 0, or <0 with errno's message (nothing left behind). */
+static int spawn(agent *a, long long gen, int rank, int threads, int pin, const json_t *env,
+		 const json_t *args)
+{
+	int po[2], pe[2], rc;
+	if ((rc = st_array_reserve(&a->w, &a->wcap, a->nw, sizeof(worker), 8)) < 0)
+		return rc;
+	if (pipe2(po, O_CLOEXEC) < 0)
+		return st_fail(ST_EIO, "pipe: %s", strerror(errno));
+	if (pipe2(pe, O_CLOEXEC) < 0) {
+		rc = st_fail(ST_EIO, "pipe: %s", strerror(errno));
+		close(po[0]);
+		close(po[1]);
+		return rc;
+	}
+	sigset_t block, old;
+	sigemptyset(&block);
+	sigaddset(&block, SIGTERM);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &block, &old);
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid == 0)
+		exec_worker(a, rank, threads, pin, env, args, po[1], pe[1]);
+	int e = errno;
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	close(po[1]);
+	close(pe[1]);
+	if (pid < 0) {
+		close(po[0]);
+		close(pe[0]);
+		return st_fail(ST_EIO, "fork: %s", strerror(e));
+	}
+	fcntl(po[0], F_SETFL, O_NONBLOCK);
+	fcntl(pe[0], F_SETFL, O_NONBLOCK);
+	worker *w = &a->w[a->nw++];
+	*w = (worker){.gen = gen, .rank = rank, .pid = pid};
+	w->s[0].fd = po[0];
+	w->s[1].fd = pe[0];
+	return 0;
+}
+
+static worker *find(agent *a, long long gen, int rank)
+{
+	for (size_t i = 0; i < a->nw; i++)
+		if (a->w[i].gen == gen && a->w[i].rank == rank)
+			return &a->w[i];
+	return NULL;
+}
+
+static void signal_gen(agent *a, long long gen, int sig)
+{
+	for (size_t i = 0; i < a->nw; i++)
+		if (gen < 0 || a->w[i].gen == gen)
+			kill(a->w[i].pid, sig);
+}
+
+/* Reap every worker that ended: its last output, then its "exit". */
+static void reap(agent *a)
+{
+	int st;
+	pid_t pid;
+	while (a->nw > 0 && (pid = waitpid(-1, &st, WNOHANG)) > 0) {
+		for (size_t i = 0; i < a->nw; i++) {
+			worker *w = &a->w[i];
+			if (w->pid != pid)
+				continue;
+			drain(a, w, 0, 1);
+			drain(a, w, 1, 1);
+			int status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+			int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+			if (sig)
+				st_info("agent: rank %d (pid %d, generation %lld) was killed by signal %d",
+					w->rank, (int)pid, w->gen, sig);
+			else
+				st_info("agent: rank %d (pid %d, generation %lld) exited with status %d",
+					w->rank, (int)pid, w->gen, status);
+			report(a, json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)w->gen,
+					    "rank", w->rank, "pid", (int)pid, "status", status, "signal", sig));
+			a->w[i] = a->w[--a->nw];
+			break;
+		}
+	}
+}
+
+/* Wait (bounded) until every worker is reaped, or the deadline. */
+static void reap_until(agent *a, int wake, int64_t deadline)
+{
+	for (;;) {
+		reap(a);
+		int64_t left = deadline - st_mono_ns();
+		if (a->nw == 0 || left <= 0)
+			break;
+		struct pollfd p = {.fd = wake, .events = POLLIN};
+		int ms = left / 1000000 > 50 ? 50 : (int)(left / 1000000) + 1;
+		if (poll(&p, 1, ms) > 0) {
+			char b[64];
+			while (read(wake, b, sizeof(b)) > 0) {
+			}
+		}
+	}
+	if (a->nw)
+		st_warn("agent: %zu worker(s) not reaped after SIGKILL", a->nw);
+}
+
+static void kill_all(agent *a, int wake)
+{
+	signal_gen(a, -1, SIGKILL);
+	reap_until(a, wake, st_mono_ns() + (int64_t)(REAP_S * 1e9));
+}
+
+/* ---- messages from the controller ---- */
+
+static int check_start(agent *a, const json_t *m, long long *gen, long long *threads,
+		       const json_t **ranks, const json_t **env, const json_t **args)
+{
+	int rc;
+	if ((rc = st_proto_get_int(m, "gen", 0, (1LL << 53), gen)) < 0)
+		return rc;
+	*threads = a->o->threads_per_device > 0 ? a->o->threads_per_device : 1;
+	if (json_object_get(m, "threads") && (rc = st_proto_get_int(m, "threads", 1, 4096, threads)) < 0)
+		return rc;
+	*ranks = json_object_get(m, "ranks");
+	size_t nr = json_array_size(*ranks);
+	if (!json_is_array(*ranks) || nr == 0 || nr > (size_t)a->o->devices)
+		return st_fail(ST_EPROTO, "protocol: \"ranks\" is not an array of 1 to %d ranks", a->o->devices);
+	for (size_t i = 0; i < nr; i++) {
+		const json_t *r = json_array_get(*ranks, i);
+		long long v = json_is_integer(r) ? json_integer_value(r) : -1;
+		if (v < 0 || v >= MAX_RANK)
+			return st_fail(ST_EPROTO, "protocol: \"ranks\"[%zu] is not a rank (0..%d)", i, MAX_RANK - 1);
+		for (size_t j = 0; j < i; j++)
+			if (json_integer_value(json_array_get(*ranks, j)) == v)
+				return st_fail(ST_EPROTO, "protocol: rank %lld appears twice in \"ranks\"", v);
+		if (find(a, *gen, (int)v))
+			return st_fail(ST_EPROTO, "protocol: rank %lld of generation %lld is already running", v, *gen);
+	}
+	*args = json_object_get(m, "args");
+	if (!json_is_array(*args) || json_array_size(*args) > MAX_ARGS)
+		return st_fail(ST_EPROTO, "protocol: \"args\" is not an array of at most %d strings", MAX_ARGS);
+	for (size_t i = 0; i < json_array_size(*args); i++)
+		if (!json_is_string(json_array_get(*args, i)))
+			return st_fail(ST_EPROTO, "protocol: \"args\"[%zu] is not a string", i);
+	*env = json_object_get(m, "env");
+	if (*env && (!json_is_object(*env) || json_object_size(*env) > MAX_ARGS))
+		return st_fail(ST_EPROTO, "protocol: \"env\" is not an object of at most %d strings", MAX_ARGS);
+	const char *k;
+	json_t *v;
+	json_object_foreach((json_t *)*env, k, v)
+		if (!*k || strchr(k, '=') || !json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+			return st_fail(ST_EPROTO, "protocol: \"env\" entry '%s' is not NAME: \"VALUE\"", k);
+	return 0;
+}
+
+static int on_start(agent *a, const json_t *m, int draining)
+{
+	long long gen, threads;
+	const json_t *ranks = NULL, *env = NULL, *args = NULL;
+	int rc = check_start(a, m, &gen, &threads, &ranks, &env, &args);
+	if (rc < 0)
+		return rc;
+	json_t *empty = json_object();
+	if (!empty)
+		return st_fail(ST_ENOMEM, "out of memory");
+	if (!env)
+		env = empty;
+	if (draining) {
+		st_warn("agent: generation %lld not started: this host is being preempted", gen);
+		json_decref(empty);
+		return 0;
+	}
+	size_t nr = json_array_size(ranks);
+	long long maxrank = 0;
+	for (size_t i = 0; i < nr; i++)
+		if (json_integer_value(json_array_get(ranks, i)) > maxrank)
+			maxrank = json_integer_value(json_array_get(ranks, i));
+	int pin = (maxrank + 1) * threads <= sysconf(_SC_NPROCESSORS_ONLN);
+	json_t *list = json_array();
+	for (size_t i = 0; list && i < nr; i++) {
+		int rank = (int)json_integer_value(json_array_get(ranks, i));
+		if ((rc = spawn(a, gen, rank, (int)threads, pin, env, args)) < 0) {
+			/* the controller sees it as a worker that could not run */
+			st_warn("agent: cannot start rank %d: %s", rank, st_errmsg());
+			report(a, json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)gen,
+					    "rank", rank, "pid", 0, "status", 127, "signal", 0));
+			continue;
+		}
+		json_array_append_new(list, json_pack("{s:i,s:i}", "rank", rank, "pid", (int)a->w[a->nw - 1].pid));
+	}
+	json_decref(empty);
+	if (!list)
+		return st_fail(ST_ENOMEM, "out of memory");
+	st_info("agent: generation %lld: started %zu worker(s)", gen, json_array_size(list));
+	report(a, json_pack("{s:s,s:I,s:o}", "type", "started", "gen", (json_int_t)gen, "workers", list));
+	return 0;
+}
+
+/* 1: shutdown; 0: go on; <0: a protocol error. */
+static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
+{
+	const char *type = json_string_value(json_object_get(m, "type"));
+	long long gen, v;
+	int rc;
+	if (!*welcomed) {
+		if (strcmp(type, "welcome"))
+			return st_fail(ST_EPROTO, "protocol: \"%s\" before \"welcome\"", type);
+		if ((rc = st_proto_get_int(m, "version", 0, INT_MAX, &v)) < 0)
+			return rc;
+		if (v != ST_PROTO_VERSION)
+			return st_fail(ST_EPROTO, "protocol: the controller speaks version %lld, not %d", v,
+				       ST_PROTO_VERSION);
+		*welcomed = 1;
+		return 0;
+	}
+	if (!strcmp(type, "welcome"))
+		return 0;
+	if (!strcmp(type, "start"))
+		return on_start(a, m, draining);
+	if (!strcmp(type, "stop")) {
+		const char *how;
+		if ((rc = st_proto_get_int(m, "gen", 0, (1LL << 53), &gen)) < 0 ||
+		    (rc = st_proto_get_str(m, "how", &how)) < 0)
+			return rc;
+		int sig = !strcmp(how, "resize") ? SIGUSR1 : !strcmp(how, "notice") ? SIGTERM
+							 : !strcmp(how, "kill")   ? SIGKILL : 0;
+		if (!sig)
+			return st_fail(ST_EPROTO, "protocol: \"how\" is '%s', not resize, notice or kill", how);
+		signal_gen(a, gen, sig);
+		return 0;
+	}
+	if (!strcmp(type, "kill")) {
+		if ((rc = st_proto_get_int(m, "gen", 0, (1LL << 53), &gen)) < 0 ||
+		    (rc = st_proto_get_int(m, "rank", 0, MAX_RANK - 1, &v)) < 0)
+			return rc;
+		worker *w = find(a, gen, (int)v);
+		if (w)
+			kill(w->pid, SIGKILL);
+		return 0;
+	}
+	if (!strcmp(type, "shutdown"))
+		return 1;
+	return st_fail(ST_EPROTO, "protocol: unknown message type '%s'", type);
+}
+
+/* ---- the loop ---- */
+
+static int check_opts(const st_agent_opts *o)
+{
+	if (!o->controller || !*o->controller)
+		return st_fail(ST_EINVAL, "agent: no controller address");
+	if (o->slice < 0 || o->hosts_per_slice < 1 || o->host < 0 || o->host >= o->hosts_per_slice)
+		return st_fail(ST_EINVAL, "agent: host %d is not in 0..%d (hosts per slice %d), or slice %d < 0",
+			       o->host, o->hosts_per_slice - 1, o->hosts_per_slice, o->slice);
+	if (o->devices < 1 || o->threads_per_device < 0)
+		return st_fail(ST_EINVAL, "agent: devices must be >= 1");
+	return 0;
+}
+
+static double or_default(double v, double d) { return v > 0 ? v : d; }
+
+static int64_t after_s(double s) { return st_mono_ns() + (int64_t)(s * 1e9); }
+
+/* The loop proper, once connected and hello is sent. 0 or an error. */
+static int serve(agent *a, int wake)
+{
+	const st_agent_opts *o = a->o;
+	int welcomed = 0, draining = 0, killed = 0;
+	int64_t welcome_by = after_s(or_default(o->welcome_timeout_s, 10));
+	int64_t hb_ns = (int64_t)ST_PROTO_HEARTBEAT_MS * 1000000, next_hb = st_mono_ns() + hb_ns;
+	int64_t drain_by = 0;
+	struct pollfd *pfd = NULL;
+	size_t *who = NULL, pcap = 0;
+	int rc = 0;
+	for (;;) {
+		char b[64];
+		while (read(wake, b, sizeof(b)) > 0) {
+		}
+		reap(a);
+		if (a->err) {
+			rc = a->err;
+			st_fail(rc, "%s", a->errmsg);
+			break;
+		}
+		if (got_int) {
+			rc = st_fail(ST_EINTR, "agent: interrupted (SIGINT): workers killed");
+			break;
+		}
+		int64_t now = st_mono_ns();
+		if (got_term && !draining) {
+			draining = 1;
+			drain_by = after_s(or_default(o->grace_s, 30));
+			st_info("agent: SIGTERM: passing the preemption notice to %zu worker(s)", a->nw);
+			signal_gen(a, -1, SIGTERM);
+			report(a, json_pack("{s:s,s:i}", "type", "notice", "signal", SIGTERM));
+			continue;
+		}
+		if (draining && a->nw == 0)
+			break;
+		if (draining && !killed && now >= drain_by) {
+			st_warn("agent: %zu worker(s) still running after the grace period: SIGKILL", a->nw);
+			signal_gen(a, -1, SIGKILL);
+			killed = 1;
+		}
+		if (!welcomed && now >= welcome_by) {
+			rc = st_fail(ST_EPEER, "agent: no welcome from the controller at %s within %.0f s",
+				     o->controller, or_default(o->welcome_timeout_s, 10));
+			break;
+		}
+		if (now >= next_hb) {
+			report(a, json_pack("{s:s}", "type", "heartbeat"));
+			next_hb = now + hb_ns;
+			continue;
+		}
+		int64_t until = next_hb;
+		if (!welcomed && welcome_by < until)
+			until = welcome_by;
+		if (draining && !killed && drain_by < until)
+			until = drain_by;
+		/* poll set: the connection, the self-pipe, every open output pipe */
+		size_t need = 2 + 2 * a->nw;
+		if (need > pcap) {
+			struct pollfd *np = realloc(pfd, need * sizeof(*pfd));
+			if (np)
+				pfd = np;
+			size_t *nw = np ? realloc(who, need * sizeof(*who)) : NULL;
+			if (!np || !nw) {
+				rc = st_fail(ST_ENOMEM, "out of memory");
+				break;
+			}
+			who = nw;
+			pcap = need;
+		}
+		size_t np = 0;
+		pfd[np++] = (struct pollfd){.fd = a->c.fd, .events = POLLIN | (a->c.wlen ? POLLOUT : 0)};
+		pfd[np++] = (struct pollfd){.fd = wake, .events = POLLIN};
+		for (size_t i = 0; i < a->nw; i++)
+			for (int k = 0; k < 2; k++)
+				if (a->w[i].s[k].fd >= 0) {
+					who[np] = 2 * i + (size_t)k;
+					pfd[np++] = (struct pollfd){.fd = a->w[i].s[k].fd, .events = POLLIN};
+				}
+		int ms = (int)((until - now) / 1000000) + 1;
+		int pr = poll(pfd, (nfds_t)np, ms);
+		if (pr < 0 && errno != EINTR) {
+			rc = st_fail(ST_EIO, "agent: poll: %s", strerror(errno));
+			break;
+		}
+		if (pr <= 0)
+			continue;
+		for (size_t j = 2; j < np; j++)
+			if (pfd[j].revents)
+				drain(a, &a->w[who[j] / 2], (int)(who[j] % 2), 0);
+		if (pfd[0].revents & POLLOUT) {
+			int fr = st_proto_flush(&a->c);
+			if (fr < 0) {
+				rc = fr;
+				break;
+			}
+		}
+		if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+			json_t *m;
+			int r;
+			while ((r = st_proto_recv(&a->c, &m)) == 1) {
+				r = on_message(a, m, &welcomed, draining);
+				json_decref(m);
+				if (r != 0)
+					break;
+			}
+			if (r == 1) { /* shutdown */
+				st_info("agent: shutdown: stopping %zu worker(s)", a->nw);
+				break;
+			}
+			if (r < 0) {
+				char msg[512];
+				snprintf(msg, sizeof(msg), "%s", st_errmsg());
+				rc = st_fail(r, "agent: the controller at %s %s: %s", o->controller,
+					     r == ST_EPEER ? "is gone" : "broke the protocol", msg);
+				break;
+			}
+		}
+	}
+	free(pfd);
+	free(who);
+	return rc;
+}
+
+int st_agent_run(const st_agent_opts *o)
+{
+	int rc = check_opts(o);
+	if (rc < 0)
+		return rc;
+	agent a = {.o = o, .c = ST_PROTO_CONN_INIT, .self = getpid()};
+	if (o->exe) {
+		snprintf(a.exe, sizeof(a.exe), "%s", o->exe);
+	} else {
+		ssize_t n = readlink("/proc/self/exe", a.exe, sizeof(a.exe) - 1);
+		if (n <= 0)
+			return st_fail(ST_EIO, "agent: cannot find my own binary: %s", strerror(errno));
+		a.exe[n] = 0;
+	}
+	int fd;
+	if ((rc = st_proto_connect(o->controller, after_s(or_default(o->connect_timeout_s, 10)), &fd)) < 0)
+		return rc;
+	if ((rc = st_proto_conn_init(&a.c, fd)) < 0)
+		return rc;
+	int wp[2];
+	if (pipe2(wp, O_CLOEXEC | O_NONBLOCK) < 0) {
+		rc = st_fail(ST_EIO, "agent: pipe: %s", strerror(errno));
+		st_proto_conn_release(&a.c);
+		return rc;
+	}
+	got_term = got_int = 0;
+	wake_fd = wp[1];
+	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART}, ign = {.sa_handler = SIG_IGN};
+	struct sigaction old_term, old_int, old_chld, old_pipe;
+	sigemptyset(&sa.sa_mask);
+	sigemptyset(&ign.sa_mask);
+	sigaction(SIGTERM, &sa, &old_term);
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGCHLD, &sa, &old_chld);
+	sigaction(SIGPIPE, &ign, &old_pipe);
+
+	report(&a, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i}", "type", "hello", "version", ST_PROTO_VERSION,
+			     "slice", o->slice, "host", o->host, "hosts_per_slice", o->hosts_per_slice,
+			     "devices", o->devices, "pid", (int)a.self));
+	st_info("agent: slice %d host %d (%d device%s) connected to %s", o->slice, o->host, o->devices,
+		o->devices == 1 ? "" : "s", o->controller);
+	rc = serve(&a, wp[0]);
+	char msg[512];
+	snprintf(msg, sizeof(msg), "%s", st_errmsg());
+	if (rc == ST_EPEER || rc == ST_EPROTO) { /* no more reports: the connection is gone */
+		a.lost = 1;
+		st_proto_conn_release(&a.c);
+	}
+	if (a.nw && rc != 0)
+		st_warn("agent: killing %zu worker(s)", a.nw);
+	kill_all(&a, wp[0]);
+	if (!a.lost && a.c.fd >= 0)
+		st_proto_flush_until(&a.c, after_s(FINAL_FLUSH_S));
+	st_proto_conn_release(&a.c);
+	free(a.w);
+	sigaction(SIGTERM, &old_term, NULL);
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGCHLD, &old_chld, NULL);
+	sigaction(SIGPIPE, &old_pipe, NULL);
+	wake_fd = -1;
+	close(wp[0]);
+	close(wp[1]);
+	return rc < 0 ? st_fail(rc, "%s", msg) : 0;
+}
