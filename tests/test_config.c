@@ -680,6 +680,13 @@ static void test_checkpoint_keys(void)
 	FAIL_CASE(rpath("configs/base.yml"), "checkpoint_period must be positive", NULL, "checkpoint_period=0");
 	FAIL_CASE(rpath("configs/base.yml"), "checkpoint_failure_policy 'later' is not supported", "continue, stop",
 		  "checkpoint_failure_policy=later");
+	/* elastic_batch (ours): constant by default, scale, nothing else */
+	rc = LOAD(&c, rpath("configs/base.yml"), "run_name=x", "base_output_directory=/tmp/x");
+	CHECK_MSG(rc == 0 && c.elastic_batch == ST_ELASTIC_BATCH_CONSTANT, "%s", st_errmsg());
+	rc = LOAD(&c, rpath("configs/base.yml"), "run_name=x", "base_output_directory=/tmp/x", "elastic_batch=scale");
+	CHECK_MSG(rc == 0 && c.elastic_batch == ST_ELASTIC_BATCH_SCALE, "%s", st_errmsg());
+	FAIL_CASE(rpath("configs/base.yml"), "elastic_batch 'follow' is not supported", "constant, scale",
+		  "elastic_batch=follow");
 	if (have_maxtext) {
 		rc = LOAD(&c, maxtext_base, "model_name=llama3.1-8b", "dataset_type=synthetic", "run_name=x",
 			  "max_num_checkpoints_to_keep=None");
@@ -689,10 +696,11 @@ static void test_checkpoint_keys(void)
 
 	/* the resolved config survives JSON (the checkpoint manifest's copy) */
 	rc = LOAD(&c, rpath("configs/default.yml"), "rope_type=llama3.1", "max_num_checkpoints_to_keep=2",
-		  "run_name=j\"s", "global_parameter_scale=2");
+		  "run_name=j\"s", "global_parameter_scale=2", "elastic_batch=scale");
 	CHECK_MSG(rc == 0, "%s", st_errmsg());
 	CHECK(st_config_to_json(&c, &json) == 0 && json);
 	CHECK_MSG(json && strstr(json, "\"base_emb_dim\":") && strstr(json, "\"rope_type\":\"llama3.1\"") &&
+		  strstr(json, "\"elastic_batch\":\"scale\"") &&
 		  !strstr(json, "global_parameter_scale"), "%s", json ? json : "");
 	rc = json ? st_config_from_json(&back, json) : -1;
 	CHECK_MSG(rc == 0, "%s", st_errmsg());

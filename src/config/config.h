@@ -30,6 +30,11 @@ enum st_remat { ST_REMAT_FULL, ST_REMAT_MINIMAL, ST_REMAT_NONE };
 /* checkpoint_failure_policy: a failed background save is reported loudly and the
  * run goes on ("continue"), or the run stops with the error ("stop"). */
 enum st_ckpt_failure_policy { ST_CKPT_FAIL_CONTINUE, ST_CKPT_FAIL_STOP };
+/* elastic_batch: under an elastic controller (SLICETRAIN_ELASTIC_MAX_DEVICES
+ * set) the global batch stays that of the maximum size ("constant": more
+ * gradient accumulation on fewer devices), or follows the devices ("scale",
+ * MaxText's behaviour). */
+enum st_elastic_batch { ST_ELASTIC_BATCH_CONSTANT, ST_ELASTIC_BATCH_SCALE };
 
 #define ST_NAME_MAX 256
 
@@ -94,6 +99,9 @@ typedef struct st_config {
 	char load_parameters_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir or an HF model dir */
 	char load_full_state_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir (at most one of the two) */
 	enum st_ckpt_failure_policy checkpoint_failure_policy; /* ours: "continue" (default) or "stop" */
+
+	/* elastic (ours; docs/config.md) */
+	enum st_elastic_batch elastic_batch; /* "constant" (default) or "scale" */
 } st_config;
 
 /*

@@ -16,6 +16,7 @@ _Static_assert(sizeof(enum st_remat) == sizeof(int), "enum fields are stored as 
 _Static_assert(sizeof(enum st_dtype) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(enum st_dataset_type) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(enum st_ckpt_failure_policy) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(enum st_elastic_batch) == sizeof(int), "enum fields are stored as int");
 
 #define CF(field) offsetof(struct st_cfull, field)
 #define I(name, field, def) {name, ST_K_INT, CF(field), 0, def, NULL, NULL}
@@ -37,6 +38,8 @@ static const struct st_cenum dtypes[] = {
 static const struct st_cenum weight_dtypes[] = {{"float32", ST_DTYPE_F32}, {NULL, 0}};
 static const struct st_cenum failure_policies[] = {
 	{"continue", ST_CKPT_FAIL_CONTINUE}, {"stop", ST_CKPT_FAIL_STOP}, {NULL, 0}};
+static const struct st_cenum elastic_batches[] = {
+	{"constant", ST_ELASTIC_BATCH_CONSTANT}, {"scale", ST_ELASTIC_BATCH_SCALE}, {NULL, 0}};
 static const struct st_cenum dataset_types[] = {
 	{"synthetic", ST_DATA_SYNTHETIC}, {"tokens", ST_DATA_TOKENS}, {NULL, 0}};
 
@@ -114,6 +117,9 @@ static const struct st_ckey keys[] = {
 	S("load_parameters_path", c.load_parameters_path, "\"\""),
 	S("load_full_state_path", c.load_full_state_path, "\"\""),
 	E("checkpoint_failure_policy", c.checkpoint_failure_policy, "continue", failure_policies),
+
+	/* elastic (ours): the global batch when the group's size changes */
+	E("elastic_batch", c.elastic_batch, "constant", elastic_batches),
 
 	/* MaxText keys that change the model or the update rule: only the
 	 * value that matches our Llama (the Llama 3 model files' value) works */
