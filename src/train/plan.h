@@ -22,9 +22,9 @@
  * Bytes: weights, gradients and AdamW state fp32 (weight_dtype float32);
  * activations as src/model/llama.c allocates them (fp32; with dtype bfloat16
  * plus its bf16 operand buffers, and a bf16 copy of the resident weights: the
- * tp piece, or one gathered layer under fsdp). The workspace line adds the largest
- * transient buffers of the kernels (attention's transposed K and V, the
- * RMSNorm partial sums) and a fixed 64 MiB for the runtime (libraries,
+ * tp piece, or one gathered layer under fsdp). The workspace line adds the
+ * kernels' workspace as the model allocates it (st_llama_workspace_bytes_for),
+ * the token batch and a fixed 64 MiB for the runtime (libraries,
  * oneDNN's JIT code and scratch), so the total is comparable with a process's
  * peak resident memory.
  */
