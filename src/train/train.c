@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/path.h"
 #include "ckpt/ckpt.h"
 #include "data/data.h"
 #include "kernels/cpu/bf16.h"
@@ -38,7 +40,10 @@ typedef struct trainer {
 	int32_t *tokens;  /* one micro-batch of this batch shard: rows x (T+1) */
 	int64_t B, T;     /* per_device_batch_size, sequence length */
 	int64_t rows;     /* rows per micro-batch of a batch shard: B x tensor */
-	int64_t G;        /* global rows per step: B x devices x accumulation */
+	int64_t accum;    /* micro-batches per step: gradient_accumulation_steps, or more
+			     on fewer devices under an elastic controller (elastic_accum) */
+	int64_t G;        /* global rows per step: B x devices x accum */
+	int64_t max_devices; /* SLICETRAIN_ELASTIC_MAX_DEVICES, 0 when not elastic */
 	int lead;         /* this process prints the log line and writes metrics */
 	FILE *metrics;
 	st_flops flops;
@@ -69,7 +74,7 @@ static void print_header(const trainer *t)
 		t->flops.total / 1e12, 100 * t->flops.weights / t->flops.total,
 		100 * t->flops.attention / t->flops.total);
 	st_info("batch %lld x %lld tokens per device, gradient accumulation %lld, remat %s, %s, %d threads",
-		(long long)t->B, (long long)t->T, (long long)c->gradient_accumulation_steps,
+		(long long)t->B, (long long)t->T, (long long)t->accum,
 		remat_name(c->remat_policy),
 		c->dtype == ST_DTYPE_BF16 ? "bf16 products, fp32 weights" : "fp32", omp_get_max_threads());
 }
@@ -84,6 +89,47 @@ static int check_memory(int64_t nparams, const char *model)
 			       "%s needs %.1f GiB for weights, gradients and optimizer state on one device; "
 			       "this machine has %.1f GiB (shard it across devices, or pick a smaller model)",
 			       model, need / (1 << 30), have / (1 << 30));
+	return 0;
+}
+
+/*
+ * Micro-batches per step on `world` devices. Under an elastic controller
+ * (SLICETRAIN_ELASTIC_MAX_DEVICES=W_max, the group's device count at its
+ * maximum size) the global batch stays that of W_max devices: accumulation
+ * gradient_accumulation_steps * W_max / world, so the loss curve and the
+ * sample order (by global sample index) do not depend on resizes; with
+ * elastic_batch=scale it follows the devices (MaxText's behaviour). Unset or
+ * empty: not elastic, *max_devices 0.
+ */
+static int elastic_accum(const st_config *c, int world, int64_t *accum, int64_t *max_devices)
+{
+	const char *s = getenv("SLICETRAIN_ELASTIC_MAX_DEVICES");
+	*accum = c->gradient_accumulation_steps;
+	*max_devices = 0;
+	if (!s || !*s)
+		return 0;
+	char *end;
+	errno = 0;
+	long long w = strtoll(s, &end, 10);
+	if (*end || errno || w < 1 || w > INT_MAX)
+		return st_fail(ST_EINVAL,
+			       "SLICETRAIN_ELASTIC_MAX_DEVICES='%s' is not a device count (a whole number >= 1: "
+			       "the group's devices at its maximum size)", s);
+	if (w < world)
+		return st_fail(ST_EINVAL,
+			       "SLICETRAIN_ELASTIC_MAX_DEVICES=%lld is smaller than this group's %d devices "
+			       "(it is the device count at the maximum size)", w, world);
+	*max_devices = w;
+	if (c->elastic_batch == ST_ELASTIC_BATCH_SCALE)
+		return 0;
+	int64_t micro = c->gradient_accumulation_steps * w; /* micro-batches of one device per step */
+	if (micro % world)
+		return st_fail(ST_EINVAL,
+			       "elastic_batch constant: the global batch of %lld devices (SLICETRAIN_ELASTIC_MAX_DEVICES) "
+			       "x gradient_accumulation_steps %lld cannot be kept on %d devices (%d does not divide %lld; "
+			       "use a device count that divides it, or elastic_batch=scale)",
+			       w, (long long)c->gradient_accumulation_steps, world, world, (long long)micro);
+	*accum = micro / world;
 	return 0;
 }
 
@@ -117,7 +163,7 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 {
 	const st_config *c = t->c;
 	const st_par *p = &t->par;
-	int64_t accum = c->gradient_accumulation_steps;
+	int64_t accum = t->accum;
 	float scale = (float)(1.0 / ((double)t->G * (double)t->T));
 	double loss_sum = 0;
 	int rc;
@@ -240,13 +286,10 @@ static int setup_checkpoints(trainer *t)
 	return st_ckpt_saver_reserve(t->saver, t->nsave_pieces, t->save_pieces);
 }
 
-/* Save after `done` completed steps when the period or the end says so. */
-static int maybe_save(trainer *t, int64_t done, int last)
+/* Save the state after `done` completed steps. */
+static int save(trainer *t, int64_t done)
 {
 	const st_config *c = t->c;
-	if (!t->saver || !((c->checkpoint_period > 0 && done % c->checkpoint_period == 0) ||
-			   (last && c->save_checkpoint_on_completion)))
-		return 0;
 	st_ckpt_meta meta = {
 		.step = done, .next_sample = t->sample0 + (done - t->step0) * t->G,
 		.data_shuffle_seed = c->data_shuffle_seed, .init_weights_seed = c->init_weights_seed,
@@ -262,6 +305,63 @@ static int maybe_save(trainer *t, int64_t done, int last)
 			c->async_checkpointing ? "in the background" : "done");
 	}
 	return rc;
+}
+
+/* Save after `done` completed steps when the period or the end says so:
+ * 1 when it saved. */
+static int maybe_save(trainer *t, int64_t done, int last)
+{
+	const st_config *c = t->c;
+	if (!t->saver || !((c->checkpoint_period > 0 && done % c->checkpoint_period == 0) ||
+			   (last && c->save_checkpoint_on_completion)))
+		return 0;
+	int rc = save(t, done);
+	return rc < 0 ? rc : 1;
+}
+
+/*
+ * The group agreed to stop on signal `sig` after `done` completed steps: save
+ * that state (unless the period just did) and wait until it is committed, so
+ * that no completed step is lost (a preemption notice or a resize request of
+ * the elastic controller). Every process calls this after the same step. A
+ * second signal meanwhile only sets stop_signal again: the save finishes.
+ * Then ST_EINTR (the caller's exit status 128 + sig), or the save's error.
+ */
+static int stop_with_save(trainer *t, int64_t done, int saved, int sig)
+{
+	int rc = 0;
+	if (t->saver) {
+		if (!saved)
+			rc = save(t, done);
+		if (rc == 0)
+			rc = st_ckpt_wait(t->saver);
+		if (rc < 0)
+			return rc;
+		/* committed = process 0 wrote its manifest (under checkpoint_failure_policy
+		 * continue a failed save is only warned); every process learns it */
+		int64_t missing = 0;
+		if (t->lead) {
+			char path[ST_PATH_MAX + 48];
+			snprintf(path, sizeof(path), "%s/%lld/manifest.json", t->ckpt_dir, (long long)done);
+			missing = !st_file_exists(path);
+		}
+		if ((rc = st_comm_allreduce(t->par.world_comm, &missing, 1, ST_DTYPE_I64, ST_MAX)) < 0)
+			return rc;
+		if (missing) {
+			st_ckpt_stats st;
+			st_ckpt_saver_stats(t->saver, &st);
+			return st_fail(ST_EIO, "stopping after step %lld (signal %d): checkpoint %lld was not committed%s%s",
+				       (long long)(done - 1), sig, (long long)done, st.last_error[0] ? ": " : "",
+				       st.last_error);
+		}
+		if (t->lead)
+			st_info("stopping after step %lld (signal %d): checkpoint %lld saved", (long long)(done - 1),
+				sig, (long long)done);
+	} else if (t->lead) {
+		st_info("stopping after step %lld (signal %d): checkpointing is off, nothing saved",
+			(long long)(done - 1), sig);
+	}
+	return st_fail(ST_EINTR, "stopped by signal %d after step %lld", sig, (long long)(done - 1));
 }
 
 static void trainer_release(trainer *t, int failed)
@@ -284,7 +384,8 @@ static void trainer_release(trainer *t, int failed)
 	st_group_leave(t->group);
 }
 
-/* Every process stops after the same step: a signal seen by any stops all. */
+/* Every process stops after the same step: a signal (SIGINT, SIGTERM,
+ * SIGUSR1) seen by any stops all; the largest number wins. */
 static int agree_stop(trainer *t, int *sig)
 {
 	int64_t v = stop_signal;
@@ -296,7 +397,10 @@ static int agree_stop(trainer *t, int *sig)
 int st_train(const st_config *c, st_train_result *res)
 {
 	trainer t = {.c = c};
-	int rc;
+	int rc, handlers = 0;
+	static const int stop_sigs[3] = {SIGINT, SIGTERM, SIGUSR1};
+	struct sigaction old_sa[3];
+	stack_t old_ss;
 	memset(res, 0, sizeof(*res));
 	if ((rc = st_group_join(&t.group, NULL)) < 0)
 		return rc;
@@ -307,14 +411,27 @@ int st_train(const st_config *c, st_train_result *res)
 	t.B = (int64_t)c->per_device_batch_size;
 	t.T = c->max_target_length;
 	t.rows = t.B * p->mesh.size[ST_AXIS_TENSOR];
-	t.G = t.B * p->world * c->gradient_accumulation_steps;
+	if ((rc = elastic_accum(c, p->world, &t.accum, &t.max_devices)) < 0)
+		goto out;
+	t.G = t.B * p->world * t.accum;
 	t.flops = st_training_flops(c, (double)t.B);
+	/* the formula counts gradient_accumulation_steps micro-batches; we run t.accum */
+	double fk = (double)t.accum / (double)c->gradient_accumulation_steps;
+	t.flops.weights *= fk;
+	t.flops.attention *= fk;
+	t.flops.total *= fk;
 
 	st_llama_shape shape;
 	st_llama_shape_from_config(&shape, c);
 	st_par_describe(p, t.mesh_desc, sizeof(t.mesh_desc));
 	if (t.lead) {
 		st_info("mesh: %s", t.mesh_desc);
+		const char *gen = getenv("SLICETRAIN_GENERATION");
+		if (t.max_devices)
+			st_info("elastic%s%s: %d of at most %lld devices, global batch %lld (elastic_batch %s)",
+				gen && *gen ? " generation " : "", gen && *gen ? gen : "", p->world,
+				(long long)t.max_devices, (long long)t.G,
+				c->elastic_batch == ST_ELASTIC_BATCH_SCALE ? "scale" : "constant");
 		print_header(&t);
 	}
 	int64_t nparams;
@@ -349,7 +466,10 @@ int st_train(const st_config *c, st_train_result *res)
 		rc = st_fail(ST_ENOMEM, "out of memory for the batch");
 		goto out;
 	}
-	if (t.lead && c->metrics_file[0] && !(t.metrics = fopen(c->metrics_file, "w"))) {
+	/* under an elastic controller the file holds every generation's records
+	 * (and the controller's event lines between them): append */
+	const char *gen = getenv("SLICETRAIN_GENERATION");
+	if (t.lead && c->metrics_file[0] && !(t.metrics = fopen(c->metrics_file, gen && *gen ? "a" : "w"))) {
 		rc = st_fail(ST_EIO, "cannot open metrics_file '%s': %s", c->metrics_file, strerror(errno));
 		goto out;
 	}
@@ -379,14 +499,16 @@ int st_train(const st_config *c, st_train_result *res)
 	 * gemm keeps there, and 1 in 5 SIGTERMs during a step corrupted the heap
 	 * (tests/cli/sigterm_train.sh). */
 	static char sig_stack[64 << 10];
-	stack_t ss = {.ss_sp = sig_stack, .ss_size = sizeof(sig_stack)}, old_ss;
-	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_ONSTACK}, old_int, old_term;
+	stack_t ss = {.ss_sp = sig_stack, .ss_size = sizeof(sig_stack)};
+	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_ONSTACK};
 	sigemptyset(&sa.sa_mask);
 	stop_signal = 0;
 	sigaltstack(&ss, &old_ss);
-	sigaction(SIGINT, &sa, &old_int);
-	sigaction(SIGTERM, &sa, &old_term);
-	int64_t total_weights = t.G * t.T;
+	/* SIGUSR1: the elastic controller's resize request; SIGTERM: a preemption notice */
+	for (int i = 0; i < 3; i++)
+		sigaction(stop_sigs[i], &sa, &old_sa[i]);
+	handlers = 1;
+	int64_t total_weights = t.G * t.T, saved_at = -1;
 	if (t.step0 >= c->steps && t.lead)
 		st_info("the run already completed its %lld steps", (long long)c->steps);
 	for (int64_t step = t.step0; step < c->steps; step++) {
@@ -396,7 +518,7 @@ int st_train(const st_config *c, st_train_result *res)
 			break;
 		double secs = st_mono_s() - t0;
 		double tflops = t.flops.total / secs / 1e12;
-		double tokens = (double)(t.T * t.B * c->gradient_accumulation_steps) / secs;
+		double tokens = (double)(t.T * t.B * t.accum) / secs;
 		if (t.lead) {
 			printf("completed step: %lld, seconds: %.3f, TFLOP/s/device: %.3f, Tokens/s/device: %.3f, "
 			       "total_weights: %lld, loss: %.3f\n",
@@ -412,17 +534,16 @@ int st_train(const st_config *c, st_train_result *res)
 		res->steps_done = step + 1;
 		if ((rc = maybe_save(&t, step + 1, step + 1 == c->steps)) < 0)
 			break;
+		if (rc == 1)
+			saved_at = step + 1;
 		if ((rc = agree_stop(&t, &sig)) < 0)
 			break;
 		if (sig && step + 1 < c->steps) {
 			res->stop_signal = sig;
-			rc = st_fail(ST_EINTR, "stopped by signal %d after step %lld", sig, (long long)step);
+			rc = stop_with_save(&t, step + 1, saved_at == step + 1, sig);
 			break;
 		}
 	}
-	sigaction(SIGINT, &old_int, NULL);
-	sigaction(SIGTERM, &old_term, NULL);
-	sigaltstack(&old_ss, NULL);
 	if (rc == 0 && t.metrics && fflush(t.metrics))
 		rc = st_fail(ST_EIO, "cannot write metrics_file '%s'", c->metrics_file);
 	if (rc == 0 && t.saver)
@@ -440,5 +561,12 @@ out:
 	/* a stop by signal is agreed by every process after the same step: the
 	 * save in flight commits (only a failure aborts it) */
 	trainer_release(&t, rc < 0 && rc != ST_EINTR);
+	/* the handlers stay until the group is left: a launcher's SIGTERM to the
+	 * last ranks of a stopping group must not kill them on the way out */
+	if (handlers) {
+		for (int i = 0; i < 3; i++)
+			sigaction(stop_sigs[i], &old_sa[i], NULL);
+		sigaltstack(&old_ss, NULL);
+	}
 	return rc;
 }

@@ -10,7 +10,13 @@
  * MaxText's line on stdout:
  *   completed step: N, seconds: X.XXX, TFLOP/s/device: X.XXX, Tokens/s/device: X.XXX, total_weights: N, loss: X.XXX
  * and, with metrics_file set, appends one JSON object with MaxText's keys.
- * SIGINT/SIGTERM stop the run after the current step (ST_EINTR).
+ * SIGINT, SIGTERM (a preemption notice) and SIGUSR1 (an elastic resize
+ * request) stop the whole group after the same step (agreed by every rank);
+ * with checkpointing on, the state after that step is saved and committed
+ * first; then ST_EINTR with result->stop_signal set (exit status 128 + N).
+ * Under an elastic controller (SLICETRAIN_ELASTIC_MAX_DEVICES=W_max) the
+ * global batch stays that of W_max devices unless elastic_batch=scale, and
+ * with SLICETRAIN_GENERATION set metrics_file is appended to.
  */
 #ifndef ST_TRAIN_TRAIN_H
 #define ST_TRAIN_TRAIN_H
