@@ -1,0 +1,364 @@
+/*
+ * The elastic wire protocol's framing (src/elastic/proto.c) over socketpairs
+ * and loopback TCP: lines split across reads and several per read, the
+ * line-length limit (exactly the limit passes, one byte more is ST_EPROTO
+ * with no growth of the buffer), invalid JSON, non-objects, a missing or
+ * non-string "type", the field getters' errors, peer close, partial writes
+ * through a small socket buffer, the send queue's limit, and the address,
+ * listen and connect helpers.
+ * timeout: 60
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "check.h"
+#include "elastic/proto.h"
+
+/* c reads what peer writes. */
+static void pair(st_proto_conn *c, int *peer)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+		perror("socketpair");
+		exit(1);
+	}
+	CHECK(st_proto_conn_init(c, sv[0]) == 0);
+	*peer = sv[1];
+}
+
+static void put(int fd, const char *s, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, s, n);
+		if (w <= 0) {
+			perror("write");
+			exit(1);
+		}
+		s += w;
+		n -= (size_t)w;
+	}
+}
+
+static void puts_(int fd, const char *s) { put(fd, s, strlen(s)); }
+
+/* One line sent on its own connection: what recv makes of it. */
+static int recv_one(const char *line, json_t **m)
+{
+	st_proto_conn c;
+	int peer;
+	pair(&c, &peer);
+	puts_(peer, line);
+	int rc = st_proto_recv(&c, m);
+	st_proto_conn_release(&c);
+	close(peer);
+	return rc;
+}
+
+static void test_split_and_batched(void)
+{
+	st_proto_conn c;
+	int peer;
+	json_t *m = NULL;
+	pair(&c, &peer);
+	CHECK(st_proto_recv(&c, &m) == 0 && !m);
+	puts_(peer, "{\"type\":\"a\",");
+	CHECK(st_proto_recv(&c, &m) == 0);
+	puts_(peer, "\"n\":");
+	CHECK(st_proto_recv(&c, &m) == 0);
+	puts_(peer, "7}\n{\"type\":\"b\"}\n{\"ty");
+	CHECK(st_proto_recv(&c, &m) == 1);
+	const char *t = NULL;
+	long long n = 0;
+	CHECK(st_proto_get_str(m, "type", &t) == 0 && !strcmp(t, "a"));
+	CHECK(st_proto_get_int(m, "n", 0, 10, &n) == 0 && n == 7);
+	json_decref(m);
+	CHECK(st_proto_recv(&c, &m) == 1);
+	CHECK(!strcmp(json_string_value(json_object_get(m, "type")), "b"));
+	json_decref(m);
+	CHECK(st_proto_recv(&c, &m) == 0);
+	/* many lines in one write */
+	puts_(peer, "pe\":\"c\"}\n");
+	char many[4096] = "";
+	for (int i = 0; i < 100; i++)
+		snprintf(many + strlen(many), sizeof(many) - strlen(many), "{\"type\":\"m\",\"i\":%d}\n", i);
+	puts_(peer, many);
+	CHECK(st_proto_recv(&c, &m) == 1);
+	CHECK(!strcmp(json_string_value(json_object_get(m, "type")), "c"));
+	json_decref(m);
+	for (int i = 0; i < 100; i++) {
+		CHECK(st_proto_recv(&c, &m) == 1);
+		CHECK(st_proto_get_int(m, "i", 0, 1000, &n) == 0 && n == i);
+		json_decref(m);
+	}
+	CHECK(st_proto_recv(&c, &m) == 0);
+	/* peer closes in the middle of a line */
+	puts_(peer, "{\"type\":");
+	close(peer);
+	CHECK(st_proto_recv(&c, &m) == ST_EPEER);
+	CHECK(strstr(st_errmsg(), "closed") != NULL);
+	st_proto_conn_release(&c);
+	st_proto_conn_release(&c); /* twice is safe */
+}
+
+/* A line of exactly len bytes including its newline. */
+static char *line_of(size_t len)
+{
+	const char *head = "{\"type\":\"big\",\"p\":\"", *tail = "\"}\n";
+	char *s = malloc(len + 1);
+	size_t h = strlen(head), t = strlen(tail);
+	memcpy(s, head, h);
+	memset(s + h, 'x', len - h - t);
+	memcpy(s + len - t, tail, t + 1);
+	return s;
+}
+
+static void test_limits(void)
+{
+	st_proto_conn c;
+	int peer;
+	json_t *m = NULL;
+	char *ok = line_of(ST_PROTO_MAX_LINE), *big = line_of(ST_PROTO_MAX_LINE + 1);
+	pair(&c, &peer);
+	int sz = 4 * ST_PROTO_MAX_LINE;
+	setsockopt(peer, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+	put(peer, ok, ST_PROTO_MAX_LINE);
+	put(peer, ok, ST_PROTO_MAX_LINE / 2); /* half of the next one */
+	CHECK(st_proto_recv(&c, &m) == 1);
+	CHECK(json_string_length(json_object_get(m, "p")) == ST_PROTO_MAX_LINE - 22);
+	json_decref(m);
+	CHECK(st_proto_recv(&c, &m) == 0);
+	put(peer, ok + ST_PROTO_MAX_LINE / 2, ST_PROTO_MAX_LINE - ST_PROTO_MAX_LINE / 2);
+	CHECK(st_proto_recv(&c, &m) == 1);
+	json_decref(m);
+	CHECK(st_proto_recv(&c, &m) == 0);
+	/* one byte more: refused, and the buffer did not grow */
+	put(peer, big, ST_PROTO_MAX_LINE + 1);
+	CHECK(st_proto_recv(&c, &m) == ST_EPROTO && !m);
+	CHECK(strstr(st_errmsg(), "longer than") != NULL);
+	CHECK(c.rcap == ST_PROTO_MAX_LINE);
+	st_proto_conn_release(&c);
+	close(peer);
+	/* an endless line without a newline: refused once the buffer is full */
+	pair(&c, &peer);
+	setsockopt(peer, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+	for (int i = 0; i < 2; i++)
+		put(peer, big + 20, ST_PROTO_MAX_LINE - 100);
+	CHECK(st_proto_recv(&c, &m) == ST_EPROTO);
+	CHECK(c.rcap == ST_PROTO_MAX_LINE);
+	st_proto_conn_release(&c);
+	close(peer);
+	free(ok);
+	free(big);
+}
+
+static void test_bad_lines(void)
+{
+	json_t *m = NULL;
+	CHECK(recv_one("{\"type\":\"a\"\n", &m) == ST_EPROTO && !m);
+	CHECK(strstr(st_errmsg(), "invalid JSON") != NULL);
+	CHECK(recv_one("not json\n", &m) == ST_EPROTO);
+	CHECK(recv_one("\n", &m) == ST_EPROTO);
+	CHECK(recv_one("[\"type\",\"a\"]\n", &m) == ST_EPROTO);
+	CHECK(strstr(st_errmsg(), "not a JSON object") != NULL);
+	CHECK(recv_one("\"hello\"\n", &m) == ST_EPROTO);
+	CHECK(recv_one("{\"kind\":\"a\"}\n", &m) == ST_EPROTO);
+	CHECK(strstr(st_errmsg(), "\"type\"") != NULL);
+	CHECK(recv_one("{\"type\":3}\n", &m) == ST_EPROTO);
+	CHECK(recv_one("{\"type\":null}\n", &m) == ST_EPROTO);
+	CHECK(recv_one("{\"type\":\"a\",\"type\":\"b\"}\n", &m) == ST_EPROTO); /* duplicate key */
+	CHECK(recv_one("{\"type\":\"a\"} {\"type\":\"b\"}\n", &m) == ST_EPROTO);
+	CHECK(recv_one("{\"type\":\"\xff\"}\n", &m) == ST_EPROTO); /* not UTF-8 */
+	CHECK(recv_one("{\"type\":\"a\"}\n", &m) == 1);
+	json_decref(m);
+	/* a peer that closes without sending anything */
+	st_proto_conn c;
+	int peer;
+	pair(&c, &peer);
+	close(peer);
+	CHECK(st_proto_recv(&c, &m) == ST_EPEER);
+	st_proto_conn_release(&c);
+	st_proto_conn released = ST_PROTO_CONN_INIT;
+	CHECK(st_proto_recv(&released, &m) == ST_EPEER);
+	CHECK(st_proto_send_new(&released, json_pack("{s:s}", "type", "x")) == ST_EPEER);
+}
+
+static void test_getters(void)
+{
+	json_t *m = json_pack("{s:s,s:i,s:f,s:s,s:b,s:I}", "type", "t", "n", 5, "r", 1.0, "s", "str", "b", 1,
+			      "big", (json_int_t)1 << 40);
+	long long v = -1;
+	const char *s = NULL;
+	CHECK(st_proto_get_int(m, "n", 0, 5, &v) == 0 && v == 5);
+	CHECK(st_proto_get_int(m, "n", 6, 9, &v) == ST_EPROTO && v == 5);
+	CHECK(strstr(st_errmsg(), "\"n\"") && strstr(st_errmsg(), "6..9"));
+	CHECK(st_proto_get_int(m, "big", 0, INT32_MAX, &v) == ST_EPROTO);
+	CHECK(st_proto_get_int(m, "missing", 0, 1, &v) == ST_EPROTO);
+	CHECK(strstr(st_errmsg(), "\"missing\" is missing") != NULL);
+	CHECK(st_proto_get_int(m, "r", 0, 5, &v) == ST_EPROTO); /* 1.0 is not an integer */
+	CHECK(strstr(st_errmsg(), "not an integer") != NULL);
+	CHECK(st_proto_get_int(m, "s", 0, 5, &v) == ST_EPROTO);
+	CHECK(st_proto_get_int(m, "b", 0, 5, &v) == ST_EPROTO);
+	CHECK(st_proto_get_str(m, "s", &s) == 0 && !strcmp(s, "str"));
+	CHECK(st_proto_get_str(m, "n", &s) == ST_EPROTO);
+	CHECK(strstr(st_errmsg(), "not a string") != NULL);
+	CHECK(st_proto_get_str(m, "nope", &s) == ST_EPROTO);
+	json_decref(m);
+}
+
+/* Read everything the peer has for up to ms; append to buf. */
+static size_t slurp(int fd, char *buf, size_t have, size_t cap, int ms)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	while (have < cap && poll(&p, 1, ms) > 0) {
+		ssize_t n = read(fd, buf + have, cap - have);
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+	}
+	return have;
+}
+
+static void test_send_partial(void)
+{
+	st_proto_conn c;
+	int peer;
+	pair(&c, &peer);
+	int small = 4096;
+	setsockopt(c.fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+	setsockopt(peer, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+	size_t plen = ST_PROTO_MAX_LINE - 100;
+	char *p = malloc(plen + 1);
+	memset(p, 'y', plen);
+	p[plen] = 0;
+	CHECK(st_proto_send_new(&c, json_pack("{s:s,s:s}", "type", "bulk", "p", p)) == 0);
+	CHECK(c.wlen > 0);              /* it did not all fit */
+	CHECK(st_proto_flush(&c) == 1); /* still some left, nobody read */
+	CHECK(st_proto_send_new(&c, json_pack("{s:s}", "type", "after")) == 0);
+	/* the reader drains it; flush reaches 0 */
+	size_t cap = 2 * ST_PROTO_MAX_LINE, have = 0;
+	char *got = malloc(cap);
+	int64_t deadline = st_mono_ns() + 10 * (int64_t)1000000000;
+	int fr;
+	while ((fr = st_proto_flush(&c)) == 1 && st_mono_ns() < deadline)
+		have = slurp(peer, got, have, cap, 10);
+	CHECK(fr == 0 && c.wlen == 0);
+	have = slurp(peer, got, have, cap, 50);
+	/* what arrived is the two lines, in order */
+	st_proto_conn r;
+	int w;
+	pair(&r, &w);
+	int sz = 4 * ST_PROTO_MAX_LINE;
+	setsockopt(w, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+	put(w, got, have);
+	json_t *m;
+	CHECK(st_proto_recv(&r, &m) == 1);
+	CHECK(json_string_length(json_object_get(m, "p")) == plen);
+	json_decref(m);
+	CHECK(st_proto_recv(&r, &m) == 1);
+	CHECK(!strcmp(json_string_value(json_object_get(m, "type")), "after"));
+	json_decref(m);
+	CHECK(st_proto_recv(&r, &m) == 0);
+	st_proto_conn_release(&r);
+	close(w);
+	/* a message longer than a line: refused, nothing queued */
+	char *q = malloc(ST_PROTO_MAX_LINE + 1);
+	memset(q, 'z', ST_PROTO_MAX_LINE);
+	q[ST_PROTO_MAX_LINE] = 0;
+	CHECK(st_proto_send_new(&c, json_pack("{s:s,s:s}", "type", "huge", "p", q)) == ST_EINVAL);
+	CHECK(c.wlen == 0);
+	CHECK(st_proto_send_new(&c, NULL) == ST_ENOMEM);
+	/* a peer that never reads: the queue stops at its limit */
+	int rc = 0, sends = 0;
+	json_t *bulk = json_pack("{s:s,s:s}", "type", "bulk", "p", p);
+	while (rc == 0 && sends < 1000) {
+		rc = st_proto_send(&c, bulk);
+		sends++;
+	}
+	json_decref(bulk);
+	CHECK(rc == ST_EPEER && c.wlen <= ST_PROTO_MAX_QUEUE);
+	CHECK(strstr(st_errmsg(), "not reading") != NULL);
+	/* a peer that closed: flush fails */
+	close(peer);
+	CHECK(st_proto_flush(&c) == ST_EPEER);
+	st_proto_conn_release(&c);
+	free(p);
+	free(q);
+	free(got);
+}
+
+static void test_sockets(void)
+{
+	char host[64];
+	int port = 0, lfd = -1, bound = 0, fd = -1, afd = -1;
+	CHECK(st_proto_parse_addr("127.0.0.1:80", host, sizeof(host), &port) == 0 && port == 80 &&
+	      !strcmp(host, "127.0.0.1"));
+	CHECK(st_proto_parse_addr("[::1]:9", host, sizeof(host), &port) == 0 && port == 9 && !strcmp(host, "::1"));
+	const char *bad[] = {"", "host", "host:", "host:0", "host:65536", ":80", "host:8x", "::1:80", NULL};
+	for (int i = 0; bad[i]; i++)
+		CHECK_MSG(st_proto_parse_addr(bad[i], host, sizeof(host), &port) == ST_EINVAL, "'%s'", bad[i]);
+	CHECK(st_proto_connect("nonsense", st_mono_ns() + 100000000, &fd) == ST_EINVAL);
+	CHECK(st_proto_listen("no-such-host.invalid", 0, &lfd, &bound) == ST_EINVAL);
+
+	CHECK(st_proto_listen("127.0.0.1", 0, &lfd, &bound) == 0 && bound > 0);
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", bound);
+	fcntl(lfd, F_SETFL, O_NONBLOCK);
+	CHECK(st_proto_accept(lfd, &afd) == 0 && afd == -1); /* nobody yet */
+	CHECK(st_proto_connect(addr, st_mono_ns() + 2 * (int64_t)1000000000, &fd) == 0);
+	for (int i = 0; i < 100 && afd < 0; i++) {
+		struct pollfd lp = {.fd = lfd, .events = POLLIN};
+		poll(&lp, 1, 20);
+		CHECK(st_proto_accept(lfd, &afd) >= 0);
+	}
+	CHECK(afd >= 0);
+	st_proto_conn a, b;
+	CHECK(st_proto_conn_init(&a, fd) == 0 && st_proto_conn_init(&b, afd) == 0);
+	CHECK(st_proto_send_new(&a, json_pack("{s:s,s:i}", "type", "hello", "pid", 42)) == 0);
+	struct pollfd p = {.fd = b.fd, .events = POLLIN};
+	json_t *m = NULL;
+	int r = 0;
+	for (int i = 0; i < 100 && r == 0; i++) {
+		poll(&p, 1, 20);
+		r = st_proto_recv(&b, &m);
+	}
+	long long pid = 0;
+	CHECK(r == 1 && st_proto_get_int(m, "pid", 0, 100, &pid) == 0 && pid == 42);
+	json_decref(m);
+	st_proto_conn_release(&a);
+	for (int i = 0; i < 100 && r != ST_EPEER; i++) {
+		poll(&p, 1, 20);
+		r = st_proto_recv(&b, &m);
+	}
+	CHECK(r == ST_EPEER);
+	st_proto_conn_release(&b);
+	/* nothing listens any more: connect gives up at its deadline */
+	close(lfd);
+	int64_t t0 = st_mono_ns();
+	CHECK(st_proto_connect(addr, t0 + 300000000, &fd) == ST_EPEER);
+	CHECK(st_mono_ns() - t0 < 3 * (int64_t)1000000000);
+	CHECK(strstr(st_errmsg(), "cannot connect") != NULL);
+	/* the wildcard listener */
+	CHECK(st_proto_listen(NULL, 0, &lfd, &bound) == 0 && bound > 0);
+	close(lfd);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	test_split_and_batched();
+	test_limits();
+	test_bad_lines();
+	test_getters();
+	test_send_partial();
+	test_sockets();
+	return check_result();
+}
