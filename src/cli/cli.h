@@ -49,6 +49,13 @@ int st_cmd_launch(int argc, char **argv);
  */
 int st_cmd_agent(int argc, char **argv);
 
+/*
+ * slicetrain nodes --controller HOST:PORT [--json]: nodes.c. The live picture
+ * of an elastic run (slices, hosts, workers, state, since when, last
+ * heartbeat, the group's mesh and step), from its controller's status.
+ */
+int st_cmd_nodes(int argc, char **argv);
+
 /* slicetrain export CHECKPOINT_DIR OUT_DIR [--shard-size SIZE]: ckpt.c */
 int st_cmd_export(int argc, char **argv);
 /* slicetrain ckpt list|verify DIR: ckpt.c; 1 when a checkpoint is damaged. */

@@ -17,15 +17,32 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "elastic/controller.h"
 
 static const char launch_usage[] =
 	"usage: slicetrain launch --num-slices S --devices-per-slice D [--threads-per-device T]\n"
 	"                         [--port P] -- [CONFIG.yml] [key=value ...]\n"
+	"       slicetrain launch --num-slices S --min-slices M --devices-per-slice D\n"
+	"                         [--hosts-per-slice H] [--max-failures N] [--repair-delay S]\n"
+	"                         [--kill SLICE@STEP[:DOWN_S]] [--preempt SLICE@STEP[:DOWN_S]]\n"
+	"                         [--threads-per-device T] [--port P] -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"Starts S x D training processes on this machine (one per device, slice-major\n"
 	"ranks): shared memory inside a slice, TCP between slices. Rank 0's output is\n"
 	"printed as is, other ranks' lines prefixed with [rank N]. Exits non-zero if any\n"
-	"rank fails, after stopping the others.\n";
+	"rank fails, after stopping the others.\n"
+	"\n"
+	"Elastic mode (with --min-slices, --max-failures, --kill or --preempt;\n"
+	"docs/elastic.md): an elastic controller (listening on 127.0.0.1:P, printed at\n"
+	"start; `slicetrain nodes --controller ADDR` shows it) and one `slicetrain agent`\n"
+	"per host. The group is formed from whole healthy slices, between M and S of\n"
+	"them; a failed slice is repaired after --repair-delay seconds (default 10) and\n"
+	"the group grows back at a step boundary. A failure (a worker or agent dying)\n"
+	"restarts the group from the newest checkpoint; more than --max-failures\n"
+	"(default 3, -1 unlimited) ends the run with status 3. --kill / --preempt inject\n"
+	"a SIGKILL of one worker / a preemption notice to SLICE once the group completed\n"
+	"STEP (the slice is down DOWN_S seconds, default the repair delay). Ends with\n"
+	"the summary line {\"event\":\"summary\",...} on stdout.\n";
 
 typedef struct worker {
 	pid_t pid;
@@ -104,6 +121,20 @@ static void drain(worker *w, int rank, int which)
 	}
 }
 
+/* fork() whose child dies with the launcher (PR_SET_PDEATHSIG), even when
+ * the launcher died between the fork and the prctl. */
+static pid_t fork_child(void)
+{
+	pid_t launcher = getpid();
+	pid_t pid = fork();
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != launcher)
+			_exit(1);
+	}
+	return pid;
+}
+
 static pid_t spawn(int rank, int argc, char **argv, const char *exe, int *out_fd, int *err_fd,
 		   int threads, int pin)
 {
@@ -115,12 +146,8 @@ static pid_t spawn(int rank, int argc, char **argv, const char *exe, int *out_fd
 		close(po[1]);
 		return -1;
 	}
-	pid_t launcher = getpid();
-	pid_t pid = fork();
+	pid_t pid = fork_child();
 	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != launcher)
-			_exit(1);
 		dup2(po[1], 1);
 		dup2(pe[1], 2);
 		close(po[0]);
@@ -178,14 +205,208 @@ static int failure_code(int status)
 	return WIFSIGNALED(status) ? st_exit_status(ST_EPEER) : exit_code(status);
 }
 
+/* SLICE@STEP[:DOWN_S] */
+static int parse_fault(const char *v, st_ctl_fault *f)
+{
+	char *end;
+	memset(f, 0, sizeof(*f));
+	errno = 0;
+	long s = strtol(v, &end, 10);
+	if (end == v || *end != '@' || s < 0 || s > 4096)
+		return -1;
+	const char *p = end + 1;
+	long long step = strtoll(p, &end, 10);
+	if (end == p || step < 0 || errno)
+		return -1;
+	f->down_s = -1;
+	if (*end == ':') {
+		p = end + 1;
+		double d = strtod(p, &end);
+		if (end == p || !(d >= 0) || d > 86400)
+			return -1;
+		f->down_s = d;
+	}
+	if (*end)
+		return -1;
+	f->slice = (int)s;
+	f->step = step;
+	return 0;
+}
+
+/* ---- elastic mode: the controller in this process, one agent process per host ---- */
+
+typedef struct agent_proc {
+	pid_t pid; /* 0: not running */
+	int slice, host;
+} agent_proc;
+
+static pid_t spawn_agent(const char *exe, const char *addr, const st_ctl_opts *o, int s, int h)
+{
+	char sa[16], ha[16], hp[16], da[16], ta[16];
+	snprintf(sa, sizeof(sa), "%d", s);
+	snprintf(ha, sizeof(ha), "%d", h);
+	snprintf(hp, sizeof(hp), "%d", o->hosts_per_slice);
+	snprintf(da, sizeof(da), "%d", o->devices_per_slice / o->hosts_per_slice);
+	snprintf(ta, sizeof(ta), "%d", o->threads);
+	pid_t pid = fork_child();
+	if (pid == 0) {
+		signal(SIGPIPE, SIG_DFL);
+		char *args[] = {(char *)"slicetrain", (char *)"agent", (char *)"--controller", (char *)addr,
+				(char *)"--slice", sa, (char *)"--host", ha, (char *)"--hosts-per-slice", hp,
+				(char *)"--devices", da, (char *)"--threads-per-device", ta, (char *)"--quiet", NULL};
+		execv(exe, args);
+		fprintf(stderr, "slicetrain launch: cannot run %s: %s\n", exe, strerror(errno));
+		_exit(127);
+	}
+	return pid;
+}
+
+/* The launcher's last act: SIGKILL what is left of its processes (agents,
+ * and workers orphaned to this process as their subreaper), reap them. */
+static void kill_leftovers(agent_proc *ap, int na, st_ctl *ctl)
+{
+	pid_t wp[4096];
+	int nw = st_ctl_worker_pids(ctl, wp, 4096);
+	for (int a = 0; a < na; a++)
+		if (ap[a].pid > 0)
+			kill(ap[a].pid, SIGKILL);
+	for (int k = 0; k < nw; k++) { /* only our own children: a pid not reused by someone else */
+		char path[64], buf[512];
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)wp[k]);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		char *rp = strrchr(buf, ')');
+		int ppid = 0;
+		char st;
+		if (rp && sscanf(rp + 1, " %c %d", &st, &ppid) == 2 && ppid == getpid())
+			kill(wp[k], SIGKILL);
+	}
+	double until = st_mono_s() + 10;
+	while (st_mono_s() < until) {
+		pid_t p = waitpid(-1, NULL, WNOHANG);
+		if (p < 0 && errno == ECHILD)
+			break;
+		if (p == 0)
+			usleep(10000);
+	}
+}
+
+static int launch_elastic(st_ctl_opts *co, int argc, char **argv)
+{
+	char default_cfg[PATH_MAX + 16];
+	snprintf(default_cfg, sizeof(default_cfg), "%s/default.yml", st_cli_use_config_dir());
+	st_cli_config_args a;
+	int rc = st_cli_config_args_parse(&a, argc, argv, NULL, "launch", ST_CLI_LEADING);
+	if (rc < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		st_cli_config_args_release(&a);
+		return st_exit_status(rc);
+	}
+	co->config = a.config;
+	co->config_path = a.config ? a.config : default_cfg;
+	co->nkv = a.nkv;
+	co->kv = a.kv;
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0) {
+		fprintf(stderr, "slicetrain launch: cannot find my own binary: %s\n", strerror(errno));
+		st_cli_config_args_release(&a);
+		return 1;
+	}
+	exe[n] = 0;
+	st_ctl *ctl;
+	if ((rc = st_ctl_create(&ctl, co)) < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		st_cli_config_args_release(&a);
+		return st_exit_status(rc);
+	}
+	/* workers whose agent died are re-parented here, to be reaped and, at
+	 * the end, killed: no orphan outlives the launcher */
+	prctl(PR_SET_CHILD_SUBREAPER, 1);
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	fprintf(stderr, "slicetrain launch: elastic controller at %s (slicetrain nodes --controller %s)\n",
+		st_ctl_address(ctl), st_ctl_address(ctl));
+	int na = co->num_slices * co->hosts_per_slice;
+	agent_proc *ap = calloc((size_t)na, sizeof(agent_proc));
+	if (!ap) {
+		st_ctl_destroy(ctl);
+		st_cli_config_args_release(&a);
+		return 1;
+	}
+	for (int k = 0; k < na; k++) {
+		ap[k].slice = k / co->hosts_per_slice;
+		ap[k].host = k % co->hosts_per_slice;
+	}
+	int status = 1;
+	double end_by = 0;
+	for (;;) {
+		if (got_signal && !st_ctl_done(ctl, NULL))
+			st_ctl_interrupt(ctl, got_signal);
+		int done = st_ctl_done(ctl, &status);
+		for (int k = 0; k < na && !done; k++)
+			if (ap[k].pid == 0 && st_ctl_may_start_agent(ctl, ap[k].slice, ap[k].host)) {
+				ap[k].pid = spawn_agent(exe, st_ctl_address(ctl), co, ap[k].slice, ap[k].host);
+				if (ap[k].pid < 0) {
+					fprintf(stderr, "slicetrain launch: cannot start an agent: %s\n", strerror(errno));
+					ap[k].pid = 0;
+				}
+			}
+		if (st_ctl_poll(ctl, 50) < 0)
+			fprintf(stderr, "slicetrain launch: %s\n", st_errmsg());
+		int st;
+		pid_t pid;
+		while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+			for (int k = 0; k < na; k++)
+				if (ap[k].pid == pid) {
+					ap[k].pid = 0;
+					if (!st_ctl_done(ctl, NULL))
+						fprintf(stderr, "slicetrain launch: the agent of slice %d host %d exited (%s %d)\n",
+							ap[k].slice, ap[k].host, WIFSIGNALED(st) ? "signal" : "status",
+							WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+					st_ctl_agent_exited(ctl, ap[k].slice, ap[k].host);
+				}
+		if (!st_ctl_done(ctl, &status))
+			continue;
+		/* the run ended: the agents got "shutdown"; give them the grace, then SIGKILL */
+		if (end_by == 0)
+			end_by = st_mono_s() + 5;
+		int left = 0;
+		for (int k = 0; k < na; k++)
+			left += ap[k].pid > 0;
+		if (!left || st_mono_s() > end_by || (got_signal && st_mono_s() > end_by - 3))
+			break;
+	}
+	kill_leftovers(ap, na, ctl);
+	free(ap);
+	st_ctl_destroy(ctl);
+	st_cli_config_args_release(&a);
+	return status;
+}
+
 int st_cmd_launch(int argc, char **argv)
 {
 	int slices = 0, dps = 0, threads = 1, port = 0, i;
+	int min_slices = 0, hps = 1, max_failures = 3, repair = 10, elastic = 0, hb_ms = 1000;
+	st_ctl_fault faults[64];
+	int nfaults = 0;
 	const st_cli_opt opts[] = {
 		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &slices, .min = 1, .max = 4096},
 		{.name = "--devices-per-slice", .kind = ST_CLI_INT, .value = &dps, .min = 1, .max = 4096},
 		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = 4096},
 		{.name = "--port", .kind = ST_CLI_INT, .value = &port, .min = 1, .max = 65535},
+		{.name = "--min-slices", .kind = ST_CLI_INT, .value = &min_slices, .min = 1, .max = 4096},
+		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &hps, .min = 1, .max = 4096},
+		{.name = "--max-failures", .kind = ST_CLI_INT, .value = &max_failures, .min = -1, .max = 1 << 20},
+		{.name = "--repair-delay", .kind = ST_CLI_INT, .value = &repair, .min = 0, .max = 86400},
+		{.name = "--heartbeat-timeout-ms", .kind = ST_CLI_INT, .value = &hb_ms, .min = 100, .max = 600000},
 		{0},
 	};
 	/* the config part after "--" goes to the workers as is: each one's
@@ -200,6 +421,18 @@ int st_cmd_launch(int argc, char **argv)
 			fputs(launch_usage, stdout);
 			return 0;
 		}
+		if (!strcmp(a, "--kill") || !strcmp(a, "--preempt")) {
+			if (i + 1 >= argc || nfaults == 64 || parse_fault(argv[i + 1], &faults[nfaults]) < 0) {
+				fprintf(stderr, "slicetrain launch: %s needs SLICE@STEP[:DOWN_S] (at most 64 faults)\n", a);
+				return 2;
+			}
+			faults[nfaults++].kind = a[2] == 'k' ? ST_FAULT_KILL : ST_FAULT_PREEMPT;
+			i++;
+			elastic = 1;
+			continue;
+		}
+		if (!strncmp(a, "--min-slices", 12) || !strncmp(a, "--max-failures", 14))
+			elastic = 1;
 		int rc = st_cli_option(opts, argc, argv, &i);
 		if (rc == 0) {
 			fprintf(stderr, "slicetrain launch: unknown option '%s'\n%s", a, launch_usage);
@@ -214,6 +447,19 @@ int st_cmd_launch(int argc, char **argv)
 		fprintf(stderr, "slicetrain launch: --num-slices and --devices-per-slice are required\n%s",
 			launch_usage);
 		return 2;
+	}
+	if (elastic) {
+		for (int f = 0; f < nfaults; f++)
+			if (faults[f].slice >= slices) {
+				fprintf(stderr, "slicetrain launch: a fault names slice %d; the run has %d\n", faults[f].slice,
+					slices);
+				return 2;
+			}
+		st_ctl_opts co = {.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
+				  .hosts_per_slice = hps, .devices_per_slice = dps, .threads = threads,
+				  .max_failures = max_failures, .repair_delay = repair,
+				  .heartbeat_timeout_s = hb_ms / 1000.0, .faults = faults, .nfaults = nfaults};
+		return launch_elastic(&co, argc - i, argv + i);
 	}
 	int world = slices * dps;
 	if (!port && (port = free_port()) < 0) {

@@ -24,6 +24,9 @@ static const char usage[] =
 	"                                       start a worker group on this machine (docs/distributed.md)\n"
 	"  agent --controller HOST:PORT --slice S --host H --hosts-per-slice N --devices D\n"
 	"                                       the elastic agent of one host (docs/elastic.md)\n"
+	"  launch --num-slices S --min-slices M --devices-per-slice D [--max-failures N] -- ...\n"
+	"                                       an elastic run: controller and agents (docs/elastic.md)\n"
+	"  nodes --controller HOST:PORT         the live picture of an elastic run (slices, hosts, workers)\n"
 	"  export CHECKPOINT_DIR OUT_DIR        write a checkpoint as a Hugging Face model directory\n"
 	"  ckpt list|verify DIR                 list checkpoints, or recompute their checksums\n"
 	"  plan CONFIG.yml [key=value ...] [--num-slices S --devices-per-slice D] [--memory GiB]\n"
@@ -44,6 +47,7 @@ static const struct {
 } commands[] = {
 	{"train", st_cmd_train},
 	{"launch", st_cmd_launch},
+	{"nodes", st_cmd_nodes},
 	{"agent", st_cmd_agent},
 	{"export", st_cmd_export},
 	{"ckpt", st_cmd_ckpt},

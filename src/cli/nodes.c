@@ -1,0 +1,206 @@
+/*
+ * nodes.c - slicetrain nodes --controller HOST:PORT: the live picture of an
+ * elastic run, like `ray list nodes`: asks the controller for its status
+ * (elastic/proto.h) and prints the run's state, the group's mesh and step,
+ * and one line per slice and host.
+ */
+#include "cli/cli.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "elastic/proto.h"
+
+static const char nodes_usage[] =
+	"usage: slicetrain nodes --controller HOST:PORT [--json]\n"
+	"\n"
+	"Asks an elastic run's controller (its address is printed by `slicetrain launch`\n"
+	"at start) for the live picture: the run's state, the generation, the group's\n"
+	"mesh and last completed step, then per slice its state (in group, healthy,\n"
+	"down, missing hosts) and since when, and per host the agent's pid, its last\n"
+	"heartbeat and its workers. --json prints the controller's answer as is.\n";
+
+static int connect_to(const char *addr, int *out)
+{
+	char host[256];
+	const char *colon = strrchr(addr, ':');
+	if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof(host) || !colon[1])
+		return st_fail(ST_EINVAL, "--controller '%s' is not HOST:PORT", addr);
+	memcpy(host, addr, (size_t)(colon - addr));
+	host[colon - addr] = 0;
+	if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+		memmove(host, host + 1, strlen(host));
+		host[strlen(host) - 1] = 0;
+	}
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *ai;
+	int e = getaddrinfo(host, colon + 1, &hints, &res);
+	if (e)
+		return st_fail(ST_EINVAL, "--controller '%s': %s", addr, gai_strerror(e));
+	int fd = -1, err = 0;
+	for (ai = res; ai; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+		if (fd < 0)
+			continue;
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+			break;
+		err = errno;
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		return st_fail(ST_EPEER, "cannot reach the controller at %s: %s", addr, strerror(err));
+	*out = fd;
+	return 0;
+}
+
+static void fmt_time(double t, char *buf, size_t n)
+{
+	if (t <= 0) {
+		snprintf(buf, n, "-");
+		return;
+	}
+	time_t s = (time_t)t;
+	struct tm tm;
+	gmtime_r(&s, &tm);
+	strftime(buf, n, "%H:%M:%S", &tm);
+}
+
+static double num(const json_t *o, const char *k)
+{
+	return json_number_value(json_object_get(o, k));
+}
+
+static void print_status(const json_t *st)
+{
+	char since[32], hb[32];
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+	fmt_time(num(st, "since"), since, sizeof(since));
+	const char *mesh = json_string_value(json_object_get(st, "mesh"));
+	printf("state %s since %s UTC; generation %lld; step %lld; failures %lld, preemptions %lld, resizes %lld, "
+	       "steps lost %lld\n",
+	       json_string_value(json_object_get(st, "state")), since, (long long)num(st, "gen"),
+	       (long long)num(st, "step"), (long long)num(st, "failures"), (long long)num(st, "preemptions"),
+	       (long long)num(st, "resizes"), (long long)num(st, "steps_lost"));
+	printf("mesh: %s\n", mesh && *mesh ? mesh : "(no group running)");
+	printf("%-6s %-14s %-10s %-5s %-8s %-15s %s\n", "SLICE", "STATE", "SINCE", "HOST", "AGENT", "HEARTBEAT",
+	       "WORKERS (rank:pid)");
+	size_t i, j, k;
+	json_t *s, *h, *w;
+	json_array_foreach(json_object_get(st, "slices"), i, s) {
+		fmt_time(num(s, "since"), since, sizeof(since));
+		json_t *hosts = json_object_get(s, "hosts");
+		json_array_foreach(hosts, j, h) {
+			double last = num(h, "last_heartbeat");
+			if (json_is_true(json_object_get(h, "connected")) && last > 0)
+				snprintf(hb, sizeof(hb), "%.1f s ago", now - last > 0 ? now - last : 0);
+			else
+				snprintf(hb, sizeof(hb), "-");
+			char ws[512] = "";
+			size_t len = 0;
+			json_array_foreach(json_object_get(h, "workers"), k, w) {
+				if (len + 40 < sizeof(ws))
+					len += (size_t)snprintf(ws + len, sizeof(ws) - len, "%s%lld:%lld%s", len ? " " : "",
+								(long long)num(w, "rank"), (long long)num(w, "pid"),
+								json_is_true(json_object_get(w, "running")) ? "" : "(exited)");
+			}
+			char pid[24] = "-";
+			if (num(h, "pid") > 0)
+				snprintf(pid, sizeof(pid), "%lld", (long long)num(h, "pid"));
+			printf("%-6lld %-14s %-10s %-5lld %-8s %-15s %s\n", (long long)num(s, "slice"),
+			       j ? "" : json_string_value(json_object_get(s, "state")), j ? "" : since,
+			       (long long)num(h, "host"), pid, hb, ws);
+		}
+		const char *why = json_string_value(json_object_get(s, "why"));
+		if (why)
+			printf("       down until %s UTC: %s\n", (fmt_time(num(s, "down_until"), since, sizeof(since)), since),
+			       why);
+	}
+}
+
+int st_cmd_nodes(int argc, char **argv)
+{
+	const char *addr = NULL;
+	int as_json = 0;
+	for (int i = 0; i < argc; i++) {
+		if (st_cli_is_help(argv[i])) {
+			fputs(nodes_usage, stdout);
+			return 0;
+		}
+		if (!strcmp(argv[i], "--controller") && i + 1 < argc)
+			addr = argv[++i];
+		else if (!strncmp(argv[i], "--controller=", 13))
+			addr = argv[i] + 13;
+		else if (!strcmp(argv[i], "--json"))
+			as_json = 1;
+		else {
+			fprintf(stderr, "slicetrain nodes: unknown argument '%s'\n%s", argv[i], nodes_usage);
+			return 2;
+		}
+	}
+	if (!addr) {
+		fprintf(stderr, "slicetrain nodes: --controller HOST:PORT is required\n%s", nodes_usage);
+		return 2;
+	}
+	int fd = -1, rc;
+	if ((rc = connect_to(addr, &fd)) < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		return rc == ST_EINVAL ? 2 : 1;
+	}
+	st_proto_conn c = ST_PROTO_CONN_INIT;
+	if ((rc = st_proto_conn_init(&c, fd)) < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		return 1;
+	}
+	json_t *req = json_pack("{s:s}", "type", "status"), *ans = NULL;
+	rc = req ? st_proto_send(&c, req) : st_fail(ST_ENOMEM, "out of memory");
+	json_decref(req);
+	double deadline = st_mono_s() + 5;
+	while (rc >= 0 && !ans) {
+		struct pollfd p = {.fd = c.fd, .events = POLLIN | (c.wlen ? POLLOUT : 0)};
+		double left = deadline - st_mono_s();
+		if (left <= 0) {
+			rc = st_fail(ST_EPEER, "no answer from the controller at %s within 5 s", addr);
+			break;
+		}
+		if (poll(&p, 1, (int)(left * 1000) + 1) < 0 && errno != EINTR) {
+			rc = st_fail(ST_EIO, "poll: %s", strerror(errno));
+			break;
+		}
+		if (c.wlen && (rc = st_proto_flush(&c)) < 0)
+			break;
+		rc = st_proto_recv(&c, &ans);
+		if (rc == ST_EPEER)
+			rc = st_fail(ST_EPEER, "the controller at %s closed the connection", addr);
+	}
+	st_proto_conn_release(&c);
+	if (rc < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		json_decref(ans);
+		return 1;
+	}
+	if (as_json) {
+		char *s = json_dumps(ans, JSON_COMPACT);
+		if (s)
+			printf("%s\n", s);
+		free(s);
+	} else {
+		print_status(ans);
+	}
+	json_decref(ans);
+	return 0;
+}

@@ -1,0 +1,1371 @@
+/*
+ * controller.c - the elastic controller (controller.h): one poll loop over
+ * the listening socket and the agents' connections, and an explicit state
+ * machine. docs/elastic.md describes the states, the failure semantics and
+ * the accounting.
+ */
+#include "elastic/controller.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "comm/mesh.h"
+#include "config/config.h"
+#include "elastic/proto.h"
+
+enum { S_INITIALIZING, S_SCHEDULING, S_RUNNING, S_RESTARTING, S_RESIZING, S_FINISHED, S_ERRORED };
+static const char *const state_names[] = {"INITIALIZING", "SCHEDULING", "RUNNING", "RESTARTING",
+					  "RESIZING", "FINISHED", "ERRORED"};
+enum { C_FREE, C_NEW, C_AGENT, C_STATUS };
+enum { STOP_NONE, STOP_RESIZE, STOP_NOTICE, STOP_KILL };
+static const char *const stop_names[] = {"", "resize", "notice", "kill"};
+
+#define MAX_CONNS 128
+#define HELLO_TIMEOUT_S 5.0
+#define INIT_WAIT_S 10.0    /* INITIALIZING waits this long for every slice */
+#define BACKOFF_WINDOW_S 30.0 /* a slice failing within this of its return backs off */
+#define BACKOFF_MAX 64.0
+
+typedef struct conn {
+	st_proto_conn pc;
+	int kind, slice, host;
+	double opened;
+	int close_after_flush;
+} conn;
+
+typedef struct host {
+	int conn; /* index into conns, -1 */
+	long pid;
+	double last_hb, last_hb_wall, connected_wall;
+	int noticed; /* sent a preemption notice: its going away is no failure */
+} host;
+
+typedef struct slice {
+	host *h;
+	double down_until;   /* mono; down (repair or back-off) until then */
+	double backoff;      /* multiplier of the next down time after a quick relapse */
+	double up_mono;      /* when it last became healthy (mono), 0: not healthy */
+	double fault_down;   /* the down time of an injected fault, < 0 none */
+	int was_down;        /* marked down at least once */
+	char why[160];       /* why it is down */
+	const char *shown;   /* the state last shown (for "since") */
+	double since_wall;
+} slice;
+
+typedef struct worker {
+	int slice, host;
+	long pid;
+	int exited, code; /* code: exit status, 128+signal, -1 lost with its agent */
+} worker;
+
+typedef struct gen {
+	int id, k, world, port;
+	int *slices;
+	st_mesh mesh;
+	worker *w;
+	int nexited;
+	int stop_how;
+	double fail_mono;  /* failure detected (mono); 0 none */
+	double fail_wall;
+	int failed, bad_input, preempt, preempt_slice;
+	double preempt_down;
+	char *culprit;     /* per slice */
+	char reason[200];
+	int64_t first_step, last_step; /* -1 until the first completed step */
+	double start_mono;
+	double kill_sent;  /* injected kill sent (mono), 0 none */
+} gen;
+
+struct st_ctl {
+	st_ctl_opts o;
+	st_config *cfg;
+	int64_t steps;
+	int lfd;
+	char addr[96];
+	char listen_host[64];
+	conn conns[MAX_CONNS];
+	slice *sl;
+	st_ctl_fault *faults;
+	int state;
+	double start_mono, start_wall, state_since;
+	int done, exit_status, interrupted;
+	gen g;          /* the current (or last) generation; g.id 0: none yet */
+	int gen_active; /* workers of g may be running */
+	int next_gen;
+	char **args;    /* the workers' arguments */
+	int nargs;
+	/* accounting */
+	int failures, preemptions, resizes;
+	int64_t steps_lost, hi;  /* hi: completed steps of the kept timeline */
+	double *kept;            /* step time of each kept step */
+	json_t *recovery;        /* array of seconds */
+	double pending_recovery; /* failure detected (mono) awaiting the next step; 0 none */
+	double grow_healthy;     /* the slice that made us grow became healthy (mono); 0 none */
+	json_t *events;          /* waiting for the next gap between generations */
+	int waiting_logged;
+	int last_k;
+};
+
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("slicetrain controller: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	fflush(stderr);
+	va_end(ap);
+}
+
+static void transition(st_ctl *c, int to, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void transition(st_ctl *c, int to, const char *fmt, ...)
+{
+	char why[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	logf_("[State Transition] %s -> %s. (%s)", state_names[c->state], state_names[to], why);
+	c->state = to;
+	c->state_since = wall_s();
+}
+
+/* ---- sockets ---- */
+
+static int listen_on(st_ctl *c, const char *host, int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+		return st_fail(ST_EINVAL, "controller: '%s' is not an IPv4 address", host);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return st_fail(ST_EIO, "controller: socket: %s", strerror(errno));
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	socklen_t len = sizeof(a);
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 64) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&a, &len) < 0) {
+		int e = errno;
+		close(fd);
+		return st_fail(ST_EIO, "controller: cannot listen on %s:%d: %s", host, port, strerror(e));
+	}
+	c->lfd = fd;
+	snprintf(c->addr, sizeof(c->addr), "%s:%d", host, ntohs(a.sin_port));
+	return 0;
+}
+
+/* A port free right now on the coordinator's address (the kernel picks it). */
+static int free_port(const char *host)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	socklen_t len = sizeof(a);
+	int port = -1;
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+static void conn_drop(st_ctl *c, int i, const char *why);
+
+static int send_to(st_ctl *c, int i, json_t *msg)
+{
+	int rc = -1;
+	if (msg && c->conns[i].kind != C_FREE)
+		rc = st_proto_send(&c->conns[i].pc, msg);
+	json_decref(msg);
+	if (rc < 0 && c->conns[i].kind != C_FREE) {
+		char why[300];
+		snprintf(why, sizeof(why), "cannot send: %s", st_errmsg());
+		conn_drop(c, i, why);
+	}
+	return rc;
+}
+
+/* Send msg (a new reference, consumed) to the agent of (slice, host). */
+static int send_agent(st_ctl *c, int s, int h, json_t *msg)
+{
+	int i = c->sl[s].h[h].conn;
+	if (i < 0) {
+		json_decref(msg);
+		return -1;
+	}
+	return send_to(c, i, msg);
+}
+
+/* ---- slices ---- */
+
+static int host_ok(const st_ctl *c, const host *h, double now)
+{
+	return h->conn >= 0 && !h->noticed && now - h->last_hb <= c->o.heartbeat_timeout_s;
+}
+
+static int slice_healthy(const st_ctl *c, int s, double now)
+{
+	const slice *x = &c->sl[s];
+	if (now < x->down_until)
+		return 0;
+	for (int h = 0; h < c->o.hosts_per_slice; h++)
+		if (!host_ok(c, &x->h[h], now))
+			return 0;
+	return 1;
+}
+
+static int in_group(const st_ctl *c, int s)
+{
+	if (!c->gen_active)
+		return 0;
+	for (int i = 0; i < c->g.k; i++)
+		if (c->g.slices[i] == s)
+			return 1;
+	return 0;
+}
+
+static const char *slice_state(const st_ctl *c, int s, double now)
+{
+	if (in_group(c, s))
+		return "in group";
+	if (now < c->sl[s].down_until)
+		return "down";
+	return slice_healthy(c, s, now) ? "healthy" : "missing hosts";
+}
+
+/* Mark slice s down for down_s (times its back-off when it fails again soon
+ * after returning). */
+static void mark_down(st_ctl *c, int s, double down_s, int counts_backoff, const char *why)
+{
+	slice *x = &c->sl[s];
+	double now = st_mono_s();
+	if (counts_backoff && x->was_down && x->up_mono > 0 && now - x->up_mono < BACKOFF_WINDOW_S) {
+		x->backoff = x->backoff < BACKOFF_MAX ? x->backoff * 2 : BACKOFF_MAX;
+		logf_("slice %d failed again %.1f s after returning: back-off x%g", s, now - x->up_mono, x->backoff);
+	} else if (counts_backoff) {
+		x->backoff = 1;
+	}
+	double d = down_s * (counts_backoff ? x->backoff : 1);
+	if (now + d > x->down_until)
+		x->down_until = now + d;
+	x->was_down = 1;
+	x->up_mono = 0;
+	snprintf(x->why, sizeof(x->why), "%s", why);
+	logf_("slice %d is down for %.1f s: %s", s, d, why);
+}
+
+/* Called every round: notice slices becoming healthy (for growth timing and
+ * the back-off window) and state changes (for "since"). */
+static void refresh_slices(st_ctl *c, double now)
+{
+	for (int s = 0; s < c->o.num_slices; s++) {
+		slice *x = &c->sl[s];
+		int ok = slice_healthy(c, s, now);
+		if (ok && x->up_mono == 0) {
+			x->up_mono = now;
+			if (x->was_down)
+				logf_("slice %d is healthy again", s);
+		} else if (!ok && !in_group(c, s)) {
+			x->up_mono = 0;
+		}
+		const char *st = slice_state(c, s, now);
+		if (st != x->shown) {
+			x->shown = st;
+			x->since_wall = wall_s();
+		}
+	}
+}
+
+/* ---- the mesh ---- */
+
+static const char *const dcn_keys[ST_NAXES] = {"dcn_data_parallelism", "dcn_fsdp_parallelism",
+					       "dcn_tensor_parallelism"};
+
+static int64_t dcn_value(const st_config *cfg, int a)
+{
+	return a == ST_AXIS_DATA ? cfg->dcn_data_parallelism
+	       : a == ST_AXIS_FSDP ? cfg->dcn_fsdp_parallelism
+				   : cfg->dcn_tensor_parallelism;
+}
+
+/* The mesh for k slices; ST_EINVAL naming the axis when it does not resolve
+ * or an explicit DCN axis no longer fits. */
+static int mesh_for(const st_ctl *c, int k, st_mesh *m)
+{
+	int rc = st_mesh_resolve(m, c->cfg, k, c->o.devices_per_slice);
+	if (rc < 0)
+		return st_fail(rc, "the mesh does not resolve for %d slice%s: %s", k, k == 1 ? "" : "s",
+			       st_errmsg());
+	for (int a = 0; a < ST_NAXES; a++) {
+		int64_t v = dcn_value(c->cfg, a);
+		if (v != -1 && v != m->dcn[a])
+			return st_fail(ST_EINVAL, "%s=%lld does not fit %d slice%s (elastic runs give their DCN axes "
+						  "as -1)",
+				       dcn_keys[a], (long long)v, k, k == 1 ? "" : "s");
+	}
+	return 0;
+}
+
+static void mesh_text(const st_mesh *m, char *buf, size_t n)
+{
+	snprintf(buf, n, "%lld slice%s x %lld devices: data %lld (dcn %lld), fsdp %lld (dcn %lld), tensor %lld (dcn %lld)",
+		 (long long)m->num_slices, m->num_slices == 1 ? "" : "s", (long long)m->devices_per_slice,
+		 (long long)m->size[0], (long long)m->dcn[0], (long long)m->size[1], (long long)m->dcn[1],
+		 (long long)m->size[2], (long long)m->dcn[2]);
+}
+
+/* The largest slice count in [min, avail] the mesh resolves for, else 0. */
+static int best_k(const st_ctl *c, int avail)
+{
+	st_mesh m;
+	if (avail > c->o.num_slices)
+		avail = c->o.num_slices;
+	for (int k = avail; k >= c->o.min_slices; k--)
+		if (mesh_for(c, k, &m) == 0)
+			return k;
+	return 0;
+}
+
+/* ---- events and the summary ---- */
+
+static void event(st_ctl *c, const char *kind, double when, int64_t step, json_t *slices, json_t *extra)
+{
+	json_t *e = json_pack("{s:s, s:f, s:I, s:o}", "event", kind, "time", when, "step", (json_int_t)step, "slices",
+			      slices ? slices : json_array());
+	if (!e) {
+		json_decref(extra);
+		return;
+	}
+	if (extra) {
+		json_object_update(e, extra);
+		json_decref(extra);
+	}
+	json_array_append_new(c->events, e);
+}
+
+static json_t *slice_list(const int *s, int n)
+{
+	json_t *a = json_array();
+	for (int i = 0; a && i < n; i++)
+		json_array_append_new(a, json_integer(s[i]));
+	return a;
+}
+
+/* Append the waiting events to metrics_file: only between generations. */
+static void flush_events(st_ctl *c)
+{
+	size_t n = json_array_size(c->events);
+	if (!n)
+		return;
+	if (c->cfg->metrics_file[0]) {
+		FILE *f = fopen(c->cfg->metrics_file, "a");
+		if (!f) {
+			st_warn("cannot append to metrics_file '%s': %s", c->cfg->metrics_file, strerror(errno));
+		} else {
+			for (size_t i = 0; i < n; i++) {
+				char *line = json_dumps(json_array_get(c->events, i), JSON_COMPACT | JSON_REAL_PRECISION(17));
+				if (line)
+					fprintf(f, "%s\n", line);
+				free(line);
+			}
+			if (fclose(f))
+				st_warn("cannot write metrics_file '%s'", c->cfg->metrics_file);
+		}
+	}
+	json_array_clear(c->events);
+}
+
+static json_t *summary(const st_ctl *c)
+{
+	double good = 0, wall = st_mono_s() - c->start_mono;
+	for (int64_t s = 0; s < c->steps; s++)
+		good += c->kept[s];
+	return json_pack("{s:s, s:i, s:i, s:i, s:I, s:O, s:f, s:f, s:f}", "event", "summary", "failures", c->failures,
+			 "preemptions", c->preemptions, "resizes", c->resizes, "steps_lost", (json_int_t)c->steps_lost,
+			 "recovery_s", c->recovery, "goodput", wall > 0 ? good / wall : 0.0, "good_s", good, "wall_s",
+			 wall);
+}
+
+static void shutdown_agents(st_ctl *c)
+{
+	for (int i = 0; i < MAX_CONNS; i++)
+		if (c->conns[i].kind == C_AGENT) {
+			json_t *m = json_pack("{s:s}", "type", "shutdown");
+			send_to(c, i, m);
+		}
+}
+
+/* The run ends: the summary (metrics file and stdout), shutdown to the agents. */
+static void finish(st_ctl *c, int state, int status, const char *why)
+{
+	if (c->done)
+		return;
+	transition(c, state, "%s", why);
+	json_t *s = summary(c);
+	if (s) {
+		char *line = json_dumps(s, JSON_COMPACT | JSON_REAL_PRECISION(6));
+		json_array_append(c->events, s);
+		if (line) {
+			printf("%s\n", line);
+			fflush(stdout);
+		}
+		free(line);
+		json_decref(s);
+	}
+	if (!c->gen_active)
+		flush_events(c);
+	shutdown_agents(c);
+	c->done = 1;
+	c->exit_status = status;
+}
+
+/* ---- generations ---- */
+
+static void gen_release(gen *g)
+{
+	free(g->slices);
+	free(g->w);
+	free(g->culprit);
+	memset(g, 0, sizeof(*g));
+}
+
+static int gen_slice_index(const gen *g, int s)
+{
+	for (int i = 0; i < g->k; i++)
+		if (g->slices[i] == s)
+			return i;
+	return -1;
+}
+
+/* Send stop how to every agent holding workers of the generation. */
+static void gen_stop(st_ctl *c, int how)
+{
+	gen *g = &c->g;
+	g->stop_how = how;
+	for (int i = 0; i < g->k; i++)
+		for (int h = 0; h < c->o.hosts_per_slice; h++)
+			send_agent(c, g->slices[i], h,
+				   json_pack("{s:s, s:i, s:s}", "type", "stop", "gen", g->id, "how", stop_names[how]));
+}
+
+static int start_gen(st_ctl *c, int k, const int *slices)
+{
+	gen *g = &c->g;
+	gen_release(g);
+	g->id = ++c->next_gen;
+	g->k = k;
+	g->world = k * c->o.devices_per_slice;
+	g->first_step = g->last_step = -1;
+	g->start_mono = st_mono_s();
+	if (!(g->slices = malloc((size_t)k * sizeof(int))) || !(g->w = calloc((size_t)g->world, sizeof(worker))) ||
+	    !(g->culprit = calloc((size_t)c->o.num_slices, 1)))
+		return st_fail(ST_ENOMEM, "out of memory");
+	memcpy(g->slices, slices, (size_t)k * sizeof(int));
+	int rc = mesh_for(c, k, &g->mesh);
+	if (rc < 0)
+		return rc;
+	if ((g->port = free_port(c->listen_host)) < 0)
+		return st_fail(ST_EIO, "cannot find a free port for the coordinator: %s", strerror(errno));
+	char coord[96], v[32];
+	snprintf(coord, sizeof(coord), "%s:%d", c->listen_host, g->port);
+	json_t *env = json_object();
+	json_object_set_new(env, "SLICETRAIN_COORDINATOR", json_string(coord));
+	snprintf(v, sizeof(v), "%d", g->world);
+	json_object_set_new(env, "SLICETRAIN_WORLD_SIZE", json_string(v));
+	snprintf(v, sizeof(v), "%d", k);
+	json_object_set_new(env, "SLICETRAIN_NUM_SLICES", json_string(v));
+	snprintf(v, sizeof(v), "%d", c->o.num_slices * c->o.devices_per_slice);
+	json_object_set_new(env, "SLICETRAIN_ELASTIC_MAX_DEVICES", json_string(v));
+	snprintf(v, sizeof(v), "%d", g->id);
+	json_object_set_new(env, "SLICETRAIN_GENERATION", json_string(v));
+	json_t *args = json_array();
+	for (int i = 0; i < c->nargs; i++)
+		json_array_append_new(args, json_string(c->args[i]));
+	int per_host = c->o.devices_per_slice / c->o.hosts_per_slice;
+	char mesh[200];
+	mesh_text(&g->mesh, mesh, sizeof(mesh));
+	char list[256] = "";
+	for (int i = 0, len = 0; i < k && len < 200; i++)
+		len += snprintf(list + len, sizeof(list) - (size_t)len, "%s%d", i ? "," : "", slices[i]);
+	logf_("generation %d: %d worker%s on slice%s %s, coordinator %s; mesh %s", g->id, g->world,
+	      g->world == 1 ? "" : "s", k == 1 ? "" : "s", list, coord, mesh);
+	for (int i = 0; i < k; i++)
+		for (int h = 0; h < c->o.hosts_per_slice; h++) {
+			json_t *ranks = json_array();
+			for (int d = 0; d < per_host; d++) {
+				int r = i * c->o.devices_per_slice + h * per_host + d;
+				g->w[r].slice = slices[i];
+				g->w[r].host = h;
+				json_array_append_new(ranks, json_integer(r));
+			}
+			json_t *m = json_pack("{s:s, s:i, s:o, s:O, s:O, s:i}", "type", "start", "gen", g->id, "ranks",
+					      ranks, "env", env, "args", args, "threads", c->o.threads);
+			send_agent(c, slices[i], h, m);
+		}
+	json_decref(env);
+	json_decref(args);
+	c->gen_active = 1;
+	return 0;
+}
+
+static void gen_failure(st_ctl *c, int s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A failure in the running generation: the culprit slice s (-1 unknown). */
+static void gen_failure(st_ctl *c, int s, const char *fmt, ...)
+{
+	gen *g = &c->g;
+	char why[200];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (s >= 0)
+		g->culprit[s] = 1;
+	if (g->failed)
+		return;
+	g->failed = 1;
+	g->fail_mono = st_mono_s();
+	g->fail_wall = wall_s();
+	snprintf(g->reason, sizeof(g->reason), "%s", why);
+	if (g->kill_sent > 0)
+		logf_("failure detected %.3f s after the injected kill", g->fail_mono - g->kill_sent);
+	if (!c->done)
+		transition(c, S_RESTARTING, "%s", why);
+}
+
+/* Worker r of the running generation ended with code (exit status, or
+ * 128+signal; -1: lost with its agent). */
+static void worker_exited(st_ctl *c, int r, int code, int signal)
+{
+	gen *g = &c->g;
+	worker *w = &g->w[r];
+	if (w->exited)
+		return;
+	w->exited = 1;
+	w->code = code;
+	g->nexited++;
+	if (g->stop_how == STOP_KILL || c->done)
+		return;
+	if (code == 0)
+		return;
+	if (code == 138 && (g->stop_how == STOP_RESIZE || g->stop_how == STOP_NOTICE))
+		return;
+	if (code == 143 && g->stop_how == STOP_NOTICE)
+		return;
+	if (code == 143 && !g->failed && g->stop_how == STOP_NONE) {
+		/* SIGTERM from outside to a worker: a preemption notice */
+		g->stop_how = STOP_NOTICE;
+		g->preempt = 1;
+		g->preempt_slice = w->slice;
+		g->preempt_down = c->o.repair_delay;
+		transition(c, S_RESIZING, "worker rank %d of slice %d got a preemption notice (SIGTERM)", r, w->slice);
+		return;
+	}
+	if (code == 138 && !g->failed && g->stop_how == STOP_NONE) {
+		g->stop_how = STOP_RESIZE; /* SIGUSR1 from outside: saved, stopped */
+		transition(c, S_RESIZING, "worker rank %d of slice %d stopped after a resize request (SIGUSR1)", r,
+			   w->slice);
+		return;
+	}
+	if (code == 2) {
+		g->bad_input = 1;
+		gen_failure(c, -1, "worker rank %d exited with status 2 (bad input)", r);
+		return;
+	}
+	if (code == 3)
+		gen_failure(c, -1, "worker rank %d of slice %d exited with status 3 (a peer failed)", r, w->slice);
+	else if (code == -1)
+		gen_failure(c, w->slice, "worker rank %d of slice %d was lost with its agent", r, w->slice);
+	else if (signal)
+		gen_failure(c, w->slice, "worker rank %d of slice %d was killed by signal %d", r, w->slice, signal);
+	else
+		gen_failure(c, w->slice, "worker rank %d of slice %d exited with status %d", r, w->slice, code);
+}
+
+/* Every worker of the generation ended: account, then decide what comes next. */
+static void gen_ended(st_ctl *c)
+{
+	gen *g = &c->g;
+	double now = st_mono_s();
+	c->gen_active = 0;
+	c->last_k = g->k;
+	int all_zero = 1;
+	for (int r = 0; r < g->world; r++)
+		all_zero &= g->w[r].code == 0;
+	logf_("generation %d ended (%d workers)", g->id, g->world);
+	if (c->interrupted || c->done) {
+		flush_events(c);
+		return;
+	}
+	if (g->bad_input) {
+		finish(c, S_ERRORED, 2, "a worker found bad input (exit status 2): the run cannot go on");
+		return;
+	}
+	if (all_zero && !g->failed) {
+		finish(c, S_FINISHED, 0, "every worker finished its steps");
+		return;
+	}
+	if (g->failed) {
+		int any = 0;
+		for (int s = 0; s < c->o.num_slices; s++)
+			any |= g->culprit[s];
+		if (!any) /* only "a peer failed" reports: blame the first reporter's slice */
+			for (int r = 0; r < g->world && !any; r++)
+				if (g->w[r].code == 3)
+					g->culprit[g->w[r].slice] = any = 1;
+		int bad[64], nb = 0;
+		for (int s = 0; s < c->o.num_slices; s++) {
+			if (!g->culprit[s])
+				continue;
+			if (nb < 64)
+				bad[nb++] = s;
+			double d = c->sl[s].fault_down >= 0 ? c->sl[s].fault_down : c->o.repair_delay;
+			c->sl[s].fault_down = -1;
+			mark_down(c, s, d, 1, g->reason);
+		}
+		c->failures++;
+		event(c, "failure", g->fail_wall, c->hi, slice_list(bad, nb),
+		      json_pack("{s:s, s:i, s:i}", "reason", g->reason, "gen", g->id, "failures", c->failures));
+		c->pending_recovery = g->fail_mono;
+		if (c->o.max_failures >= 0 && c->failures > c->o.max_failures) {
+			char why[300];
+			snprintf(why, sizeof(why), "%d failures, more than --max-failures %d (the last: %s)", c->failures,
+				 c->o.max_failures, g->reason);
+			finish(c, S_ERRORED, 3, why);
+			return;
+		}
+		flush_events(c);
+		char lim[32] = "unlimited";
+		if (c->o.max_failures >= 0)
+			snprintf(lim, sizeof(lim), "%d", c->o.max_failures);
+		transition(c, S_SCHEDULING, "generation %d stopped after the failure; failure %d (at most %s)", g->id,
+			   c->failures, lim);
+		return;
+	}
+	if (g->preempt) {
+		c->preemptions++;
+		int s = g->preempt_slice;
+		mark_down(c, s, g->preempt_down, 0, "preempted");
+		event(c, "preemption", wall_s(), c->hi, slice_list(&s, 1), json_pack("{s:i}", "gen", g->id));
+	}
+	(void)now;
+	flush_events(c);
+	transition(c, S_SCHEDULING, "generation %d stopped after saving at step %lld", g->id, (long long)c->hi);
+}
+
+/* Rank 0 completed step n (seconds secs). */
+static void on_step(st_ctl *c, int64_t n, double secs)
+{
+	gen *g = &c->g;
+	double now = st_mono_s();
+	if (g->first_step < 0) {
+		g->first_step = n;
+		if (c->hi > n) { /* a rollback: the steps after n were discarded */
+			c->steps_lost += c->hi - n;
+			for (int64_t s = n; s < c->hi && s < c->steps; s++)
+				c->kept[s] = 0;
+		}
+		if (g->id > 1) {
+			int64_t lost = c->hi > n ? c->hi - n : 0;
+			event(c, "restore", wall_s(), n, slice_list(g->slices, g->k),
+			      json_pack("{s:i, s:I}", "gen", g->id, "steps_lost", (json_int_t)lost));
+			logf_("generation %d resumed at step %lld on %d slice%s (%lld step%s lost); %.2f s after it started",
+			      g->id, (long long)n, g->k, g->k == 1 ? "" : "s", (long long)lost, lost == 1 ? "" : "s",
+			      now - g->start_mono);
+		}
+		c->hi = n;
+		if (c->pending_recovery > 0) {
+			json_array_append_new(c->recovery, json_real(now - c->pending_recovery));
+			logf_("recovery: %.2f s from the failure's detection to the first step after it",
+			      now - c->pending_recovery);
+			c->pending_recovery = 0;
+		}
+		if (c->grow_healthy > 0) {
+			logf_("growth: %.2f s from the slice being healthy to the first step on %d slices",
+			      now - c->grow_healthy, g->k);
+			c->grow_healthy = 0;
+		}
+	}
+	g->last_step = n;
+	if (n + 1 > c->hi)
+		c->hi = n + 1;
+	if (n >= 0 && n < c->steps)
+		c->kept[n] = secs;
+	/* injected faults */
+	for (int f = 0; f < c->o.nfaults; f++) {
+		st_ctl_fault *x = &c->faults[f];
+		if (x->done || n < x->step || g->stop_how != STOP_NONE || g->failed)
+			continue;
+		x->done = 1;
+		int i = gen_slice_index(g, x->slice);
+		double down = x->down_s >= 0 ? x->down_s : c->o.repair_delay;
+		if (i < 0) {
+			logf_("fault at step %lld: slice %d is not in the group; skipped", (long long)n, x->slice);
+			continue;
+		}
+		if (x->kind == ST_FAULT_KILL) {
+			int r = i * c->o.devices_per_slice;
+			logf_("fault: SIGKILL to worker rank %d (slice %d) after step %lld", r, x->slice, (long long)n);
+			c->sl[x->slice].fault_down = down;
+			g->kill_sent = st_mono_s();
+			send_agent(c, x->slice, g->w[r].host, json_pack("{s:s, s:i, s:i}", "type", "kill", "gen", g->id, "rank", r));
+		} else {
+			logf_("fault: preemption notice to slice %d after step %lld", x->slice, (long long)n);
+			g->preempt = 1;
+			g->preempt_slice = x->slice;
+			g->preempt_down = down;
+			g->stop_how = STOP_NOTICE;
+			for (int h = 0; h < c->o.hosts_per_slice; h++)
+				send_agent(c, x->slice, h, json_pack("{s:s, s:i, s:s}", "type", "stop", "gen", g->id, "how", "notice"));
+			transition(c, S_RESIZING, "slice %d preempted (injected at step %lld)", x->slice, (long long)n);
+		}
+		break;
+	}
+}
+
+static void on_output(st_ctl *c, int rank, int err, const char *text)
+{
+	FILE *f = err ? stderr : stdout;
+	if (rank)
+		fprintf(f, "[rank %d] %s\n", rank, text);
+	else
+		fprintf(f, "%s\n", text);
+	fflush(f);
+	if (rank != 0 || err)
+		return;
+	long long n;
+	double secs;
+	if (sscanf(text, "completed step: %lld, seconds: %lf", &n, &secs) == 2)
+		on_step(c, n, secs);
+}
+
+/* ---- messages ---- */
+
+static void conn_drop(st_ctl *c, int i, const char *why)
+{
+	conn *x = &c->conns[i];
+	if (x->kind == C_FREE)
+		return;
+	if (x->kind == C_AGENT) {
+		int s = x->slice, h = x->host;
+		host *hh = &c->sl[s].h[h];
+		hh->conn = -1;
+		if (!c->done)
+			logf_("agent of slice %d host %d (pid %ld) lost: %s", s, h, hh->pid, why);
+		int was_noticed = hh->noticed;
+		hh->noticed = 0;
+		if (c->gen_active && !c->done) {
+			gen *g = &c->g;
+			for (int r = 0; r < g->world; r++)
+				if (g->w[r].slice == s && g->w[r].host == h && !g->w[r].exited) {
+					if (was_noticed || g->stop_how == STOP_KILL)
+						worker_exited(c, r, was_noticed ? 143 : -1, 0);
+					else
+						worker_exited(c, r, -1, 0);
+				}
+		} else if (c->gen_active) {
+			gen *g = &c->g;
+			for (int r = 0; r < g->world; r++)
+				if (g->w[r].slice == s && g->w[r].host == h && !g->w[r].exited) {
+					g->w[r].exited = 1;
+					g->nexited++;
+				}
+		}
+		if (!c->done && !was_noticed && !in_group(c, s))
+			mark_down(c, s, c->o.repair_delay, 0, "agent lost");
+		else if (!c->done && was_noticed && c->sl[s].down_until < st_mono_s() + 0.1)
+			mark_down(c, s, c->o.repair_delay, 0, "preempted");
+	} else if (x->kind == C_NEW) {
+		logf_("connection dropped: %s", why);
+	}
+	st_proto_conn_release(&x->pc);
+	memset(x, 0, sizeof(*x));
+	x->pc.fd = -1;
+	x->kind = C_FREE;
+}
+
+static json_t *status_json(st_ctl *c)
+{
+	double now = st_mono_s(), wnow = wall_s();
+	char mesh[200] = "";
+	if (c->gen_active)
+		mesh_text(&c->g.mesh, mesh, sizeof(mesh));
+	json_t *sl = json_array();
+	for (int s = 0; s < c->o.num_slices; s++) {
+		json_t *hosts = json_array();
+		for (int h = 0; h < c->o.hosts_per_slice; h++) {
+			host *x = &c->sl[s].h[h];
+			json_t *ws = json_array();
+			for (int r = 0; c->gen_active && r < c->g.world; r++)
+				if (c->g.w[r].slice == s && c->g.w[r].host == h)
+					json_array_append_new(ws, json_pack("{s:i, s:I, s:b}", "rank", r, "pid",
+									    (json_int_t)c->g.w[r].pid, "running",
+									    !c->g.w[r].exited));
+			json_array_append_new(hosts, json_pack("{s:i, s:I, s:b, s:f, s:o}", "host", h, "pid",
+							       (json_int_t)(x->conn >= 0 ? x->pid : 0), "connected",
+							       x->conn >= 0, "last_heartbeat",
+							       x->conn >= 0 ? wnow - (now - x->last_hb) : 0.0, "workers", ws));
+		}
+		json_t *o = json_pack("{s:i, s:s, s:f, s:o}", "slice", s, "state", slice_state(c, s, now), "since",
+				      c->sl[s].since_wall, "hosts", hosts);
+		if (now < c->sl[s].down_until) {
+			json_object_set_new(o, "why", json_string(c->sl[s].why));
+			json_object_set_new(o, "down_until", json_real(wnow + c->sl[s].down_until - now));
+		}
+		json_array_append_new(sl, o);
+	}
+	return json_pack("{s:s, s:s, s:f, s:i, s:I, s:s, s:i, s:i, s:i, s:I, s:o}", "type", "status", "state",
+			 state_names[c->state], "since", c->state_since, "gen", c->gen_active ? c->g.id : 0, "step",
+			 (json_int_t)(c->gen_active ? c->g.last_step : -1), "mesh", mesh, "failures", c->failures,
+			 "preemptions", c->preemptions, "resizes", c->resizes, "steps_lost",
+			 (json_int_t)c->steps_lost, "slices", sl);
+}
+
+static int hello(st_ctl *c, int i, const json_t *m)
+{
+	long long ver, s, h, hps, dev, pid;
+	int rc;
+	if ((rc = st_proto_get_int(m, "version", 0, 1 << 30, &ver)) < 0 ||
+	    (rc = st_proto_get_int(m, "slice", 0, (1 << 30), &s)) < 0 ||
+	    (rc = st_proto_get_int(m, "host", 0, (1 << 30), &h)) < 0 ||
+	    (rc = st_proto_get_int(m, "hosts_per_slice", 1, 1 << 30, &hps)) < 0 ||
+	    (rc = st_proto_get_int(m, "devices", 1, 1 << 30, &dev)) < 0 ||
+	    (rc = st_proto_get_int(m, "pid", 1, 1LL << 40, &pid)) < 0)
+		return rc;
+	if (ver != ST_PROTO_VERSION)
+		return st_fail(ST_EPROTO, "hello: version %lld, the controller speaks %d", ver, ST_PROTO_VERSION);
+	if (s >= c->o.num_slices)
+		return st_fail(ST_EPROTO, "hello: slice %lld out of range (the run has %d slices)", s, c->o.num_slices);
+	if (h >= c->o.hosts_per_slice || hps != c->o.hosts_per_slice)
+		return st_fail(ST_EPROTO, "hello: host %lld of %lld hosts per slice; the run has %d", h, hps,
+			       c->o.hosts_per_slice);
+	if (dev * c->o.hosts_per_slice != c->o.devices_per_slice)
+		return st_fail(ST_EPROTO, "hello: %lld devices per host; the run needs %d", dev,
+			       c->o.devices_per_slice / c->o.hosts_per_slice);
+	host *x = &c->sl[s].h[h];
+	if (x->conn >= 0)
+		return st_fail(ST_EPROTO, "hello: slice %lld host %lld already has an agent (pid %ld)", s, h, x->pid);
+	conn *cn = &c->conns[i];
+	cn->kind = C_AGENT;
+	cn->slice = (int)s;
+	cn->host = (int)h;
+	x->conn = i;
+	x->pid = (long)pid;
+	x->noticed = 0;
+	x->last_hb = st_mono_s();
+	x->last_hb_wall = x->connected_wall = wall_s();
+	logf_("agent of slice %lld host %lld connected (pid %lld)", s, h, pid);
+	return send_to(c, i, json_pack("{s:s, s:i}", "type", "welcome", "version", ST_PROTO_VERSION)) < 0 ? 0 : 0;
+}
+
+/* A worker rank of the running generation held by the agent of (s, h). */
+static int own_rank(const st_ctl *c, const json_t *m, int s, int h, int *rank)
+{
+	long long g, r;
+	int rc;
+	if ((rc = st_proto_get_int(m, "gen", 0, 1LL << 40, &g)) < 0 ||
+	    (rc = st_proto_get_int(m, "rank", 0, 1 << 30, &r)) < 0)
+		return rc;
+	if (!c->gen_active || g != c->g.id)
+		return 0; /* an old generation's straggler */
+	if (r >= c->g.world || c->g.w[r].slice != s || c->g.w[r].host != h)
+		return st_fail(ST_EPROTO, "rank %lld is not one of this agent's workers in generation %lld", r, g);
+	*rank = (int)r;
+	return 1;
+}
+
+static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
+{
+	conn *cn = &c->conns[i];
+	int s = cn->slice, h = cn->host, r, rc;
+	host *x = &c->sl[s].h[h];
+	x->last_hb = st_mono_s();
+	x->last_hb_wall = wall_s();
+	if (!strcmp(type, "heartbeat"))
+		return 0;
+	if (!strcmp(type, "output")) {
+		const char *stream, *text;
+		if ((rc = own_rank(c, m, s, h, &r)) <= 0)
+			return rc;
+		if ((rc = st_proto_get_str(m, "stream", &stream)) < 0 || (rc = st_proto_get_str(m, "text", &text)) < 0)
+			return rc;
+		on_output(c, r, strcmp(stream, "out") != 0, text);
+		return 0;
+	}
+	if (!strcmp(type, "exit")) {
+		long long st, sig, pid;
+		if ((rc = own_rank(c, m, s, h, &r)) <= 0)
+			return rc;
+		if ((rc = st_proto_get_int(m, "status", -1, 255, &st)) < 0 ||
+		    (rc = st_proto_get_int(m, "signal", 0, 64, &sig)) < 0 ||
+		    (rc = st_proto_get_int(m, "pid", 0, 1LL << 40, &pid)) < 0)
+			return rc;
+		int code = st >= 0 ? (int)st : 128 + (int)sig;
+		if (st < 0 && !sig)
+			code = -1;
+		worker_exited(c, r, code, st < 0 ? (int)sig : 0);
+		return 0;
+	}
+	if (!strcmp(type, "started")) {
+		long long g;
+		json_t *ws = json_object_get(m, "workers");
+		if ((rc = st_proto_get_int(m, "gen", 0, 1LL << 40, &g)) < 0)
+			return rc;
+		if (!json_is_array(ws))
+			return st_fail(ST_EPROTO, "started: \"workers\" is not an array");
+		if (!c->gen_active || g != c->g.id)
+			return 0;
+		size_t k;
+		json_t *w;
+		json_array_foreach(ws, k, w) {
+			long long rr, pid;
+			if ((rc = st_proto_get_int(w, "rank", 0, c->g.world - 1, &rr)) < 0 ||
+			    (rc = st_proto_get_int(w, "pid", 1, 1LL << 40, &pid)) < 0)
+				return rc;
+			if (c->g.w[rr].slice != s || c->g.w[rr].host != h)
+				return st_fail(ST_EPROTO, "started: rank %lld is not this agent's", rr);
+			c->g.w[rr].pid = (long)pid;
+		}
+		return 0;
+	}
+	if (!strcmp(type, "notice")) {
+		logf_("slice %d host %d: preemption notice", s, h);
+		x->noticed = 1;
+		gen *g = &c->g;
+		if (c->gen_active && !c->done && in_group(c, s) && !g->failed && g->stop_how != STOP_KILL) {
+			if (!g->preempt) {
+				g->preempt = 1;
+				g->preempt_slice = s;
+				g->preempt_down = c->o.repair_delay;
+			}
+			if (g->stop_how == STOP_NONE) {
+				g->stop_how = STOP_NOTICE;
+				transition(c, S_RESIZING, "the agent of slice %d host %d got a preemption notice", s, h);
+			}
+		} else if (!c->done) {
+			mark_down(c, s, c->o.repair_delay, 0, "preempted");
+		}
+		return 0;
+	}
+	return st_fail(ST_EPROTO, "unknown message type '%.40s' from an agent", type);
+}
+
+static void handle(st_ctl *c, int i, json_t *m)
+{
+	conn *cn = &c->conns[i];
+	const char *type;
+	int rc = st_proto_get_str(m, "type", &type);
+	if (rc == 0) {
+		if (cn->kind == C_NEW && !strcmp(type, "hello")) {
+			rc = hello(c, i, m);
+		} else if (cn->kind == C_NEW && !strcmp(type, "status")) {
+			cn->kind = C_STATUS;
+			json_t *st = status_json(c);
+			rc = send_to(c, i, st);
+			if (rc == 0)
+				c->conns[i].close_after_flush = 1;
+			return;
+		} else if (cn->kind == C_NEW) {
+			rc = st_fail(ST_EPROTO, "first message of type '%.40s' (want hello or status)", type);
+		} else if (cn->kind == C_AGENT) {
+			rc = agent_msg(c, i, m, type);
+		} else {
+			rc = st_fail(ST_EPROTO, "message after status");
+		}
+	}
+	if (rc < 0) {
+		char why[300];
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		if (cn->kind == C_AGENT)
+			logf_("dropping the agent of slice %d host %d: %s", cn->slice, cn->host, why);
+		conn_drop(c, i, why);
+	}
+}
+
+static void read_conn(st_ctl *c, int i)
+{
+	for (;;) {
+		json_t *m = NULL;
+		int rc = st_proto_recv(&c->conns[i].pc, &m);
+		if (rc == 1) {
+			handle(c, i, m);
+			json_decref(m);
+			if (c->conns[i].kind == C_FREE)
+				return;
+			continue;
+		}
+		if (rc == 0)
+			return;
+		char why[300];
+		snprintf(why, sizeof(why), "%s", rc == ST_EPEER ? "connection closed" : st_errmsg());
+		conn_drop(c, i, why);
+		return;
+	}
+}
+
+static void accept_all(st_ctl *c)
+{
+	for (;;) {
+		int fd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		int i;
+		for (i = 0; i < MAX_CONNS && c->conns[i].kind != C_FREE; i++)
+			;
+		if (i == MAX_CONNS) {
+			logf_("too many connections: one refused");
+			close(fd);
+			continue;
+		}
+		int one = 1;
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		if (st_proto_conn_init(&c->conns[i].pc, fd) < 0) {
+			logf_("connection refused: %s", st_errmsg());
+			continue;
+		}
+		c->conns[i].kind = C_NEW;
+		c->conns[i].opened = st_mono_s();
+	}
+}
+
+/* ---- the state machine ---- */
+
+static void schedule(st_ctl *c, double now)
+{
+	int healthy[4096], nh = 0;
+	for (int s = 0; s < c->o.num_slices && nh < 4096; s++)
+		if (slice_healthy(c, s, now))
+			healthy[nh++] = s;
+	if (c->state == S_INITIALIZING) {
+		if (nh < c->o.num_slices && !(nh >= c->o.min_slices && now - c->start_mono > INIT_WAIT_S))
+			return;
+		transition(c, S_SCHEDULING, "%d of %d slices healthy", nh, c->o.num_slices);
+	}
+	if (nh < c->o.min_slices) {
+		if (!c->waiting_logged)
+			logf_("waiting for at least %d healthy slice%s (%d now)", c->o.min_slices,
+			      c->o.min_slices == 1 ? "" : "s", nh);
+		c->waiting_logged = 1;
+		return;
+	}
+	c->waiting_logged = 0;
+	int k = best_k(c, nh);
+	if (!k) {
+		st_mesh m;
+		mesh_for(c, nh < c->o.num_slices ? nh : c->o.num_slices, &m);
+		char why[400];
+		snprintf(why, sizeof(why), "no group of %d to %d slices resolves: %s", c->o.min_slices, nh, st_errmsg());
+		fprintf(stderr, "slicetrain: error: %s\n", why);
+		finish(c, S_ERRORED, 2, why);
+		return;
+	}
+	if (c->last_k && k != c->last_k) {
+		c->resizes++;
+		event(c, k < c->last_k ? "shrink" : "grow", wall_s(), c->hi, slice_list(healthy, k),
+		      json_pack("{s:i, s:i}", "from", c->last_k, "to", k));
+	}
+	flush_events(c);
+	if (start_gen(c, k, healthy) < 0) {
+		char why[300];
+		snprintf(why, sizeof(why), "cannot start generation %d: %s", c->next_gen, st_errmsg());
+		finish(c, S_ERRORED, 1, why);
+		return;
+	}
+	transition(c, S_RUNNING, "generation %d started on %d slice%s", c->g.id, k, k == 1 ? "" : "s");
+}
+
+static void maybe_grow(st_ctl *c, double now)
+{
+	gen *g = &c->g;
+	if (g->failed || g->stop_how != STOP_NONE || g->last_step < 0 || g->last_step + 2 >= c->steps ||
+	    g->k >= c->o.num_slices)
+		return;
+	int nh = 0;
+	double newest = 0;
+	for (int s = 0; s < c->o.num_slices; s++)
+		if (in_group(c, s) || slice_healthy(c, s, now)) {
+			nh++;
+			if (!in_group(c, s) && c->sl[s].up_mono > newest)
+				newest = c->sl[s].up_mono;
+		}
+	int k = best_k(c, nh);
+	if (k <= g->k)
+		return;
+	c->grow_healthy = newest;
+	gen_stop(c, STOP_RESIZE);
+	transition(c, S_RESIZING, "%d healthy slices: growing from %d to %d slices at the next step boundary", nh,
+		   g->k, k);
+}
+
+static void tick(st_ctl *c)
+{
+	double now = st_mono_s();
+	/* heartbeats, hello timeouts, flushed status replies */
+	for (int i = 0; i < MAX_CONNS; i++) {
+		conn *x = &c->conns[i];
+		if (x->kind == C_AGENT && now - c->sl[x->slice].h[x->host].last_hb > c->o.heartbeat_timeout_s) {
+			char why[80];
+			snprintf(why, sizeof(why), "no heartbeat for %.1f s", now - c->sl[x->slice].h[x->host].last_hb);
+			conn_drop(c, i, why);
+		} else if (x->kind == C_NEW && now - x->opened > HELLO_TIMEOUT_S) {
+			conn_drop(c, i, "no hello in time");
+		} else if (x->kind == C_STATUS && x->close_after_flush && x->pc.wlen == 0) {
+			conn_drop(c, i, "status sent");
+		}
+	}
+	refresh_slices(c, now);
+	if (c->done)
+		return;
+	gen *g = &c->g;
+	if (c->gen_active) {
+		if (g->failed && g->stop_how != STOP_KILL && now - g->fail_mono > c->o.grace_s &&
+		    g->nexited < g->world) {
+			logf_("%d worker%s still running %.0f s after the failure: stop how=kill", g->world - g->nexited,
+			      g->world - g->nexited == 1 ? "" : "s", c->o.grace_s);
+			gen_stop(c, STOP_KILL);
+		}
+		if (g->nexited == g->world) {
+			gen_ended(c);
+		} else if (c->state == S_RUNNING) {
+			maybe_grow(c, now);
+		}
+	}
+	if (!c->gen_active && !c->done && (c->state == S_INITIALIZING || c->state == S_SCHEDULING))
+		schedule(c, now);
+}
+
+/* ---- API ---- */
+
+int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
+{
+	*out = NULL;
+	if (o->num_slices < 1 || o->min_slices < 1 || o->min_slices > o->num_slices || o->hosts_per_slice < 1 ||
+	    o->devices_per_slice < 1 || o->devices_per_slice % o->hosts_per_slice)
+		return st_fail(ST_EINVAL, "controller: need 1 <= --min-slices <= --num-slices and --devices-per-slice "
+					  "a multiple of --hosts-per-slice");
+	st_ctl *c = calloc(1, sizeof(*c));
+	if (!c)
+		return st_fail(ST_ENOMEM, "out of memory");
+	c->lfd = -1;
+	c->o = *o;
+	if (c->o.grace_s <= 0)
+		c->o.grace_s = 5;
+	if (c->o.heartbeat_timeout_s <= 0)
+		c->o.heartbeat_timeout_s = 1;
+	snprintf(c->listen_host, sizeof(c->listen_host), "%s", o->listen_host ? o->listen_host : "127.0.0.1");
+	int rc = 0;
+	for (int i = 0; i < MAX_CONNS; i++)
+		c->conns[i].pc.fd = -1;
+	c->events = json_array();
+	c->recovery = json_array();
+	c->cfg = calloc(1, sizeof(st_config));
+	c->sl = calloc((size_t)o->num_slices, sizeof(slice));
+	c->faults = calloc((size_t)o->nfaults + 1, sizeof(st_ctl_fault));
+	c->args = calloc((size_t)o->nkv + 3, sizeof(char *));
+	if (!c->events || !c->recovery || !c->cfg || !c->sl || !c->faults || !c->args) {
+		st_ctl_destroy(c);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	if (o->nfaults)
+		memcpy(c->faults, o->faults, (size_t)o->nfaults * sizeof(st_ctl_fault));
+	for (int s = 0; s < o->num_slices; s++) {
+		if (!(c->sl[s].h = calloc((size_t)o->hosts_per_slice, sizeof(host)))) {
+			st_ctl_destroy(c);
+			return st_fail(ST_ENOMEM, "out of memory");
+		}
+		c->sl[s].backoff = 1;
+		c->sl[s].fault_down = -1;
+		for (int h = 0; h < o->hosts_per_slice; h++)
+			c->sl[s].h[h].conn = -1;
+	}
+	/* the config, loaded as the workers will load it */
+	st_log_quiet(1);
+	rc = st_config_load(c->cfg, o->config_path, o->nkv, o->kv);
+	st_log_quiet(0);
+	if (rc < 0) {
+		st_ctl_destroy(c);
+		return rc;
+	}
+	if (!c->cfg->enable_checkpointing) {
+		st_ctl_destroy(c);
+		return st_fail(ST_EINVAL, "elastic runs resume from checkpoints: enable_checkpointing must be true");
+	}
+	st_mesh m;
+	if ((rc = mesh_for(c, o->num_slices, &m)) < 0) {
+		st_ctl_destroy(c);
+		return rc;
+	}
+	for (int k = o->min_slices; k < o->num_slices; k++)
+		if (mesh_for(c, k, &m) < 0)
+			st_warn("the group cannot run on %d slice%s: %s", k, k == 1 ? "" : "s", st_errmsg());
+	c->steps = c->cfg->steps > 0 ? c->cfg->steps : 0;
+	if (!(c->kept = calloc((size_t)c->steps + 1, sizeof(double)))) {
+		st_ctl_destroy(c);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	/* the workers' arguments: as given, with the resolved run_name pinned so
+	 * that every generation resumes the same run */
+	int has_run_name = 0;
+	if (o->config)
+		c->args[c->nargs++] = strdup(o->config);
+	for (int i = 0; i < o->nkv; i++) {
+		c->args[c->nargs++] = strdup(o->kv[i]);
+		has_run_name |= !strncmp(o->kv[i], "run_name=", 9);
+	}
+	if (!has_run_name) {
+		char b[ST_NAME_MAX + 16];
+		snprintf(b, sizeof(b), "run_name=%s", c->cfg->run_name);
+		c->args[c->nargs++] = strdup(b);
+	}
+	for (int i = 0; i < c->nargs; i++)
+		if (!c->args[i]) {
+			st_ctl_destroy(c);
+			return st_fail(ST_ENOMEM, "out of memory");
+		}
+	if ((rc = listen_on(c, c->listen_host, o->port)) < 0) {
+		st_ctl_destroy(c);
+		return rc;
+	}
+	c->state = S_INITIALIZING;
+	c->start_mono = st_mono_s();
+	c->start_wall = c->state_since = wall_s();
+	logf_("listening on %s; %d slice%s (at least %d) x %d host%s x %d devices; max failures %d, repair delay %.1f s",
+	      c->addr, o->num_slices, o->num_slices == 1 ? "" : "s", o->min_slices, o->hosts_per_slice,
+	      o->hosts_per_slice == 1 ? "" : "s", o->devices_per_slice / o->hosts_per_slice, o->max_failures,
+	      o->repair_delay);
+	*out = c;
+	return 0;
+}
+
+void st_ctl_destroy(st_ctl *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < MAX_CONNS; i++)
+		st_proto_conn_release(&c->conns[i].pc);
+	if (c->lfd >= 0)
+		close(c->lfd);
+	gen_release(&c->g);
+	for (int s = 0; c->sl && s < c->o.num_slices; s++)
+		free(c->sl[s].h);
+	free(c->sl);
+	for (int i = 0; c->args && i < c->nargs; i++)
+		free(c->args[i]);
+	free(c->args);
+	free(c->faults);
+	free(c->kept);
+	free(c->cfg);
+	json_decref(c->events);
+	json_decref(c->recovery);
+	free(c);
+}
+
+const char *st_ctl_address(const st_ctl *c) { return c->addr; }
+
+int st_ctl_poll(st_ctl *c, int timeout_ms)
+{
+	struct pollfd pfd[MAX_CONNS + 1];
+	int idx[MAX_CONNS + 1], n = 0;
+	pfd[n] = (struct pollfd){.fd = c->lfd, .events = POLLIN};
+	idx[n++] = -1;
+	for (int i = 0; i < MAX_CONNS; i++)
+		if (c->conns[i].kind != C_FREE) {
+			short ev = POLLIN;
+			if (c->conns[i].pc.wlen)
+				ev |= POLLOUT;
+			pfd[n] = (struct pollfd){.fd = c->conns[i].pc.fd, .events = ev};
+			idx[n++] = i;
+		}
+	int pr = poll(pfd, (nfds_t)n, timeout_ms);
+	if (pr < 0 && errno != EINTR)
+		return st_fail(ST_EIO, "controller: poll: %s", strerror(errno));
+	for (int j = 0; pr > 0 && j < n; j++) {
+		if (!pfd[j].revents)
+			continue;
+		int i = idx[j];
+		if (i < 0) {
+			accept_all(c);
+			continue;
+		}
+		if (c->conns[i].kind == C_FREE || c->conns[i].pc.fd != pfd[j].fd)
+			continue;
+		if (pfd[j].revents & POLLOUT) {
+			if (st_proto_flush(&c->conns[i].pc) < 0) {
+				conn_drop(c, i, "cannot send");
+				continue;
+			}
+		}
+		if (pfd[j].revents & (POLLIN | POLLHUP | POLLERR))
+			read_conn(c, i);
+	}
+	tick(c);
+	return 0;
+}
+
+int st_ctl_done(const st_ctl *c, int *exit_status)
+{
+	if (c->done && exit_status)
+		*exit_status = c->exit_status;
+	return c->done;
+}
+
+void st_ctl_interrupt(st_ctl *c, int sig)
+{
+	if (c->done)
+		return;
+	c->interrupted = sig;
+	char why[80];
+	snprintf(why, sizeof(why), "the launcher got signal %d: stopping everything", sig);
+	finish(c, S_ERRORED, 128 + sig, why);
+}
+
+int st_ctl_may_start_agent(const st_ctl *c, int slice, int host)
+{
+	if (c->done || slice < 0 || slice >= c->o.num_slices || host < 0 || host >= c->o.hosts_per_slice)
+		return 0;
+	return st_mono_s() >= c->sl[slice].down_until && c->sl[slice].h[host].conn < 0;
+}
+
+void st_ctl_agent_exited(st_ctl *c, int slice, int host)
+{
+	if (slice < 0 || slice >= c->o.num_slices || host < 0 || host >= c->o.hosts_per_slice)
+		return;
+	int i = c->sl[slice].h[host].conn;
+	if (i >= 0)
+		conn_drop(c, i, "its process ended");
+	else if (!c->done && st_mono_s() >= c->sl[slice].down_until)
+		mark_down(c, slice, c->o.repair_delay, 0, "agent process ended");
+}
+
+int st_ctl_worker_pids(const st_ctl *c, pid_t *pids, int cap)
+{
+	int n = 0;
+	for (int r = 0; r < c->g.world && n < cap; r++)
+		if (c->g.w && c->g.w[r].pid > 0)
+			pids[n++] = (pid_t)c->g.w[r].pid;
+	return n;
+}
