@@ -1,0 +1,565 @@
+/*
+ * The elastic agent (`slicetrain agent`, src/elastic/agent.c) driven by a
+ * fake controller played by this test over loopback TCP: hello's fields,
+ * heartbeats, starting 2 ranks of a tiny real training (started with pids,
+ * output lines forwarded and printed locally, exit status 0), stop
+ * how=notice (exit 143), how=resize (SIGUSR1), kill of one rank (signal 9),
+ * shutdown, a controller that closes its socket, malformed messages (bad
+ * JSON, an unknown type, a huge line, a bad field), no welcome in time, a
+ * SIGTERM to the agent (notice, workers stopped, exit 0), a SIGKILL of the
+ * agent (its workers die with it). After each agent, none of its workers'
+ * pids remains. Every wait is bounded; only pids this test started are
+ * signalled.
+ * The binary: $SLICETRAIN (set by tests/run.sh), else build/slicetrain.
+ * timeout: 240
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "check.h"
+#include "elastic/proto.h"
+#include "free_port.h"
+
+#define LONG_STEPS "steps=100000000"
+
+static const char *bin, *root, *tmp;
+
+typedef struct ctl {
+	int lfd, port;
+	pid_t agent;
+	int agent_status; /* after reaping; -1 before */
+	st_proto_conn c;
+	json_t *log;       /* messages received, not taken yet (no heartbeats, no output) */
+	int heartbeats, outputs, closed;
+	long long stepped_gen; /* generation of the last "completed step" line, -1 */
+	char agent_out[512];
+} ctl;
+
+static double now_s(void) { return st_mono_s(); }
+
+/* Start `slicetrain agent` against a new listener and accept its connection. */
+static int ctl_start(ctl *t, const char *name, const char *const *extra)
+{
+	*t = (ctl){.lfd = -1, .agent_status = -1, .c = ST_PROTO_CONN_INIT, .stepped_gen = -1};
+	t->log = json_array();
+	if (st_proto_listen("127.0.0.1", 0, &t->lfd, &t->port) < 0) {
+		fprintf(stderr, "listen: %s\n", st_errmsg());
+		return -1;
+	}
+	snprintf(t->agent_out, sizeof(t->agent_out), "%s/agent-%s.out", tmp, name);
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", t->port);
+	const char *argv[32] = {bin, "agent", "--controller", addr, "--slice", "0", "--host", "0",
+				"--hosts-per-slice", "1", "--devices", "2"};
+	int n = 12;
+	for (int i = 0; extra && extra[i]; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	t->agent = fork();
+	if (t->agent == 0) {
+		int fd = open(t->agent_out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0)
+			dup2(fd, 1);
+		execv(bin, (char **)argv);
+		_exit(127);
+	}
+	struct pollfd p = {.fd = t->lfd, .events = POLLIN};
+	if (poll(&p, 1, 10000) <= 0) {
+		fprintf(stderr, "%s: the agent did not connect\n", name);
+		return -1;
+	}
+	int fd;
+	if (st_proto_accept(t->lfd, &fd) != 1 || st_proto_conn_init(&t->c, fd) < 0)
+		return -1;
+	return 0;
+}
+
+/* Read what has arrived, waiting up to ms. */
+static void pump(ctl *t, int ms)
+{
+	if (t->closed)
+		return;
+	struct pollfd p = {.fd = t->c.fd, .events = POLLIN};
+	if (poll(&p, 1, ms) <= 0)
+		return;
+	json_t *m;
+	int r;
+	while ((r = st_proto_recv(&t->c, &m)) == 1) {
+		const char *type = json_string_value(json_object_get(m, "type"));
+		if (!strcmp(type, "heartbeat")) {
+			t->heartbeats++;
+			json_decref(m);
+		} else if (!strcmp(type, "output")) {
+			t->outputs++;
+			const char *text = json_string_value(json_object_get(m, "text"));
+			if (text && strstr(text, "completed step:"))
+				t->stepped_gen = json_integer_value(json_object_get(m, "gen"));
+			json_decref(m);
+		} else {
+			json_array_append_new(t->log, m);
+		}
+	}
+	if (r < 0)
+		t->closed = r;
+}
+
+/* The next message of this type (a new reference), or NULL after timeout_s. */
+static json_t *take(ctl *t, const char *type, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	for (;;) {
+		size_t i;
+		json_t *m;
+		json_array_foreach(t->log, i, m) {
+			if (!strcmp(json_string_value(json_object_get(m, "type")), type)) {
+				json_incref(m);
+				json_array_remove(t->log, i);
+				return m;
+			}
+		}
+		if (now_s() > end || t->closed)
+			return NULL;
+		pump(t, 20);
+	}
+}
+
+static void send_msg(ctl *t, json_t *m)
+{
+	CHECK(st_proto_send_new(&t->c, m) == 0);
+	CHECK(st_proto_flush_until(&t->c, st_mono_ns() + 5 * (int64_t)1000000000) == 0);
+}
+
+/* Wait for a "completed step" line of generation gen. */
+static int wait_step(ctl *t, long long gen, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	while (t->stepped_gen != gen && now_s() < end && !t->closed)
+		pump(t, 20);
+	return t->stepped_gen == gen;
+}
+
+/* The agent's exit status (waitpid's), or -1 (then it is SIGKILLed) after timeout_s.
+ * Reads the connection meanwhile. */
+static int wait_agent(ctl *t, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	int st;
+	while (now_s() < end) {
+		pid_t r = waitpid(t->agent, &st, WNOHANG);
+		if (r == t->agent) {
+			t->agent_status = st;
+			return st;
+		}
+		if (t->c.fd >= 0 && !t->closed)
+			pump(t, 20);
+		else
+			usleep(20000);
+	}
+	fprintf(stderr, "the agent (pid %d) did not exit in %.0f s: SIGKILL\n", (int)t->agent, timeout_s);
+	kill(t->agent, SIGKILL);
+	waitpid(t->agent, &st, 0);
+	t->agent_status = st;
+	return -1;
+}
+
+static int exited_with(int st, int code) { return st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == code; }
+
+/* None of these pids is alive within timeout_s (they are not our children). */
+static int pids_gone(const int *pids, int n, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	for (;;) {
+		int alive = 0;
+		for (int i = 0; i < n; i++)
+			if (pids[i] > 0 && kill(pids[i], 0) == 0) {
+				char path[64], stat[256] = "";
+				snprintf(path, sizeof(path), "/proc/%d/stat", pids[i]);
+				FILE *f = fopen(path, "r");
+				if (f) {
+					if (!fgets(stat, sizeof(stat), f))
+						stat[0] = 0;
+					fclose(f);
+				}
+				const char *rp = strrchr(stat, ')');
+				if (!(rp && rp[1] == ' ' && rp[2] == 'Z'))
+					alive++;
+			}
+		if (!alive)
+			return 1;
+		if (now_s() > end)
+			return 0;
+		usleep(20000);
+	}
+}
+
+/* How the connection ended (ST_EPEER when the agent closed it), reading
+ * until then; 0 if it is still open after timeout_s. */
+static int closed_within(ctl *t, double timeout_s)
+{
+	double end = now_s() + timeout_s;
+	while (!t->closed && now_s() < end)
+		pump(t, 20);
+	return t->closed;
+}
+
+static void ctl_end(ctl *t)
+{
+	if (t->agent > 0 && t->agent_status < 0)
+		wait_agent(t, 20);
+	st_proto_conn_release(&t->c);
+	if (t->lfd >= 0)
+		close(t->lfd);
+	json_decref(t->log);
+	t->log = NULL;
+}
+
+static void welcome(ctl *t)
+{
+	json_t *h = take(t, "hello", 10);
+	CHECK(h != NULL);
+	json_decref(h);
+	send_msg(t, json_pack("{s:s,s:i}", "type", "welcome", "version", ST_PROTO_VERSION));
+}
+
+/* "start" of ranks 0 and 1 of a 1-slice, 2-device group. */
+static void start(ctl *t, long long gen, const char *steps)
+{
+	char coord[64], out[512], config[512];
+	snprintf(coord, sizeof(coord), "127.0.0.1:%d", free_port());
+	snprintf(out, sizeof(out), "base_output_directory=%s/out", tmp);
+	snprintf(config, sizeof(config), "%s/configs/base.yml", root);
+	json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "SLICETRAIN_WORLD_SIZE", "2", "SLICETRAIN_NUM_SLICES", "1",
+				"SLICETRAIN_COORDINATOR", coord, "SLICETRAIN_GENERATION", "x");
+	json_t *args = json_pack("[s,s,s,s,s,s,s]", config, "model_name=llama3-test", steps, "per_device_batch_size=1",
+				 "max_target_length=16", "enable_checkpointing=false", out);
+	send_msg(t, json_pack("{s:s,s:I,s:[i,i],s:o,s:o,s:i}", "type", "start", "gen", (json_int_t)gen, "ranks", 0, 1,
+			      "env", env, "args", args, "threads", 1));
+}
+
+/* The "started" of gen: both ranks' pids into pids[rank]. */
+static int started(ctl *t, long long gen, int pids[2])
+{
+	json_t *m = take(t, "started", 20);
+	CHECK(m != NULL);
+	if (!m)
+		return 0;
+	json_t *ws = json_object_get(m, "workers");
+	CHECK(json_integer_value(json_object_get(m, "gen")) == gen);
+	CHECK(json_array_size(ws) == 2);
+	pids[0] = pids[1] = 0;
+	for (size_t i = 0; i < json_array_size(ws) && i < 2; i++) {
+		json_t *w = json_array_get(ws, i);
+		long long r = json_integer_value(json_object_get(w, "rank"));
+		if (r == 0 || r == 1)
+			pids[r] = (int)json_integer_value(json_object_get(w, "pid"));
+	}
+	CHECK(pids[0] > 0 && pids[1] > 0 && pids[0] != pids[1]);
+	json_decref(m);
+	return pids[0] > 0 && pids[1] > 0;
+}
+
+/* Both exits of gen: status[rank], sig[rank]; checks their pids. */
+static void exits(ctl *t, long long gen, const int pids[2], int status[2], int sig[2], double timeout_s)
+{
+	status[0] = status[1] = sig[0] = sig[1] = -100;
+	for (int k = 0; k < 2; k++) {
+		json_t *m = take(t, "exit", timeout_s);
+		CHECK_MSG(m != NULL, "exit %d of generation %lld", k, gen);
+		if (!m)
+			return;
+		long long r = json_integer_value(json_object_get(m, "rank"));
+		CHECK(json_integer_value(json_object_get(m, "gen")) == gen);
+		if (r == 0 || r == 1) {
+			CHECK(json_integer_value(json_object_get(m, "pid")) == pids[r]);
+			status[r] = (int)json_integer_value(json_object_get(m, "status"));
+			sig[r] = (int)json_integer_value(json_object_get(m, "signal"));
+		}
+		json_decref(m);
+	}
+}
+
+static int file_has(const char *path, const char *needle)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	char line[4096];
+	int found = 0;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	fclose(f);
+	return found;
+}
+
+/* Start generation gen (a long run) and wait for its first step: 1 when it runs. */
+static int running(ctl *t, long long gen, int pids[2])
+{
+	start(t, gen, LONG_STEPS);
+	if (!started(t, gen, pids))
+		return 0;
+	int ok = wait_step(t, gen, 60);
+	CHECK_MSG(ok, "generation %lld made no step", gen);
+	return ok;
+}
+
+/* hello, heartbeats, a short run, notice, resize, kill, shutdown: one agent. */
+static void test_lifecycle(void)
+{
+	ctl t;
+	int pids[2], st[2], sig[2];
+	if (ctl_start(&t, "lifecycle", NULL) < 0) {
+		CHECK(0);
+		ctl_end(&t);
+		return;
+	}
+	json_t *h = take(&t, "hello", 10);
+	CHECK(h != NULL);
+	long long v;
+	CHECK(st_proto_get_int(h, "version", 1, 1, &v) == 0);
+	CHECK(st_proto_get_int(h, "slice", 0, 0, &v) == 0);
+	CHECK(st_proto_get_int(h, "host", 0, 0, &v) == 0);
+	CHECK(st_proto_get_int(h, "hosts_per_slice", 1, 1, &v) == 0);
+	CHECK(st_proto_get_int(h, "devices", 2, 2, &v) == 0);
+	CHECK(st_proto_get_int(h, "pid", t.agent, t.agent, &v) == 0);
+	json_decref(h);
+	send_msg(&t, json_pack("{s:s,s:i}", "type", "welcome", "version", ST_PROTO_VERSION));
+	double t0 = now_s();
+	while (t.heartbeats < 3 && now_s() - t0 < 5)
+		pump(&t, 50);
+	CHECK_MSG(t.heartbeats >= 3, "%d heartbeats in 5 s", t.heartbeats);
+
+	/* a short run: both ranks finish */
+	start(&t, 1, "steps=3");
+	if (started(&t, 1, pids)) {
+		exits(&t, 1, pids, st, sig, 60);
+		CHECK(st[0] == 0 && sig[0] == 0 && st[1] == 0 && sig[1] == 0);
+		CHECK(t.stepped_gen == 1); /* rank 0's step lines came as "output" */
+		CHECK(t.outputs >= 3);
+		CHECK(file_has(t.agent_out, "[rank 0] completed step: 2"));
+	}
+	/* stop how=notice: SIGTERM, the workers stop after a step: 143 */
+	if (running(&t, 2, pids)) {
+		send_msg(&t, json_pack("{s:s,s:i,s:s}", "type", "stop", "gen", 2, "how", "notice"));
+		exits(&t, 2, pids, st, sig, 30);
+		CHECK_MSG(st[0] == 143 && st[1] == 143, "statuses %d %d", st[0], st[1]);
+	}
+	/* stop how=resize: SIGUSR1 reaches both (a worker saves and exits 138, or dies of it) */
+	if (running(&t, 3, pids)) {
+		send_msg(&t, json_pack("{s:s,s:i,s:s}", "type", "stop", "gen", 3, "how", "resize"));
+		exits(&t, 3, pids, st, sig, 30);
+		for (int r = 0; r < 2; r++)
+			CHECK_MSG(st[r] == 138 || sig[r] == SIGUSR1, "rank %d: status %d signal %d", r, st[r], sig[r]);
+	}
+	/* kill one rank: signal 9; its peer fails (status 3) */
+	if (running(&t, 4, pids)) {
+		send_msg(&t, json_pack("{s:s,s:i,s:i}", "type", "kill", "gen", 4, "rank", 1));
+		send_msg(&t, json_pack("{s:s,s:i,s:i}", "type", "kill", "gen", 99, "rank", 1)); /* none: ignored */
+		exits(&t, 4, pids, st, sig, 30);
+		CHECK_MSG(st[1] == -1 && sig[1] == SIGKILL, "rank 1: status %d signal %d", st[1], sig[1]);
+		CHECK_MSG(st[0] == 3 && sig[0] == 0, "rank 0: status %d signal %d", st[0], sig[0]);
+	}
+	/* shutdown with workers running: killed, reported, the agent exits 0 */
+	if (running(&t, 5, pids)) {
+		send_msg(&t, json_pack("{s:s}", "type", "shutdown"));
+		exits(&t, 5, pids, st, sig, 20);
+		CHECK(sig[0] == SIGKILL && sig[1] == SIGKILL);
+		CHECK(exited_with(wait_agent(&t, 20), 0));
+		CHECK(pids_gone(pids, 2, 0));
+	}
+	ctl_end(&t);
+}
+
+/* A new agent (args extra), welcomed, running generation gen (none if gen < 0).
+ * 1 when all of that happened. */
+static int setup(ctl *t, const char *name, const char *const *extra, long long gen, int pids[2])
+{
+	if (ctl_start(t, name, extra) < 0) {
+		CHECK_MSG(0, "%s: no agent", name);
+		return 0;
+	}
+	welcome(t);
+	return gen < 0 || running(t, gen, pids);
+}
+
+static const char *const quiet[] = {"--quiet", NULL};
+
+/* The controller goes away (closes) while workers run. */
+static void test_controller_closes(void)
+{
+	ctl t;
+	int pids[2] = {0, 0};
+	if (setup(&t, "closes", quiet, 1, pids)) {
+		st_proto_conn_release(&t.c);
+		int st = wait_agent(&t, 20);
+		CHECK_MSG(exited_with(st, 3), "agent status 0x%x", st);
+		CHECK(pids_gone(pids, 2, 0));
+	}
+	ctl_end(&t);
+}
+
+/* A message that breaks the protocol: the agent drops the connection, kills
+ * its workers and exits 1. */
+static void test_malformed(const char *name, const char *raw, size_t rawlen, int with_workers)
+{
+	ctl t;
+	int pids[2] = {0, 0};
+	if (!setup(&t, name, quiet, with_workers ? 1 : -1, pids)) {
+		ctl_end(&t);
+		return;
+	}
+	size_t off = 0;
+	double end = now_s() + 10;
+	while (off < rawlen && now_s() < end) { /* the agent may close before taking it all */
+		ssize_t n = send(t.c.fd, raw + off, rawlen - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n > 0)
+			off += (size_t)n;
+		else if (n < 0 && errno != EAGAIN && errno != EINTR)
+			break;
+		else
+			pump(&t, 10);
+	}
+	int st = wait_agent(&t, 20);
+	CHECK_MSG(exited_with(st, 1), "%s: agent status 0x%x", name, st);
+	CHECK(pids_gone(pids, 2, 0));
+	CHECK(closed_within(&t, 5) == ST_EPEER); /* closed from the agent's side */
+	ctl_end(&t);
+}
+
+/* SIGTERM to the agent: notice, workers get SIGTERM and stop, the agent exits 0. */
+static void test_agent_sigterm(void)
+{
+	ctl t;
+	int pids[2] = {0, 0}, st[2], sig[2];
+	if (setup(&t, "sigterm", (const char *[]){"--quiet", "--grace", "20", NULL}, 7, pids)) {
+		kill(t.agent, SIGTERM);
+		json_t *n = take(&t, "notice", 10);
+		CHECK(n != NULL);
+		long long s = 0;
+		CHECK(n && st_proto_get_int(n, "signal", 15, 15, &s) == 0);
+		json_decref(n);
+		exits(&t, 7, pids, st, sig, 30);
+		CHECK_MSG(st[0] == 143 && st[1] == 143, "statuses %d %d", st[0], st[1]);
+		CHECK(exited_with(wait_agent(&t, 20), 0));
+		CHECK(pids_gone(pids, 2, 0));
+	}
+	ctl_end(&t);
+}
+
+/* SIGKILL of the agent: its workers die with it (PR_SET_PDEATHSIG). */
+static void test_agent_sigkill(void)
+{
+	ctl t;
+	int pids[2] = {0, 0};
+	if (setup(&t, "sigkill", quiet, 1, pids)) {
+		kill(t.agent, SIGKILL);
+		int st = wait_agent(&t, 10);
+		CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+		CHECK(pids_gone(pids, 2, 5));
+		CHECK(closed_within(&t, 5) == ST_EPEER);
+	}
+	ctl_end(&t);
+}
+
+/* No welcome: the agent gives up after --welcome-timeout. */
+static void test_no_welcome(void)
+{
+	ctl t;
+	if (ctl_start(&t, "nowelcome", (const char *[]){"--welcome-timeout", "1", NULL}) < 0) {
+		CHECK(0);
+		ctl_end(&t);
+		return;
+	}
+	double t0 = now_s();
+	int st = wait_agent(&t, 10);
+	CHECK_MSG(exited_with(st, 3), "agent status 0x%x", st);
+	CHECK(now_s() - t0 < 5);
+	ctl_end(&t);
+}
+
+/* Bad arguments: exit 2 with a message; nothing to connect to: exit 3. */
+static void test_args(void)
+{
+	const char *cases[][12] = {
+		{"agent", NULL},
+		{"agent", "--controller", "nohostport", "--slice", "0", "--host", "0", "--hosts-per-slice", "1", "--devices", "1", NULL},
+		{"agent", "--controller", "127.0.0.1:1", "--slice", "0", "--host", "1", "--hosts-per-slice", "1", "--devices", "1", NULL},
+		{"agent", "--controller", "127.0.0.1:1", "--slice", "0", "--host", "0", "--hosts-per-slice", "1", "--devices", "0", NULL},
+		{"agent", "--bogus", NULL},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *argv[14] = {bin};
+		for (int k = 0; cases[i][k]; k++)
+			argv[k + 1] = cases[i][k];
+		pid_t p = fork();
+		if (p == 0) {
+			int fd = open("/dev/null", O_WRONLY);
+			dup2(fd, 2);
+			execv(bin, (char **)argv);
+			_exit(127);
+		}
+		int st;
+		waitpid(p, &st, 0);
+		CHECK_MSG(exited_with(st, 2), "case %zu: status 0x%x", i, st);
+	}
+	/* a port nobody listens on */
+	int port = free_port();
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+	pid_t p = fork();
+	if (p == 0) {
+		execl(bin, bin, "agent", "--controller", addr, "--slice", "0", "--host", "0", "--hosts-per-slice", "1",
+		      "--devices", "1", "--connect-timeout", "1", (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	waitpid(p, &st, 0);
+	CHECK_MSG(exited_with(st, 3), "unreachable controller: status 0x%x", st);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	bin = getenv("SLICETRAIN");
+	if (!bin || !*bin)
+		bin = "build/slicetrain";
+	root = getenv("ST_ROOT");
+	if (!root || !*root)
+		root = ".";
+	tmp = getenv("TMPDIR");
+	if (!tmp || !*tmp)
+		tmp = "/tmp";
+	if (access(bin, X_OK) != 0) {
+		fprintf(stderr, "no binary %s\n", bin);
+		return 1;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	test_args();
+	test_no_welcome();
+	test_lifecycle();
+	test_controller_closes();
+	static const char bad_json[] = "{\"type\":\"start\",\n";
+	static const char unknown[] = "{\"type\":\"reboot\"}\n";
+	static const char bad_field[] = "{\"type\":\"start\",\"gen\":1,\"ranks\":\"0\",\"args\":[]}\n";
+	test_malformed("bad-json", bad_json, strlen(bad_json), 1);
+	test_malformed("unknown-type", unknown, strlen(unknown), 1);
+	test_malformed("bad-field", bad_field, strlen(bad_field), 0);
+	size_t huge = 3 * (size_t)ST_PROTO_MAX_LINE;
+	char *h = malloc(huge);
+	memset(h, 'x', huge);
+	h[0] = '{';
+	test_malformed("huge-line", h, huge, 1);
+	free(h);
+	test_agent_sigterm();
+	test_agent_sigkill();
+	return check_result();
+}
