@@ -6,9 +6,10 @@
  * how=notice (exit 143), how=resize (SIGUSR1), kill of one rank (signal 9),
  * shutdown, a controller that closes its socket, malformed messages (bad
  * JSON, an unknown type, a huge line, a bad field), no welcome in time, a
- * SIGTERM to the agent (notice, workers stopped, exit 0), a SIGKILL of the
- * agent (its workers die with it). After each agent, none of its workers'
- * pids remains. Every wait is bounded; only pids this test started are
+ * SIGTERM to the agent (notice, workers stopped, exit 0), a SIGINT (workers
+ * killed, exit 130), a SIGKILL of the agent (its workers die with it), bad
+ * arguments (exit 2), an unreachable controller (exit 3). After each agent,
+ * none of its workers' pids remains. Every wait is bounded; only pids this test started are
  * signalled.
  * The binary: $SLICETRAIN (set by tests/run.sh), else build/slicetrain.
  * timeout: 240
@@ -455,6 +456,21 @@ static void test_agent_sigterm(void)
 	ctl_end(&t);
 }
 
+/* SIGINT to the agent: its workers are killed and reported, it exits 130. */
+static void test_agent_sigint(void)
+{
+	ctl t;
+	int pids[2] = {0, 0}, st[2], sig[2];
+	if (setup(&t, "sigint", quiet, 3, pids)) {
+		kill(t.agent, SIGINT);
+		exits(&t, 3, pids, st, sig, 20);
+		CHECK(sig[0] == SIGKILL && sig[1] == SIGKILL);
+		CHECK(exited_with(wait_agent(&t, 20), 130));
+		CHECK(pids_gone(pids, 2, 0));
+	}
+	ctl_end(&t);
+}
+
 /* SIGKILL of the agent: its workers die with it (PR_SET_PDEATHSIG). */
 static void test_agent_sigkill(void)
 {
@@ -560,6 +576,7 @@ int main(void)
 	test_malformed("huge-line", h, huge, 1);
 	free(h);
 	test_agent_sigterm();
+	test_agent_sigint();
 	test_agent_sigkill();
 	return check_result();
 }

@@ -27,6 +27,9 @@
 #define MAX_RANK (1 << 20)
 #define REAP_S 10.0            /* how long SIGKILLed workers may take to be reaped */
 #define FINAL_FLUSH_S 1.0      /* the last reports' time to leave */
+/* Past this many queued bytes, output lines are dropped (and counted) rather
+ * than queued: a controller slow to read loses log lines, not the run. */
+#define OUTPUT_QUEUE_MAX (ST_PROTO_MAX_QUEUE / 4)
 
 typedef struct wstream {
 	int fd; /* read end of the worker's stdout / stderr; -1 when closed */
@@ -45,6 +48,7 @@ typedef struct agent {
 	const st_agent_opts *o;
 	st_proto_conn c;
 	int lost;         /* the connection failed: reports are dropped */
+	long long dropped; /* output lines not forwarded since the last one that was */
 	int err;          /* first failure of a send (the loop stops on it) */
 	char errmsg[512];
 	worker *w;        /* live (not yet reaped) workers */
@@ -102,6 +106,7 @@ static json_t *text_json(const char *s, size_t n)
 		return NULL;
 	for (size_t i = 0; i < n; i++)
 		t[i] = s[i] ? s[i] : '?';
+	t[n] = 0;
 	json_t *j = json_stringn(t, n);
 	if (!j) {
 		for (size_t i = 0; i < n; i++)
@@ -113,13 +118,8 @@ static json_t *text_json(const char *s, size_t n)
 	return j;
 }
 
-static void emit_line(agent *a, const worker *w, int which, const char *s, size_t n)
+static void send_output(agent *a, const worker *w, int which, const char *s, size_t n)
 {
-	if (!a->o->quiet) {
-		FILE *f = which ? stderr : stdout;
-		fprintf(f, "[rank %d] %.*s\n", w->rank, (int)n, s);
-		fflush(f);
-	}
 	json_t *t = text_json(s, n);
 	if (!t) {
 		note_err(a, st_fail(ST_ENOMEM, "out of memory"));
@@ -127,6 +127,27 @@ static void emit_line(agent *a, const worker *w, int which, const char *s, size_
 	}
 	report(a, json_pack("{s:s,s:I,s:i,s:s,s:o}", "type", "output", "gen", (json_int_t)w->gen,
 			    "rank", w->rank, "stream", which ? "err" : "out", "text", t));
+}
+
+static void emit_line(agent *a, const worker *w, int which, const char *s, size_t n)
+{
+	if (!a->o->quiet) {
+		FILE *f = which ? stderr : stdout;
+		fprintf(f, "[rank %d] %.*s\n", w->rank, (int)n, s);
+		fflush(f);
+	}
+	if (a->c.wlen > OUTPUT_QUEUE_MAX) {
+		a->dropped++;
+		return;
+	}
+	if (a->dropped) {
+		char note[128];
+		int k = snprintf(note, sizeof(note), "slicetrain agent: %lld output line%s dropped (the controller was "
+				 "not reading)", a->dropped, a->dropped == 1 ? "" : "s");
+		a->dropped = 0;
+		send_output(a, w, 1, note, (size_t)k);
+	}
+	send_output(a, w, which, s, n);
 }
 
 /* Read what the stream has (once; final: until it is empty, then close it)
