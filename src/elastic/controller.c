@@ -83,7 +83,7 @@ typedef struct gen {
 	double fail_mono;  /* failure detected (mono); 0 none */
 	double fail_wall;
 	int failed, bad_input, preempt, preempt_slice;
-	double preempt_down;
+	double preempt_down, preempt_wall;
 	char *culprit;     /* per slice */
 	char reason[200];
 	int64_t first_step, last_step; /* -1 until the first completed step */
@@ -129,11 +129,13 @@ static double wall_s(void)
 }
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static double log_t0; /* the controller's start (mono), for the times in its lines */
+
 static void logf_(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fputs("slicetrain controller: ", stderr);
+	fprintf(stderr, "slicetrain controller: [%8.3f] ", st_mono_s() - log_t0);
 	vfprintf(stderr, fmt, ap);
 	fputc('\n', stderr);
 	fflush(stderr);
@@ -318,9 +320,11 @@ static int64_t dcn_value(const st_config *cfg, int a)
 static int mesh_for(const st_ctl *c, int k, st_mesh *m)
 {
 	int rc = st_mesh_resolve(m, c->cfg, k, c->o.devices_per_slice);
-	if (rc < 0)
-		return st_fail(rc, "the mesh does not resolve for %d slice%s: %s", k, k == 1 ? "" : "s",
-			       st_errmsg());
+	if (rc < 0) {
+		char why[400];
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		return st_fail(rc, "the mesh does not resolve for %d slice%s: %s", k, k == 1 ? "" : "s", why);
+	}
 	for (int a = 0; a < ST_NAXES; a++) {
 		int64_t v = dcn_value(c->cfg, a);
 		if (v != -1 && v != m->dcn[a])
@@ -533,6 +537,17 @@ static int start_gen(st_ctl *c, int k, const int *slices)
 	return 0;
 }
 
+/* A preemption notice for slice s (down for down_s afterwards); the first one counts. */
+static void gen_preempt(gen *g, int s, double down_s)
+{
+	if (g->preempt)
+		return;
+	g->preempt = 1;
+	g->preempt_slice = s;
+	g->preempt_down = down_s;
+	g->preempt_wall = wall_s();
+}
+
 static void gen_failure(st_ctl *c, int s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* A failure in the running generation: the culprit slice s (-1 unknown). */
 static void gen_failure(st_ctl *c, int s, const char *fmt, ...)
@@ -579,9 +594,7 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 	if (code == 143 && !g->failed && g->stop_how == STOP_NONE) {
 		/* SIGTERM from outside to a worker: a preemption notice */
 		g->stop_how = STOP_NOTICE;
-		g->preempt = 1;
-		g->preempt_slice = w->slice;
-		g->preempt_down = c->o.repair_delay;
+		gen_preempt(g, w->slice, c->o.repair_delay);
 		transition(c, S_RESIZING, "worker rank %d of slice %d got a preemption notice (SIGTERM)", r, w->slice);
 		return;
 	}
@@ -670,7 +683,7 @@ static void gen_ended(st_ctl *c)
 		c->preemptions++;
 		int s = g->preempt_slice;
 		mark_down(c, s, g->preempt_down, 0, "preempted");
-		event(c, "preemption", wall_s(), c->hi, slice_list(&s, 1), json_pack("{s:i}", "gen", g->id));
+		event(c, "preemption", g->preempt_wall, c->hi, slice_list(&s, 1), json_pack("{s:i}", "gen", g->id));
 	}
 	(void)now;
 	flush_events(c);
@@ -735,9 +748,7 @@ static void on_step(st_ctl *c, int64_t n, double secs)
 			send_agent(c, x->slice, g->w[r].host, json_pack("{s:s, s:i, s:i}", "type", "kill", "gen", g->id, "rank", r));
 		} else {
 			logf_("fault: preemption notice to slice %d after step %lld", x->slice, (long long)n);
-			g->preempt = 1;
-			g->preempt_slice = x->slice;
-			g->preempt_down = down;
+			gen_preempt(g, x->slice, down);
 			g->stop_how = STOP_NOTICE;
 			for (int h = 0; h < c->o.hosts_per_slice; h++)
 				send_agent(c, x->slice, h, json_pack("{s:s, s:i, s:s}", "type", "stop", "gen", g->id, "how", "notice"));
@@ -957,11 +968,7 @@ static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 		x->noticed = 1;
 		gen *g = &c->g;
 		if (c->gen_active && !c->done && in_group(c, s) && !g->failed && g->stop_how != STOP_KILL) {
-			if (!g->preempt) {
-				g->preempt = 1;
-				g->preempt_slice = s;
-				g->preempt_down = c->o.repair_delay;
-			}
+			gen_preempt(g, s, c->o.repair_delay);
 			if (g->stop_how == STOP_NONE) {
 				g->stop_how = STOP_NOTICE;
 				transition(c, S_RESIZING, "the agent of slice %d host %d got a preemption notice", s, h);
@@ -1219,7 +1226,14 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 		st_ctl_destroy(c);
 		return rc;
 	}
-	for (int k = o->min_slices; k < o->num_slices; k++)
+	if ((rc = mesh_for(c, o->min_slices, &m)) < 0) {
+		char why[400];
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		st_fail(rc, "the group cannot run on --min-slices %d: %s", o->min_slices, why);
+		st_ctl_destroy(c);
+		return rc;
+	}
+	for (int k = o->min_slices + 1; k < o->num_slices; k++)
 		if (mesh_for(c, k, &m) < 0)
 			st_warn("the group cannot run on %d slice%s: %s", k, k == 1 ? "" : "s", st_errmsg());
 	c->steps = c->cfg->steps > 0 ? c->cfg->steps : 0;
@@ -1251,7 +1265,7 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 		return rc;
 	}
 	c->state = S_INITIALIZING;
-	c->start_mono = st_mono_s();
+	c->start_mono = log_t0 = st_mono_s();
 	c->start_wall = c->state_since = wall_s();
 	logf_("listening on %s; %d slice%s (at least %d) x %d host%s x %d devices; max failures %d, repair delay %.1f s",
 	      c->addr, o->num_slices, o->num_slices == 1 ? "" : "s", o->min_slices, o->hosts_per_slice,

@@ -1,0 +1,124 @@
+# Helpers of the elastic launcher's tests (tests/cli/elastic_*.sh source it
+# after cli_lib.sh). Run as a test itself, it checks the elastic launcher's
+# argument errors (bad --kill/--preempt values, a fault naming a slice the
+# run lacks, an explicit DCN axis that no group size fits, checkpointing off).
+#
+# el_start NAME LAUNCH_OPTIONS... -- KEYS...: `slicetrain launch` in the
+#   background (1 thread per device), its output in $TMP/NAME.out / .err, its
+#   pid in $el_pid; a watcher records every descendant (pid, start time) of
+#   the launcher while it runs.
+# el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS); its
+#   exit status in $el_rc; then no descendant may still run (else a failure).
+# el_summary NAME: the summary line of the run's stdout, as KEY=VALUE lines.
+# el_events NAME METRICS: the kinds of the event lines of METRICS, in order.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+	. "$(dirname "$0")/../cli_lib.sh"
+fi
+el_keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=16 max_target_length=512
+	checkpoint_period=5 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o")
+
+el_start() {
+	local name=$1; shift
+	OMP_NUM_THREADS=1 "$SLICETRAIN" launch --threads-per-device 1 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+	el_pid=$!
+	/usr/bin/python3 - "$el_pid" "$TMP/$name.procs" <<'PY' &
+import os, sys, time
+root, out = int(sys.argv[1]), sys.argv[2]
+seen = {}
+def stat(p):
+    try:
+        s = open(f"/proc/{p}/stat").read()
+    except OSError:
+        return None
+    f = s.rsplit(")", 1)[1].split()
+    return f[0], int(f[1]), f[19]  # state, ppid, start time
+while True:
+    r = stat(root)
+    if r is None or r[0] == "Z":
+        break
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            x = stat(d)
+            if x:
+                procs[int(d)] = x
+    kids = {}
+    for p, (_, pp, _) in procs.items():
+        kids.setdefault(pp, []).append(p)
+    stack = [root]
+    while stack:
+        for k in kids.get(stack.pop(), []):
+            seen.setdefault(k, procs[k][2])
+            stack.append(k)
+    time.sleep(0.05)
+with open(out, "w") as f:
+    for p, t in seen.items():
+        f.write(f"{p} {t}\n")
+PY
+	el_watch=$!
+}
+
+el_wait() {
+	local name=$1 limit=$2 i
+	for i in $(seq 1 $((limit * 10))); do
+		kill -0 "$el_pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$el_pid" 2>/dev/null; then
+		fail "$name: the launcher still runs after ${limit} s"
+		kill -KILL "$el_pid"
+	fi
+	wait "$el_pid"
+	el_rc=$?
+	wait "$el_watch"
+	local n=0 left=0 p t s
+	while read -r p t; do
+		n=$((n + 1))
+		s=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+		s=${s##*) }
+		set -- $s
+		[ "$1" != Z ] && [ "${20}" = "$t" ] || continue
+		fail "$name: process $p ($(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-80)) outlived the launcher"
+		kill -KILL "$p" 2>/dev/null
+		left=$((left + 1))
+	done <"$TMP/$name.procs"
+	echo "$name: launcher exit status $el_rc; $n descendant(s) seen, $left left behind"
+}
+
+el_summary() {
+	grep '^{"event":"summary"' "$TMP/$1.out" | tail -1 | /usr/bin/python3 -c '
+import json, sys
+for k, v in json.loads(sys.stdin.read() or "{}").items():
+    print(f"{k}={v}")'
+}
+
+el_events() {
+	/usr/bin/python3 -c '
+import json, sys
+print(" ".join(r["event"] for r in map(json.loads, open(sys.argv[1])) if "event" in r))' "$2"
+}
+
+# el_get KEY: from el_summary's output on stdin
+el_get() { sed -n "s/^$1=//p"; }
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+	base=(launch --num-slices 2 --min-slices 1 --devices-per-slice 1 --)
+	expect_launch_error() { # name pattern -- args
+		local name=$1 pattern=$2; shift 3
+		"$SLICETRAIN" "$@" >"$TMP/out" 2>"$TMP/err"
+		local rc=$?
+		if status_is "$name" $rc 2 "$TMP/err" && ! grep -qE -- "$pattern" "$TMP/err"; then
+			fail "$name: no /$pattern/ in: $(tail -2 "$TMP/err")"
+		else
+			echo "ok   $name: $(grep -E -- "$pattern" "$TMP/err" | head -1)"
+		fi
+	}
+	expect_launch_error "bad --kill" "--kill needs SLICE@STEP" -- launch --num-slices 2 --kill 1x5 --devices-per-slice 1 -- "${el_keys[@]}"
+	expect_launch_error "bad --preempt" "--preempt needs SLICE@STEP" -- launch --num-slices 2 --preempt 1@5:x --devices-per-slice 1 -- "${el_keys[@]}"
+	expect_launch_error "fault slice" "names slice 2; the run has 2" -- launch --num-slices 2 --kill 2@5 --devices-per-slice 1 -- "${el_keys[@]}"
+	expect_launch_error "explicit dcn" "dcn_data_parallelism=2 does not fit 1 slice" -- "${base[@]}" "${el_keys[@]}" dcn_data_parallelism=2
+	expect_launch_error "min > num" "min-slices" -- launch --num-slices 1 --min-slices 2 --devices-per-slice 1 -- "${el_keys[@]}"
+	expect_launch_error "no checkpoints" "enable_checkpointing must be true" -- "${base[@]}" "${el_keys[@]}" enable_checkpointing=false
+	expect_launch_error "bad key" "no_such_key" -- "${base[@]}" "${el_keys[@]}" no_such_key=1
+	finish
+fi
