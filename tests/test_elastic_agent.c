@@ -235,12 +235,13 @@ static void welcome(ctl *t)
 /* "start" of ranks 0 and 1 of a 1-slice, 2-device group. */
 static void start(ctl *t, long long gen, const char *steps)
 {
-	char coord[64], out[512], config[512];
+	char coord[64], out[512], config[512], g[32];
 	snprintf(coord, sizeof(coord), "127.0.0.1:%d", free_port());
+	snprintf(g, sizeof(g), "%lld", gen);
 	snprintf(out, sizeof(out), "base_output_directory=%s/out", tmp);
 	snprintf(config, sizeof(config), "%s/configs/base.yml", root);
 	json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "SLICETRAIN_WORLD_SIZE", "2", "SLICETRAIN_NUM_SLICES", "1",
-				"SLICETRAIN_COORDINATOR", coord, "SLICETRAIN_GENERATION", "x");
+				"SLICETRAIN_COORDINATOR", coord, "SLICETRAIN_GENERATION", g);
 	json_t *args = json_pack("[s,s,s,s,s,s,s]", config, "model_name=llama3-test", steps, "per_device_batch_size=1",
 				 "max_target_length=16", "enable_checkpointing=false", out);
 	send_msg(t, json_pack("{s:s,s:I,s:[i,i],s:o,s:o,s:i}", "type", "start", "gen", (json_int_t)gen, "ranks", 0, 1,

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,22 @@ static void note_err(agent *a, int rc)
 		return;
 	a->err = rc;
 	snprintf(a->errmsg, sizeof(a->errmsg), "%s", st_errmsg());
+}
+
+/* A line on stderr naming this agent: "slicetrain: agent S/H: ..." (a
+ * warning when warn). */
+static void say(const agent *a, int warn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(const agent *a, int warn, const char *fmt, ...)
+{
+	char b[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(b, sizeof(b), fmt, ap);
+	va_end(ap);
+	if (warn)
+		st_warn("agent %d/%d: %s", a->o->slice, a->o->host, b);
+	else
+		st_info("agent %d/%d: %s", a->o->slice, a->o->host, b);
 }
 
 /* Send msg (its reference taken) unless the connection is gone. */
@@ -317,10 +334,10 @@ static void reap(agent *a)
 			int status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 			int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
 			if (sig)
-				st_info("agent: rank %d (pid %d, generation %lld) was killed by signal %d",
+				say(a, 0, "rank %d (pid %d, generation %lld) was killed by signal %d",
 					w->rank, (int)pid, w->gen, sig);
 			else
-				st_info("agent: rank %d (pid %d, generation %lld) exited with status %d",
+				say(a, 0, "rank %d (pid %d, generation %lld) exited with status %d",
 					w->rank, (int)pid, w->gen, status);
 			report(a, json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)w->gen,
 					    "rank", w->rank, "pid", (int)pid, "status", status, "signal", sig));
@@ -347,7 +364,7 @@ static void reap_until(agent *a, int wake, int64_t deadline)
 		}
 	}
 	if (a->nw)
-		st_warn("agent: %zu worker(s) not reaped after SIGKILL", a->nw);
+		say(a, 1, "%zu worker(s) not reaped after SIGKILL", a->nw);
 }
 
 static void kill_all(agent *a, int wake)
@@ -412,7 +429,7 @@ static int on_start(agent *a, const json_t *m, int draining)
 	if (!env)
 		env = empty;
 	if (draining) {
-		st_warn("agent: generation %lld not started: this host is being preempted", gen);
+		say(a, 1, "generation %lld not started: this host is being preempted", gen);
 		json_decref(empty);
 		return 0;
 	}
@@ -427,7 +444,7 @@ static int on_start(agent *a, const json_t *m, int draining)
 		int rank = (int)json_integer_value(json_array_get(ranks, i));
 		if ((rc = spawn(a, gen, rank, (int)threads, pin, env, args)) < 0) {
 			/* the controller sees it as a worker that could not run */
-			st_warn("agent: cannot start rank %d: %s", rank, st_errmsg());
+			say(a, 1, "cannot start rank %d: %s", rank, st_errmsg());
 			report(a, json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)gen,
 					    "rank", rank, "pid", 0, "status", 127, "signal", 0));
 			continue;
@@ -437,7 +454,7 @@ static int on_start(agent *a, const json_t *m, int draining)
 	json_decref(empty);
 	if (!list)
 		return st_fail(ST_ENOMEM, "out of memory");
-	st_info("agent: generation %lld: started %zu worker(s)", gen, json_array_size(list));
+	say(a, 0, "generation %lld: started %zu worker(s)", gen, json_array_size(list));
 	report(a, json_pack("{s:s,s:I,s:o}", "type", "started", "gen", (json_int_t)gen, "workers", list));
 	return 0;
 }
@@ -536,7 +553,7 @@ static int serve(agent *a, int wake)
 		if (got_term && !draining) {
 			draining = 1;
 			drain_by = after_s(or_default(o->grace_s, 30));
-			st_info("agent: SIGTERM: passing the preemption notice to %zu worker(s)", a->nw);
+			say(a, 0, "SIGTERM: passing the preemption notice to %zu worker(s)", a->nw);
 			signal_gen(a, -1, SIGTERM);
 			report(a, json_pack("{s:s,s:i}", "type", "notice", "signal", SIGTERM));
 			continue;
@@ -544,7 +561,7 @@ static int serve(agent *a, int wake)
 		if (draining && a->nw == 0)
 			break;
 		if (draining && !killed && now >= drain_by) {
-			st_warn("agent: %zu worker(s) still running after the grace period: SIGKILL", a->nw);
+			say(a, 1, "%zu worker(s) still running after the grace period: SIGKILL", a->nw);
 			signal_gen(a, -1, SIGKILL);
 			killed = 1;
 		}
@@ -614,7 +631,7 @@ static int serve(agent *a, int wake)
 					break;
 			}
 			if (r == 1) { /* shutdown */
-				st_info("agent: shutdown: stopping %zu worker(s)", a->nw);
+				say(a, 0, "shutdown: stopping %zu worker(s)", a->nw);
 				break;
 			}
 			if (r < 0) {
@@ -670,8 +687,7 @@ int st_agent_run(const st_agent_opts *o)
 	report(&a, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i}", "type", "hello", "version", ST_PROTO_VERSION,
 			     "slice", o->slice, "host", o->host, "hosts_per_slice", o->hosts_per_slice,
 			     "devices", o->devices, "pid", (int)a.self));
-	st_info("agent: slice %d host %d (%d device%s) connected to %s", o->slice, o->host, o->devices,
-		o->devices == 1 ? "" : "s", o->controller);
+	say(&a, 0, "%d device%s, connected to %s", o->devices, o->devices == 1 ? "" : "s", o->controller);
 	rc = serve(&a, wp[0]);
 	char msg[512];
 	snprintf(msg, sizeof(msg), "%s", st_errmsg());
@@ -680,7 +696,7 @@ int st_agent_run(const st_agent_opts *o)
 		st_proto_conn_release(&a.c);
 	}
 	if (a.nw && rc != 0)
-		st_warn("agent: killing %zu worker(s)", a.nw);
+		say(&a, 1, "killing %zu worker(s)", a.nw);
 	kill_all(&a, wp[0]);
 	if (!a.lost && a.c.fd >= 0)
 		st_proto_flush_until(&a.c, after_s(FINAL_FLUSH_S));
