@@ -560,10 +560,13 @@ static int serve(agent *a, int wake)
 		}
 		if (draining && a->nw == 0)
 			break;
+		if (draining && killed && now >= drain_by) /* kill_all below warns */
+			break;
 		if (draining && !killed && now >= drain_by) {
 			say(a, 1, "%zu worker(s) still running after the grace period: SIGKILL", a->nw);
 			signal_gen(a, -1, SIGKILL);
 			killed = 1;
+			drain_by = after_s(REAP_S);
 		}
 		if (!welcomed && now >= welcome_by) {
 			rc = st_fail(ST_EPEER, "agent: no welcome from the controller at %s within %.0f s",
@@ -578,7 +581,7 @@ static int serve(agent *a, int wake)
 		int64_t until = next_hb;
 		if (!welcomed && welcome_by < until)
 			until = welcome_by;
-		if (draining && !killed && drain_by < until)
+		if (draining && drain_by < until)
 			until = drain_by;
 		/* poll set: the connection, the self-pipe, every open output pipe */
 		size_t need = 2 + 2 * a->nw;
