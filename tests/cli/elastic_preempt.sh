@@ -1,0 +1,77 @@
+# Elastic launch, a preemption: --preempt 1@10 (a preemption notice to slice
+# 1's agent once the group completed step 10) on a 2-slice run of 60 steps,
+# --repair-delay 2. The group saves and stops (exit 143), goes on on slice 0
+# and grows back: exit 0, the summary counts 1 preemption, 0 failures, 2
+# resizes and 0 steps lost; every sample index 0..N-1 trained exactly once,
+# at its step. While it runs, `slicetrain nodes` shows both slices. Then a
+# SIGTERM to one agent (a real notice): counted as a preemption, 0 steps
+# lost. No process of either run left behind.
+# timeout: 150
+. "$(dirname "$0")/../cli_lib.sh"
+. "$(dirname "$0")/elastic_lib.sh"
+steps=60
+keys=("${el_keys[@]}" steps=$steps)
+
+SLICETRAIN_SAMPLE_LOG="$TMP/samples" el_start pre --num-slices 2 --min-slices 1 --devices-per-slice 1 \
+	--repair-delay 2 --preempt 1@10 -- "${keys[@]}" run_name=pre metrics_file="$TMP/pre.jsonl"
+# slicetrain nodes against the running controller, once a step completed
+addr=
+for _ in $(seq 1 300); do
+	addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$TMP/pre.err")
+	[ -n "$addr" ] && grep -q 'completed step' "$TMP/pre.out" && break
+	kill -0 "$el_pid" 2>/dev/null || break
+	sleep 0.1
+done
+if [ -z "$addr" ]; then
+	fail "the launcher printed no controller address"
+else
+	timeout 10 "$SLICETRAIN" nodes --controller "$addr" >"$TMP/nodes.out" 2>&1 || fail "slicetrain nodes failed: $(cat "$TMP/nodes.out")"
+	sed 's/^/    nodes: /' "$TMP/nodes.out"
+	[ "$(grep -cE '^[01] +(in group|healthy)' "$TMP/nodes.out")" = 2 ] || fail "slicetrain nodes does not show 2 slices in the group"
+	grep -q '^mesh: 2 slices' "$TMP/nodes.out" || fail "slicetrain nodes does not show the 2-slice mesh"
+fi
+el_wait pre 90
+status_is "elastic run with a preemption" "$el_rc" 0 "$TMP/pre.err"
+grep -E '^slicetrain controller: .*(State Transition|growth|resumed)' "$TMP/pre.err" | sed 's/^/    /'
+sum=$(el_summary pre)
+echo "summary: $(echo $sum)"
+[ "$(echo "$sum" | el_get preemptions)" = 1 ] || fail "summary: want 1 preemption"
+[ "$(echo "$sum" | el_get failures)" = 0 ] || fail "summary: want 0 failures"
+[ "$(echo "$sum" | el_get resizes)" = 2 ] || fail "summary: want 2 resizes"
+[ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "summary: want 0 steps lost"
+ev=$(el_events pre "$TMP/pre.jsonl")
+echo "events: $ev"
+[[ "$ev" == "preemption shrink restore grow restore summary" ]] || fail "events: '$ev'"
+cat "$TMP"/samples.* | /usr/bin/python3 -c '
+import sys
+pairs = {tuple(map(int, l.split())) for l in sys.stdin}
+at = {}
+for st, s in pairs:
+    at.setdefault(s, set()).add(st)
+n, g = int(sys.argv[1]), int(sys.argv[2])
+print(f"samples: {len(pairs)} distinct (step, sample) pairs, {len(at)} samples, want 0..{n * g - 1}")
+sys.exit(sorted(at) != list(range(n * g)) or any(v != {s // g} for s, v in at.items()))' $steps 32 ||
+	fail "samples skipped, repeated or trained at the wrong step"
+
+# a real notice: SIGTERM to slice 1's agent once training runs
+el_start term --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${keys[@]}" \
+	run_name=term metrics_file="$TMP/term.jsonl"
+for _ in $(seq 1 300); do
+	[ "$(grep -c 'completed step' "$TMP/term.out")" -ge 5 ] && break
+	kill -0 "$el_pid" 2>/dev/null || break
+	sleep 0.1
+done
+agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
+if [ -z "$agent" ]; then
+	fail "no agent of slice 1 found"
+else
+	kill -TERM "$agent"
+fi
+el_wait term 90
+status_is "elastic run with a SIGTERM to an agent" "$el_rc" 0 "$TMP/term.err"
+sum=$(el_summary term)
+echo "summary: $(echo $sum)"
+[ "$(echo "$sum" | el_get preemptions)" = 1 ] || fail "SIGTERM to an agent: want 1 preemption"
+[ "$(echo "$sum" | el_get failures)" = 0 ] || fail "SIGTERM to an agent: want 0 failures"
+[ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "SIGTERM to an agent: want 0 steps lost"
+finish
