@@ -24,9 +24,13 @@
  *   {"type":"started","gen":G,"workers":[{"rank":R,"pid":P},...]}
  *   {"type":"exit","gen":G,"rank":R,"pid":P,"status":X,"signal":N}
  *                                            a worker of generation G ended: exit
- *                                            status X (-1 if killed) or signal N (0 if none)
+ *                                            status X (-1 if killed) or signal N (0 if none);
+ *                                            pid 0, status 127: the agent could not fork it
  *   {"type":"output","gen":G,"rank":R,"stream":"out"|"err","text":"..."}
- *                                            one line a worker printed (without "\n")
+ *                                            one line a worker printed (without "\n"; longer
+ *                                            lines in 4 KiB pieces; dropped, then counted in
+ *                                            a later line, while the agent's send queue holds
+ *                                            over 4 MiB)
  *   {"type":"notice","signal":15}            the agent itself got SIGTERM (its host is
  *                                            being preempted); it has already passed the
  *                                            notice on to its workers
@@ -37,7 +41,10 @@
  *    "args":["CONFIG.yml","key=value",...],"threads":T}
  *                                            start one worker per rank R (its devices in
  *                                            order), each as `slicetrain train ARGS` with
- *                                            ENV added and SLICETRAIN_RANK=R, OMP_NUM_THREADS=T
+ *                                            ENV added and SLICETRAIN_RANK=R, OMP_NUM_THREADS=T;
+ *                                            1 to D distinct ranks not running in G; "env"
+ *                                            may be left out (none), "threads" too (the
+ *                                            agent's --threads-per-device)
  *   {"type":"stop","gen":G,"how":"resize"|"notice"|"kill"}
  *                                            resize: SIGUSR1 to every worker of G (save at the
  *                                            next step boundary and exit); notice: SIGTERM
