@@ -1,0 +1,62 @@
+# Elastic launch, too many failures: --max-failures 1 with two kills (slice 1
+# at step 5, then slice 0, the group's last, at step 15; --repair-delay 30 so
+# slice 1 stays out): the second failure ends the run with exit status 3 and
+# the summary (2 failures) on stdout and in the metrics file. Then kill -9 of
+# a worker from outside (not injected) and of an agent, with --max-failures
+# -1: both are failures, the run finishes (exit 0). Then SIGTERM to the
+# launcher mid-run: exit 143. No process of any run left behind.
+# timeout: 150
+. "$(dirname "$0")/../cli_lib.sh"
+. "$(dirname "$0")/elastic_lib.sh"
+keys=("${el_keys[@]}" steps=40)
+
+el_start maxf --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 30 --max-failures 1 \
+	--kill 1@5 --kill 0@15 -- "${keys[@]}" run_name=maxf metrics_file="$TMP/maxf.jsonl"
+el_wait maxf 60
+status_is "two failures with --max-failures 1" "$el_rc" 3 "$TMP/maxf.err"
+grep -E 'State Transition' "$TMP/maxf.err" | sed 's/^/    /'
+sum=$(el_summary maxf)
+echo "summary: $(echo $sum)"
+[ "$(echo "$sum" | el_get failures)" = 2 ] || fail "summary: want 2 failures"
+ev=$(el_events maxf "$TMP/maxf.jsonl")
+echo "events: $ev"
+[[ "$ev" == "failure shrink restore failure summary" ]] || fail "events: '$ev'"
+grep -q 'RESTARTING -> ERRORED' "$TMP/maxf.err" || fail "no transition to ERRORED"
+
+# faults from outside: kill -9 of a worker, then of an agent
+el_start ext --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 -- \
+	"${keys[@]}" steps=60 run_name=ext metrics_file="$TMP/ext.jsonl"
+wait_steps() { # N: until the output holds N step lines more than now (bounded)
+	local want=$(($(grep -c 'completed step' "$TMP/ext.out") + $1))
+	for _ in $(seq 1 300); do
+		[ "$(grep -c 'completed step' "$TMP/ext.out")" -ge "$want" ] && return 0
+		kill -0 "$el_pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+wait_steps 5 || fail "ext: no training"
+agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
+worker=$([ -n "$agent" ] && pgrep -P "$agent" | head -1)
+[ -n "$worker" ] && kill -KILL "$worker" || fail "ext: no worker of slice 1 found"
+for _ in $(seq 1 100); do grep -q 'State Transition. RUNNING -> RESIZING. (. healthy slices: growing' "$TMP/ext.err" && break; sleep 0.1; done
+wait_steps 3 || fail "ext: no training after the grow"
+agent=$(pgrep -P "$el_pid" -f -- '--slice 0 ' | head -1)
+[ -n "$agent" ] && kill -KILL "$agent" || fail "ext: no agent of slice 0 found"
+el_wait ext 90
+status_is "kill -9 of a worker and of an agent" "$el_rc" 0 "$TMP/ext.err"
+grep -E 'State Transition|lost' "$TMP/ext.err" | sed 's/^/    /'
+sum=$(el_summary ext)
+echo "summary: $(echo $sum)"
+[ "$(echo "$sum" | el_get failures)" = 2 ] || fail "ext: want 2 failures"
+
+# SIGTERM to the launcher: everything stops, exit 143
+el_start int --num-slices 2 --min-slices 1 --devices-per-slice 1 -- "${keys[@]}" steps=100000 run_name=int
+for _ in $(seq 1 300); do
+	grep -q 'completed step' "$TMP/int.out" && break
+	sleep 0.1
+done
+kill -TERM "$el_pid"
+el_wait int 30
+status_is "SIGTERM to the launcher" "$el_rc" 143 "$TMP/int.err"
+finish
