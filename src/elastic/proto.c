@@ -20,7 +20,7 @@
 #include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
-#include "comm/comm_int.h"
+#include "comm/net.h"
 
 int st_proto_conn_init(st_proto_conn *c, int fd)
 {

@@ -1,0 +1,31 @@
+/*
+ * net.h - socket helpers: host:port parsing, TCP listen and connect with
+ * deadlines (CLOCK_MONOTONIC ns, base/clock.h), bounded full transfers.
+ * Used by the worker group (src/comm) and the elastic layer (src/elastic).
+ */
+#ifndef ST_COMM_NET_H
+#define ST_COMM_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+
+/* "host:port" or "[v6]:port" -> host, port (1..65535). 0 or -1 (no message). */
+int st_split_hostport(const char *s, char *host, size_t hostcap, int *port);
+/* Strict decimal integer in [lo, hi]: no sign, spaces or trailing characters. 0 or -1. */
+int st_parse_long(const char *s, long lo, long hi, long *out);
+/* Listen on the wildcard address (IPv6 dual stack, else IPv4). port 0 picks one.
+ * 0, or -errno. */
+int st_tcp_listen(int port, int backlog, int *fd, int *bound_port);
+/* Connect to host:port, trying every address, until deadline (CLOCK_MONOTONIC
+ * ns). The socket is blocking, CLOEXEC, TCP_NODELAY. 0, or -errno. */
+int st_tcp_connect(const char *host, int port, int64_t deadline, int *fd);
+/* Blocking-style full transfers on any socket, bounded by deadline.
+ * 0, or -errno (-ETIMEDOUT, -ECONNRESET for end of stream). */
+int st_send_full(int fd, const void *p, size_t n, int64_t deadline);
+int st_recv_full(int fd, void *p, size_t n, int64_t deadline);
+int st_set_nonblock(int fd, int on);
+/* Large buffers (SO_SNDBUFFORCE when allowed) and TCP_NODELAY on a data socket. */
+void st_sock_tune(int fd);
+
+#endif
