@@ -25,6 +25,7 @@ static const char launch_usage[] =
 	"       slicetrain launch --num-slices S --min-slices M --devices-per-slice D\n"
 	"                         [--hosts-per-slice H] [--max-failures N] [--repair-delay S]\n"
 	"                         [--kill SLICE@STEP[:DOWN_S]] [--preempt SLICE@STEP[:DOWN_S]]\n"
+	"                         [--preemption-grace S] [--heartbeat-timeout-ms N]\n"
 	"                         [--threads-per-device T] [--port P] -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"Starts S x D training processes on this machine (one per device, slice-major\n"
@@ -41,8 +42,10 @@ static const char launch_usage[] =
 	"restarts the group from the newest checkpoint; more than --max-failures\n"
 	"(default 3, -1 unlimited) ends the run with status 3. --kill / --preempt inject\n"
 	"a SIGKILL of one worker / a preemption notice to SLICE once the group completed\n"
-	"STEP (the slice is down DOWN_S seconds, default the repair delay). Ends with\n"
-	"the summary line {\"event\":\"summary\",...} on stdout.\n";
+	"STEP (the slice is down DOWN_S seconds, default the repair delay). After a\n"
+	"preemption notice, workers get --preemption-grace seconds (default 30) to save\n"
+	"and exit before SIGKILL. Ends with the summary line {\"event\":\"summary\",...}\n"
+	"on stdout.\n";
 
 typedef struct worker {
 	pid_t pid;
@@ -240,9 +243,10 @@ typedef struct agent_proc {
 	int slice, host;
 } agent_proc;
 
-static pid_t spawn_agent(const char *exe, const char *addr, const st_ctl_opts *o, int s, int h)
+static pid_t spawn_agent(const char *exe, const char *addr, const st_ctl_opts *o, int grace, int s, int h)
 {
-	char sa[16], ha[16], hp[16], da[16], ta[16];
+	char sa[16], ha[16], hp[16], da[16], ta[16], ga[16];
+	snprintf(ga, sizeof(ga), "%d", grace);
 	snprintf(sa, sizeof(sa), "%d", s);
 	snprintf(ha, sizeof(ha), "%d", h);
 	snprintf(hp, sizeof(hp), "%d", o->hosts_per_slice);
@@ -253,7 +257,8 @@ static pid_t spawn_agent(const char *exe, const char *addr, const st_ctl_opts *o
 		signal(SIGPIPE, SIG_DFL);
 		char *args[] = {(char *)"slicetrain", (char *)"agent", (char *)"--controller", (char *)addr,
 				(char *)"--slice", sa, (char *)"--host", ha, (char *)"--hosts-per-slice", hp,
-				(char *)"--devices", da, (char *)"--threads-per-device", ta, (char *)"--quiet", NULL};
+				(char *)"--devices", da, (char *)"--threads-per-device", ta, (char *)"--grace", ga,
+				(char *)"--quiet", NULL};
 		execv(exe, args);
 		fprintf(stderr, "slicetrain launch: cannot run %s: %s\n", exe, strerror(errno));
 		_exit(127);
@@ -295,7 +300,7 @@ static void kill_leftovers(agent_proc *ap, int na, st_ctl *ctl)
 	}
 }
 
-static int launch_elastic(st_ctl_opts *co, int argc, char **argv)
+static int launch_elastic(st_ctl_opts *co, int grace, int argc, char **argv)
 {
 	char default_cfg[PATH_MAX + 16];
 	snprintf(default_cfg, sizeof(default_cfg), "%s/default.yml", st_cli_use_config_dir());
@@ -353,7 +358,7 @@ static int launch_elastic(st_ctl_opts *co, int argc, char **argv)
 		int done = st_ctl_done(ctl, &status);
 		for (int k = 0; k < na && !done; k++)
 			if (ap[k].pid == 0 && st_ctl_may_start_agent(ctl, ap[k].slice, ap[k].host)) {
-				ap[k].pid = spawn_agent(exe, st_ctl_address(ctl), co, ap[k].slice, ap[k].host);
+				ap[k].pid = spawn_agent(exe, st_ctl_address(ctl), co, grace, ap[k].slice, ap[k].host);
 				if (ap[k].pid < 0) {
 					fprintf(stderr, "slicetrain launch: cannot start an agent: %s\n", strerror(errno));
 					ap[k].pid = 0;
@@ -394,7 +399,7 @@ static int launch_elastic(st_ctl_opts *co, int argc, char **argv)
 int st_cmd_launch(int argc, char **argv)
 {
 	int slices = 0, dps = 0, threads = 1, port = 0, i;
-	int min_slices = 0, hps = 1, max_failures = 3, repair = 10, elastic = 0, hb_ms = 1000;
+	int min_slices = 0, hps = 1, max_failures = 3, repair = 10, elastic = 0, hb_ms = 1000, grace = 30;
 	st_ctl_fault faults[64];
 	int nfaults = 0;
 	const st_cli_opt opts[] = {
@@ -406,6 +411,7 @@ int st_cmd_launch(int argc, char **argv)
 		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &hps, .min = 1, .max = 4096},
 		{.name = "--max-failures", .kind = ST_CLI_INT, .value = &max_failures, .min = -1, .max = 1 << 20},
 		{.name = "--repair-delay", .kind = ST_CLI_INT, .value = &repair, .min = 0, .max = 86400},
+		{.name = "--preemption-grace", .kind = ST_CLI_INT, .value = &grace, .min = 1, .max = 86400},
 		{.name = "--heartbeat-timeout-ms", .kind = ST_CLI_INT, .value = &hb_ms, .min = 100, .max = 600000},
 		{0},
 	};
@@ -458,8 +464,9 @@ int st_cmd_launch(int argc, char **argv)
 		st_ctl_opts co = {.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
 				  .hosts_per_slice = hps, .devices_per_slice = dps, .threads = threads,
 				  .max_failures = max_failures, .repair_delay = repair,
-				  .heartbeat_timeout_s = hb_ms / 1000.0, .faults = faults, .nfaults = nfaults};
-		return launch_elastic(&co, argc - i, argv + i);
+				  .heartbeat_timeout_s = hb_ms / 1000.0, .stop_grace_s = grace, .faults = faults,
+				  .nfaults = nfaults};
+		return launch_elastic(&co, grace, argc - i, argv + i);
 	}
 	int world = slices * dps;
 	if (!port && (port = free_port()) < 0) {

@@ -80,6 +80,7 @@ typedef struct gen {
 	worker *w;
 	int nexited;
 	int stop_how;
+	double stop_mono;  /* when the resize or notice stop began (mono) */
 	double fail_mono;  /* failure detected (mono); 0 none */
 	double fail_wall;
 	int failed, bad_input, preempt, preempt_slice;
@@ -119,6 +120,7 @@ struct st_ctl {
 	json_t *events;          /* waiting for the next gap between generations */
 	int waiting_logged;
 	int last_k;
+	double last_round; /* the end of the last st_ctl_poll (mono) */
 };
 
 static double wall_s(void)
@@ -471,6 +473,7 @@ static void gen_stop(st_ctl *c, int how)
 {
 	gen *g = &c->g;
 	g->stop_how = how;
+	g->stop_mono = st_mono_s();
 	for (int i = 0; i < g->k; i++)
 		for (int h = 0; h < c->o.hosts_per_slice; h++)
 			send_agent(c, g->slices[i], h,
@@ -594,12 +597,14 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 	if (code == 143 && !g->failed && g->stop_how == STOP_NONE) {
 		/* SIGTERM from outside to a worker: a preemption notice */
 		g->stop_how = STOP_NOTICE;
+		g->stop_mono = st_mono_s();
 		gen_preempt(g, w->slice, c->o.repair_delay);
 		transition(c, S_RESIZING, "worker rank %d of slice %d got a preemption notice (SIGTERM)", r, w->slice);
 		return;
 	}
 	if (code == 138 && !g->failed && g->stop_how == STOP_NONE) {
 		g->stop_how = STOP_RESIZE; /* SIGUSR1 from outside: saved, stopped */
+		g->stop_mono = st_mono_s();
 		transition(c, S_RESIZING, "worker rank %d of slice %d stopped after a resize request (SIGUSR1)", r,
 			   w->slice);
 		return;
@@ -731,15 +736,11 @@ static void on_step(st_ctl *c, int64_t n, double secs)
 	/* injected faults */
 	for (int f = 0; f < c->o.nfaults; f++) {
 		st_ctl_fault *x = &c->faults[f];
-		if (x->done || n < x->step || g->stop_how != STOP_NONE || g->failed)
-			continue;
-		x->done = 1;
 		int i = gen_slice_index(g, x->slice);
+		if (x->done || n < x->step || g->stop_how != STOP_NONE || g->failed || i < 0)
+			continue; /* a slice out of the group: when it is back */
+		x->done = 1;
 		double down = x->down_s >= 0 ? x->down_s : c->o.repair_delay;
-		if (i < 0) {
-			logf_("fault at step %lld: slice %d is not in the group; skipped", (long long)n, x->slice);
-			continue;
-		}
 		if (x->kind == ST_FAULT_KILL) {
 			int r = i * c->o.devices_per_slice;
 			logf_("fault: SIGKILL to worker rank %d (slice %d) after step %lld", r, x->slice, (long long)n);
@@ -750,6 +751,7 @@ static void on_step(st_ctl *c, int64_t n, double secs)
 			logf_("fault: preemption notice to slice %d after step %lld", x->slice, (long long)n);
 			gen_preempt(g, x->slice, down);
 			g->stop_how = STOP_NOTICE;
+			g->stop_mono = st_mono_s();
 			for (int h = 0; h < c->o.hosts_per_slice; h++)
 				send_agent(c, x->slice, h, json_pack("{s:s, s:i, s:s}", "type", "stop", "gen", g->id, "how", "notice"));
 			transition(c, S_RESIZING, "slice %d preempted (injected at step %lld)", x->slice, (long long)n);
@@ -971,6 +973,7 @@ static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 			gen_preempt(g, s, c->o.repair_delay);
 			if (g->stop_how == STOP_NONE) {
 				g->stop_how = STOP_NOTICE;
+				g->stop_mono = st_mono_s();
 				transition(c, S_RESIZING, "the agent of slice %d host %d got a preemption notice", s, h);
 			}
 		} else if (!c->done) {
@@ -1155,6 +1158,12 @@ static void tick(st_ctl *c)
 			      g->world - g->nexited == 1 ? "" : "s", c->o.grace_s);
 			gen_stop(c, STOP_KILL);
 		}
+		if (!g->failed && (g->stop_how == STOP_RESIZE || g->stop_how == STOP_NOTICE) &&
+		    now - g->stop_mono > c->o.stop_grace_s && g->nexited < g->world) {
+			logf_("%d worker%s still running %.0f s after stop how=%s: stop how=kill", g->world - g->nexited,
+			      g->world - g->nexited == 1 ? "" : "s", c->o.stop_grace_s, stop_names[g->stop_how]);
+			gen_stop(c, STOP_KILL);
+		}
 		if (g->nexited == g->world) {
 			gen_ended(c);
 		} else if (c->state == S_RUNNING) {
@@ -1181,6 +1190,8 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	c->o = *o;
 	if (c->o.grace_s <= 0)
 		c->o.grace_s = 5;
+	if (c->o.stop_grace_s <= 0)
+		c->o.stop_grace_s = 30;
 	if (c->o.heartbeat_timeout_s <= 0)
 		c->o.heartbeat_timeout_s = 1;
 	snprintf(c->listen_host, sizeof(c->listen_host), "%s", o->listen_host ? o->listen_host : "127.0.0.1");
@@ -1302,6 +1313,16 @@ const char *st_ctl_address(const st_ctl *c) { return c->addr; }
 
 int st_ctl_poll(st_ctl *c, int timeout_ms)
 {
+	/* A controller that did not poll for a while (a blocked stdout, a
+	 * stopped process) cannot tell silent agents from its own stall: the
+	 * agents' heartbeats are credited with the gap. */
+	double now = st_mono_s();
+	if (c->last_round > 0 && now - c->last_round > 0.5) {
+		for (int s = 0; s < c->o.num_slices; s++)
+			for (int h = 0; h < c->o.hosts_per_slice; h++)
+				if (c->sl[s].h[h].last_hb < now)
+					c->sl[s].h[h].last_hb += now - c->last_round;
+	}
 	struct pollfd pfd[MAX_CONNS + 1];
 	int idx[MAX_CONNS + 1], n = 0;
 	pfd[n] = (struct pollfd){.fd = c->lfd, .events = POLLIN};
@@ -1337,6 +1358,7 @@ int st_ctl_poll(st_ctl *c, int timeout_ms)
 			read_conn(c, i);
 	}
 	tick(c);
+	c->last_round = st_mono_s();
 	return 0;
 }
 

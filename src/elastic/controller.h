@@ -32,7 +32,8 @@
 enum { ST_FAULT_KILL = 1, ST_FAULT_PREEMPT = 2 };
 
 /* --kill / --preempt SLICE@STEP[:DOWN_S]: at the first completed step >=
- * STEP of a generation holding SLICE. down_s < 0: the repair delay. */
+ * STEP of a generation holding SLICE (a slice out of the group: once it is
+ * back). down_s < 0: the repair delay. */
 typedef struct st_ctl_fault {
 	int kind, slice;
 	int64_t step;
@@ -47,6 +48,8 @@ typedef struct st_ctl_opts {
 	int max_failures;        /* -1: unlimited */
 	double repair_delay;     /* s */
 	double grace_s;          /* stop how=kill this long after a failure (default 5) */
+	double stop_grace_s;     /* ... and this long after a resize or a preemption notice
+	                            when workers still run (default 30) */
 	double heartbeat_timeout_s; /* an agent silent this long is lost (default 1) */
 	const char *config;      /* CONFIG.yml as the workers get it (NULL: none) */
 	const char *config_path; /* the file to load here (config, or the default one) */

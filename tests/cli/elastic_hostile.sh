@@ -8,7 +8,7 @@
 # timeout: 120
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
-el_start host --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${el_keys[@]}" steps=40 \
+el_start host --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${el_keys[@]}" steps=100 \
 	run_name=host metrics_file="$TMP/host.jsonl"
 addr=
 for _ in $(seq 1 300); do

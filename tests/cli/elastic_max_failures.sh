@@ -3,8 +3,9 @@
 # slice 1 stays out): the second failure ends the run with exit status 3 and
 # the summary (2 failures) on stdout and in the metrics file. Then kill -9 of
 # a worker from outside (not injected) and of an agent, with --max-failures
-# -1: both are failures, the run finishes (exit 0). Then SIGTERM to the
-# launcher mid-run: exit 143. No process of any run left behind.
+# -1: both are failures, the run finishes (exit 0). A slice that fails again
+# right after its return is kept out twice as long (back-off). Then SIGTERM
+# to the launcher mid-run: exit 143. No process of any run left behind.
 # timeout: 150
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
@@ -49,6 +50,17 @@ grep -E 'State Transition|lost' "$TMP/ext.err" | sed 's/^/    /'
 sum=$(el_summary ext)
 echo "summary: $(echo $sum)"
 [ "$(echo "$sum" | el_get failures)" = 2 ] || fail "ext: want 2 failures"
+
+# back-off: slice 1 killed, repaired after 1 s, killed again at once when
+# back (the second fault waits until slice 1 is in the group): out 2 s
+el_start back --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 \
+	--kill 1@5 --kill 1@6 -- "${keys[@]}" steps=60 run_name=back
+el_wait back 90
+status_is "a slice failing again after its return" "$el_rc" 0 "$TMP/back.err"
+grep -E 'back-off|is down' "$TMP/back.err" | sed 's/^/    /'
+grep -q 'slice 1 failed again .* back-off x2' "$TMP/back.err" || fail "back-off: no 'back-off x2' for slice 1"
+grep -q 'slice 1 is down for 2.0 s' "$TMP/back.err" || fail "back-off: slice 1 not kept out twice the repair delay"
+[ "$(el_summary back | el_get failures)" = 2 ] || fail "back-off: want 2 failures"
 
 # SIGTERM to the launcher: everything stops, exit 143
 el_start int --num-slices 2 --min-slices 1 --devices-per-slice 1 -- "${keys[@]}" steps=100000 run_name=int
