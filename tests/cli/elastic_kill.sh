@@ -6,33 +6,40 @@
 # (5); the final weights within 1e-4 relative (per tensor, by norm) of a
 # fault-free 2-slice run of the same 60 steps; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
-# timeout: 120
+# Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1).
+# timeout: 180
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/../mesh_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 steps=60
-keys=("${el_keys[@]}" steps=$steps)
 
-# the fault-free reference: the same 2 slices, straight through
-OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref \
-	metrics_file="$TMP/ref.jsonl" >"$TMP/ref.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref.out")"
+# scenario NAME DCN_KEYS...: the kill run and its fault-free reference
+scenario() {
+	local n=$1; shift
+	local keys=("${el_keys[@]}" steps=$steps "$@")
+	echo "== $n: $*"
+	# the fault-free reference: the same 2 slices, straight through
+	OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref$n \
+		metrics_file="$TMP/ref$n.jsonl" >"$TMP/ref$n.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref$n.out")"
 
-SLICETRAIN_SAMPLE_LOG="$TMP/samples" el_start kill --num-slices 2 --min-slices 1 --devices-per-slice 1 \
-	--repair-delay 2 --kill 1@10 -- "${keys[@]}" run_name=kill metrics_file="$TMP/kill.jsonl"
-el_wait kill 90
-status_is "elastic run with a kill" "$el_rc" 0 "$TMP/kill.err"
-grep -E '^slicetrain controller: .*(State Transition|failure detected|recovery|growth|resumed)' "$TMP/kill.err" | sed 's/^/    /'
-sum=$(el_summary kill)
-echo "summary: $(echo $sum)"
-[ "$(echo "$sum" | el_get failures)" = 1 ] || fail "summary: want 1 failure"
-[ "$(echo "$sum" | el_get resizes)" = 2 ] || fail "summary: want 2 resizes (a shrink and a grow)"
-lost=$(echo "$sum" | el_get steps_lost)
-[ -n "$lost" ] && [ "$lost" -le 5 ] || fail "summary: steps_lost '$lost', want at most the checkpoint period 5"
-ev=$(el_events kill "$TMP/kill.jsonl")
-echo "events: $ev"
-[[ "$ev" == "failure shrink restore grow restore summary" ]] || fail "events: '$ev'"
-# the step records of the kept history: one per step, 0..steps-1, in the end
-/usr/bin/python3 - "$TMP/kill.jsonl" $steps <<'PY' || fail "metrics: the kept history's steps are not 0..$steps-1"
+	SLICETRAIN_SAMPLE_LOG="$TMP/samples$n" el_start kill$n --num-slices 2 --min-slices 1 --devices-per-slice 1 \
+		--repair-delay 2 --kill 1@10 -- "${keys[@]}" run_name=kill$n metrics_file="$TMP/kill$n.jsonl"
+	el_wait kill$n 90
+	status_is "$n: elastic run with a kill" "$el_rc" 0 "$TMP/kill$n.err"
+	grep -E '^slicetrain controller: .*(State Transition|failure detected|recovery|growth|resumed)' "$TMP/kill$n.err" |
+		sed 's/^/    /'
+	local sum lost ev
+	sum=$(el_summary kill$n)
+	echo "summary: $(echo $sum)"
+	[ "$(echo "$sum" | el_get failures)" = 1 ] || fail "$n: summary: want 1 failure"
+	[ "$(echo "$sum" | el_get resizes)" = 2 ] || fail "$n: summary: want 2 resizes (a shrink and a grow)"
+	lost=$(echo "$sum" | el_get steps_lost)
+	[ -n "$lost" ] && [ "$lost" -le 5 ] || fail "$n: summary: steps_lost '$lost', want at most the checkpoint period 5"
+	ev=$(el_events kill$n "$TMP/kill$n.jsonl")
+	echo "events: $ev"
+	[[ "$ev" == "failure shrink restore grow restore summary" ]] || fail "$n: events: '$ev'"
+	# the step records of the kept history: one per step, 0..steps-1, in the end
+	/usr/bin/python3 - "$TMP/kill$n.jsonl" $steps <<'PY' || fail "$n: metrics: the kept history's steps are not 0..$steps-1"
 import json, sys
 recs = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r and "event" not in r]
 kept = {}
@@ -42,21 +49,23 @@ print(f"metrics: {len(recs)} step records, {len(kept)} distinct steps")
 sys.exit(sorted(kept) != list(range(int(sys.argv[2]))))
 PY
 
-# the final weights against the fault-free run's
-for r in ref kill; do
-	"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$steps" "$TMP/hf-$r" >/dev/null 2>"$TMP/$r.export.err" ||
-		fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
-done
-[ -f "$TMP/hf-kill/model.safetensors" ] && mesh_compare_weights "$TMP/hf-ref/model.safetensors" \
-	"$TMP/hf-kill/model.safetensors" "kill 1@10 vs fault-free"
+	# the final weights against the fault-free run's
+	local r
+	for r in ref$n kill$n; do
+		"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$steps" "$TMP/hf-$r" >/dev/null 2>"$TMP/$r.export.err" ||
+			fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
+	done
+	[ -f "$TMP/hf-kill$n/model.safetensors" ] && mesh_compare_weights "$TMP/hf-ref$n/model.safetensors" \
+		"$TMP/hf-kill$n/model.safetensors" "$n: kill 1@10 vs fault-free"
 
-# every sample trained exactly once in the kept history: a rolled-back step
-# is trained again on the same samples (its lines repeat), no sample at two
-# steps. The SIGKILLed worker's buffered lines are lost with it, so the
-# samples are checked whole from the restored step on (elastic_preempt
-# checks 0..N-1 whole, where no process is killed).
-restored=$(grep -m1 -o 'resumed at step [0-9]*' "$TMP/kill.err" | grep -o '[0-9]*$')
-cat "$TMP"/samples.* | /usr/bin/python3 -c '
+	# every sample trained exactly once in the kept history: a rolled-back step
+	# is trained again on the same samples (its lines repeat), no sample at two
+	# steps. The SIGKILLed worker's buffered lines are lost with it, so the
+	# samples are checked whole from the restored step on (elastic_preempt
+	# checks 0..N-1 whole, where no process is killed).
+	local restored
+	restored=$(grep -m1 -o 'resumed at step [0-9]*' "$TMP/kill$n.err" | grep -o '[0-9]*$')
+	cat "$TMP"/samples$n.* | /usr/bin/python3 -c '
 import sys
 pairs = {tuple(map(int, l.split())) for l in sys.stdin}
 at = {}
@@ -67,5 +76,9 @@ late = sorted(s for s in at if s >= r * g)
 print(f"samples: {len(pairs)} distinct (step, sample) pairs; from step {r} on {len(late)}, want {r * g}..{n * g - 1}")
 bad = [s for s, v in at.items() if v != {s // g}]
 sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps 32 "${restored:-0}" ||
-	fail "samples skipped, repeated or trained at the wrong step"
+		fail "$n: samples skipped, repeated or trained at the wrong step"
+}
+
+scenario data dcn_data_parallelism=-1
+scenario fsdp dcn_data_parallelism=1 dcn_fsdp_parallelism=-1
 finish
