@@ -91,10 +91,13 @@ static void print_status(const json_t *st)
 	double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 	fmt_time(num(st, "since"), since, sizeof(since));
 	const char *mesh = json_string_value(json_object_get(st, "mesh"));
-	printf("state %s since %s UTC; generation %lld; step %lld; failures %lld, preemptions %lld, resizes %lld, "
+	char step[32] = "-";
+	if (num(st, "step") >= 0)
+		snprintf(step, sizeof(step), "%lld", (long long)num(st, "step"));
+	printf("state %s since %s UTC; generation %lld; step %s; failures %lld, preemptions %lld, resizes %lld, "
 	       "steps lost %lld\n",
-	       json_string_value(json_object_get(st, "state")), since, (long long)num(st, "gen"),
-	       (long long)num(st, "step"), (long long)num(st, "failures"), (long long)num(st, "preemptions"),
+	       json_string_value(json_object_get(st, "state")), since, (long long)num(st, "gen"), step,
+	       (long long)num(st, "failures"), (long long)num(st, "preemptions"),
 	       (long long)num(st, "resizes"), (long long)num(st, "steps_lost"));
 	printf("mesh: %s\n", mesh && *mesh ? mesh : "(no group running)");
 	printf("%-6s %-14s %-10s %-5s %-8s %-15s %s\n", "SLICE", "STATE", "SINCE", "HOST", "AGENT", "HEARTBEAT",

@@ -4,8 +4,8 @@
 # and grows back: exit 0, the summary counts 1 preemption, 0 failures, 2
 # resizes and 0 steps lost; every sample index 0..N-1 trained exactly once,
 # at its step. While it runs, `slicetrain nodes` shows both slices. Then a
-# SIGTERM to one agent (a real notice): counted as a preemption, 0 steps
-# lost. No process of either run left behind.
+# SIGTERM to one agent (a real notice), then to one worker: each counted as
+# a preemption, 0 steps lost. No process of any run left behind.
 # timeout: 150
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
@@ -74,4 +74,23 @@ echo "summary: $(echo $sum)"
 [ "$(echo "$sum" | el_get preemptions)" = 1 ] || fail "SIGTERM to an agent: want 1 preemption"
 [ "$(echo "$sum" | el_get failures)" = 0 ] || fail "SIGTERM to an agent: want 0 failures"
 [ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "SIGTERM to an agent: want 0 steps lost"
+
+# SIGTERM to a worker from outside: the same, a preemption
+el_start wterm --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${keys[@]}" \
+	run_name=wterm metrics_file="$TMP/wterm.jsonl"
+for _ in $(seq 1 300); do
+	[ "$(grep -c 'completed step' "$TMP/wterm.out")" -ge 5 ] && break
+	kill -0 "$el_pid" 2>/dev/null || break
+	sleep 0.1
+done
+agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
+worker=$([ -n "$agent" ] && pgrep -P "$agent" | head -1)
+[ -n "$worker" ] && kill -TERM "$worker" || fail "no worker of slice 1 found"
+el_wait wterm 90
+status_is "elastic run with a SIGTERM to a worker" "$el_rc" 0 "$TMP/wterm.err"
+sum=$(el_summary wterm)
+echo "summary: $(echo $sum)"
+[ "$(echo "$sum" | el_get preemptions)" = 1 ] || fail "SIGTERM to a worker: want 1 preemption"
+[ "$(echo "$sum" | el_get failures)" = 0 ] || fail "SIGTERM to a worker: want 0 failures"
+[ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "SIGTERM to a worker: want 0 steps lost"
 finish
