@@ -394,84 +394,82 @@ static int agree_stop(trainer *t, int *sig)
 	return rc;
 }
 
-int st_train(const st_config *c, st_train_result *res)
+/* Everything before the first step: the group and its mesh, the model and
+ * its shard (restored or initialized), ZeRO-3, activations, data, output files. */
+static int trainer_setup(trainer *t)
 {
-	trainer t = {.c = c};
-	int rc, handlers = 0;
-	static const int stop_sigs[3] = {SIGINT, SIGTERM, SIGUSR1};
-	struct sigaction old_sa[3];
-	stack_t old_ss;
-	memset(res, 0, sizeof(*res));
-	if ((rc = st_group_join(&t.group, NULL)) < 0)
+	const st_config *c = t->c;
+	int rc;
+	if ((rc = st_group_join(&t->group, NULL)) < 0)
 		return rc;
-	if ((rc = st_par_init(&t.par, c, t.group)) < 0)
-		goto out;
-	const st_par *p = &t.par;
-	t.lead = p->rank == 0;
-	t.B = (int64_t)c->per_device_batch_size;
-	t.T = c->max_target_length;
-	t.rows = t.B * p->mesh.size[ST_AXIS_TENSOR];
-	if ((rc = elastic_accum(c, p->world, &t.accum, &t.max_devices)) < 0)
-		goto out;
-	t.G = t.B * p->world * t.accum;
-	t.flops = st_training_flops(c, (double)t.B);
-	/* the formula counts gradient_accumulation_steps micro-batches; we run t.accum */
-	double fk = (double)t.accum / (double)c->gradient_accumulation_steps;
-	t.flops.weights *= fk;
-	t.flops.attention *= fk;
-	t.flops.total *= fk;
+	if ((rc = st_par_init(&t->par, c, t->group)) < 0)
+		return rc;
+	const st_par *p = &t->par;
+	t->lead = p->rank == 0;
+	t->B = (int64_t)c->per_device_batch_size;
+	t->T = c->max_target_length;
+	t->rows = t->B * p->mesh.size[ST_AXIS_TENSOR];
+	if ((rc = elastic_accum(c, p->world, &t->accum, &t->max_devices)) < 0)
+		return rc;
+	t->G = t->B * p->world * t->accum;
+	t->flops = st_training_flops(c, (double)t->B);
+	/* the formula counts gradient_accumulation_steps micro-batches; we run t->accum */
+	double fk = (double)t->accum / (double)c->gradient_accumulation_steps;
+	t->flops.weights *= fk;
+	t->flops.attention *= fk;
+	t->flops.total *= fk;
 
 	st_llama_shape shape;
 	st_llama_shape_from_config(&shape, c);
-	st_par_describe(p, t.mesh_desc, sizeof(t.mesh_desc));
-	if (t.lead) {
-		st_info("mesh: %s", t.mesh_desc);
+	st_par_describe(p, t->mesh_desc, sizeof(t->mesh_desc));
+	if (t->lead) {
+		st_info("mesh: %s", t->mesh_desc);
 		const char *gen = getenv("SLICETRAIN_GENERATION");
-		if (t.max_devices)
+		if (t->max_devices)
 			st_info("elastic%s%s: %d of at most %lld devices, global batch %lld (elastic_batch %s)",
 				gen && *gen ? " generation " : "", gen && *gen ? gen : "", p->world,
-				(long long)t.max_devices, (long long)t.G,
+				(long long)t->max_devices, (long long)t->G,
 				c->elastic_batch == ST_ELASTIC_BATCH_SCALE ? "scale" : "constant");
-		print_header(&t);
+		print_header(t);
 	}
 	int64_t nparams;
 	if ((rc = st_llama_check_config(c, &nparams)) < 0 || (rc = check_memory(nparams, c->model_name)) < 0)
-		goto out;
+		return rc;
 	/* with fsdp > 1 the model is not resident: ZeRO-3 gathers it unit by unit */
 	int resident = p->mesh.size[ST_AXIS_FSDP] == 1;
-	if ((rc = st_llama_init_tp(&t.model, &shape, (int)p->mesh.size[ST_AXIS_TENSOR],
+	if ((rc = st_llama_init_tp(&t->model, &shape, (int)p->mesh.size[ST_AXIS_TENSOR],
 				   p->coord[ST_AXIS_TENSOR], p->tp, resident)) < 0)
-		goto out;
+		return rc;
 	if (c->dtype == ST_DTYPE_BF16) {
-		t.model.bf16 = st_cpu_has_bf16();
-		if (!t.model.bf16)
+		t->model.bf16 = st_cpu_has_bf16();
+		if (!t->model.bf16)
 			st_warn("dtype bfloat16: %s; running in float32", st_cpu_bf16_message());
 	}
 	int restored;
-	if ((rc = st_shard_init(&t.shard, &t.model, p)) < 0 || (rc = setup_checkpoints(&t)) < 0 ||
-	    (rc = restore(&t, &restored)) < 0)
-		goto out;
+	if ((rc = st_shard_init(&t->shard, &t->model, p)) < 0 || (rc = setup_checkpoints(t)) < 0 ||
+	    (rc = restore(t, &restored)) < 0)
+		return rc;
 	if (!restored) /* a fresh start (or every checkpoint was unusable): initial weights */
-		st_shard_init_weights(&t.shard, &t.model, (uint64_t)c->init_weights_seed);
+		st_shard_init_weights(&t->shard, &t->model, (uint64_t)c->init_weights_seed);
 	if (!resident)
-		rc = st_fsdp_create(&t.fsdp, &t.shard, &t.model, p, t.rows * t.T);
-	else if ((rc = st_shard_gather_params(&t.shard, &t.model, p)) == 0)
-		rc = st_llama_weights_changed(&t.model);
+		rc = st_fsdp_create(&t->fsdp, &t->shard, &t->model, p, t->rows * t->T);
+	else if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) == 0)
+		rc = st_llama_weights_changed(&t->model);
 	if (rc < 0 ||
-	    (rc = st_llama_alloc_acts(&t.model, t.rows, t.T, c->remat_policy)) < 0 ||
-	    (rc = st_dataset_open(&t.data, c, t.G)) < 0)
-		goto out;
-	t.tokens = malloc((size_t)(t.rows * (t.T + 1)) * sizeof(int32_t));
-	if (!t.tokens) {
+	    (rc = st_llama_alloc_acts(&t->model, t->rows, t->T, c->remat_policy)) < 0 ||
+	    (rc = st_dataset_open(&t->data, c, t->G)) < 0)
+		return rc;
+	t->tokens = malloc((size_t)(t->rows * (t->T + 1)) * sizeof(int32_t));
+	if (!t->tokens) {
 		rc = st_fail(ST_ENOMEM, "out of memory for the batch");
-		goto out;
+		return rc;
 	}
 	/* under an elastic controller the file holds every generation's records
 	 * (and the controller's event lines between them): append */
 	const char *gen = getenv("SLICETRAIN_GENERATION");
-	if (t.lead && c->metrics_file[0] && !(t.metrics = fopen(c->metrics_file, gen && *gen ? "a" : "w"))) {
+	if (t->lead && c->metrics_file[0] && !(t->metrics = fopen(c->metrics_file, gen && *gen ? "a" : "w"))) {
 		rc = st_fail(ST_EIO, "cannot open metrics_file '%s': %s", c->metrics_file, strerror(errno));
-		goto out;
+		return rc;
 	}
 	/* a record of the global sample indices this batch shard trains on, for
 	 * checking that no sample is skipped or repeated across restarts */
@@ -479,20 +477,34 @@ int st_train(const st_config *c, st_train_result *res)
 	if (slog && *slog && p->coord[ST_AXIS_TENSOR] == 0) {
 		char path[ST_PATH_MAX + 16];
 		snprintf(path, sizeof(path), "%s.%d", slog, p->rank);
-		if (!(t.sample_log = fopen(path, "a"))) {
+		if (!(t->sample_log = fopen(path, "a"))) {
 			rc = st_fail(ST_EIO, "cannot open SLICETRAIN_SAMPLE_LOG file '%s': %s", path, strerror(errno));
-			goto out;
+			return rc;
 		}
 	}
-	if (t.lead) {
-		st_info("activations %.1f MiB (remat %s; %lld bytes)", (double)st_llama_act_bytes(&t.model) / (1 << 20),
-			remat_name(c->remat_policy), (long long)st_llama_act_bytes(&t.model));
-		if (t.fsdp)
+	if (t->lead) {
+		st_info("activations %.1f MiB (remat %s; %lld bytes)", (double)st_llama_act_bytes(&t->model) / (1 << 20),
+			remat_name(c->remat_policy), (long long)st_llama_act_bytes(&t->model));
+		if (t->fsdp)
 			st_info("fsdp buffers %.1f MiB (%lld bytes)",
-				(double)st_fsdp_buffer_bytes(t.fsdp) / (1 << 20),
-				(long long)st_fsdp_buffer_bytes(t.fsdp));
+				(double)st_fsdp_buffer_bytes(t->fsdp) / (1 << 20),
+				(long long)st_fsdp_buffer_bytes(t->fsdp));
 	}
+	return 0;
+}
 
+/* The stop signals (SIGINT, SIGTERM: a preemption notice, SIGUSR1: the
+ * elastic controller's resize request) set stop_signal; the loop agrees on it
+ * at the next step boundary. */
+static const int stop_sigs[3] = {SIGINT, SIGTERM, SIGUSR1};
+typedef struct stop_handlers {
+	int installed;
+	struct sigaction old_sa[3];
+	stack_t old_ss;
+} stop_handlers;
+
+static void stop_handlers_install(stop_handlers *h)
+{
 	/* The handler runs on a stack of its own (a signal sent to the process
 	 * goes to this thread, which never blocks it): a signal frame pushed
 	 * below the interrupted stack pointer clobbered data that oneDNN 2.6's
@@ -503,70 +515,105 @@ int st_train(const st_config *c, st_train_result *res)
 	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_ONSTACK};
 	sigemptyset(&sa.sa_mask);
 	stop_signal = 0;
-	sigaltstack(&ss, &old_ss);
-	/* SIGUSR1: the elastic controller's resize request; SIGTERM: a preemption notice */
+	sigaltstack(&ss, &h->old_ss);
 	for (int i = 0; i < 3; i++)
-		sigaction(stop_sigs[i], &sa, &old_sa[i]);
-	handlers = 1;
-	int64_t total_weights = t.G * t.T, saved_at = -1;
-	if (t.step0 >= c->steps && t.lead)
+		sigaction(stop_sigs[i], &sa, &h->old_sa[i]);
+	h->installed = 1;
+}
+
+static void stop_handlers_restore(stop_handlers *h)
+{
+	if (!h->installed)
+		return;
+	for (int i = 0; i < 3; i++)
+		sigaction(stop_sigs[i], &h->old_sa[i], NULL);
+	sigaltstack(&h->old_ss, NULL);
+	h->installed = 0;
+}
+
+/* The steps from t->step0 to c->steps, or until an agreed stop signal (then
+ * with a save at the stop) or an error. */
+static int run_steps(trainer *t, st_train_result *res)
+{
+	const st_config *c = t->c;
+	int rc = 0;
+	int64_t total_weights = t->G * t->T, saved_at = -1;
+	if (t->step0 >= c->steps && t->lead)
 		st_info("the run already completed its %lld steps", (long long)c->steps);
-	for (int64_t step = t.step0; step < c->steps; step++) {
+	for (int64_t step = t->step0; step < c->steps; step++) {
 		double t0 = st_mono_s(), loss = 0, gnorm = 0, lr = 0;
 		int sig = 0;
-		if ((rc = train_step(&t, step, &loss, &gnorm, &lr)) < 0)
+		if ((rc = train_step(t, step, &loss, &gnorm, &lr)) < 0)
 			break;
 		double secs = st_mono_s() - t0;
-		double tflops = t.flops.total / secs / 1e12;
-		double tokens = (double)(t.T * t.B * t.accum) / secs;
-		if (t.lead) {
+		double tflops = t->flops.total / secs / 1e12;
+		double tokens = (double)(t->T * t->B * t->accum) / secs;
+		if (t->lead) {
 			printf("completed step: %lld, seconds: %.3f, TFLOP/s/device: %.3f, Tokens/s/device: %.3f, "
 			       "total_weights: %lld, loss: %.3f\n",
 			       (long long)step, secs, tflops, tokens, (long long)total_weights, loss);
 			fflush(stdout);
 		}
-		if (t.metrics &&
-		    (rc = write_metrics(&t, step, loss, total_weights, secs, tflops, tokens, lr, gnorm)) < 0)
+		if (t->metrics &&
+		    (rc = write_metrics(t, step, loss, total_weights, secs, tflops, tokens, lr, gnorm)) < 0)
 			break;
-		if (step == t.step0)
+		if (step == t->step0)
 			res->first_loss = loss;
 		res->last_loss = loss;
 		res->steps_done = step + 1;
-		if ((rc = maybe_save(&t, step + 1, step + 1 == c->steps)) < 0)
+		if ((rc = maybe_save(t, step + 1, step + 1 == c->steps)) < 0)
 			break;
 		if (rc == 1)
 			saved_at = step + 1;
-		if ((rc = agree_stop(&t, &sig)) < 0)
+		if ((rc = agree_stop(t, &sig)) < 0)
 			break;
 		if (sig && step + 1 < c->steps) {
 			res->stop_signal = sig;
-			rc = stop_with_save(&t, step + 1, saved_at == step + 1, sig);
+			rc = stop_with_save(t, step + 1, saved_at == step + 1, sig);
 			break;
 		}
 	}
-	if (rc == 0 && t.metrics && fflush(t.metrics))
+	return rc;
+}
+
+/* After the last step: metrics flushed, the last save committed, its figures. */
+static int finish(trainer *t)
+{
+	const st_config *c = t->c;
+	int rc = 0;
+	if (rc == 0 && t->metrics && fflush(t->metrics))
 		rc = st_fail(ST_EIO, "cannot write metrics_file '%s'", c->metrics_file);
-	if (rc == 0 && t.saver)
-		rc = st_ckpt_wait(t.saver); /* the last save is committed before we report success */
-	if (rc == 0 && t.saver && t.lead) {
+	if (rc == 0 && t->saver)
+		rc = st_ckpt_wait(t->saver); /* the last save is committed before we report success */
+	if (rc == 0 && t->saver && t->lead) {
 		st_ckpt_stats st;
-		st_ckpt_saver_stats(t.saver, &st);
+		st_ckpt_saver_stats(t->saver, &st);
 		if (st.saves > 0)
 			st_info("checkpoints: %lld saved, %lld failed; the last: %.1f MB written in %.3f s (%.0f MB/s), "
 				"commit %.3f s", (long long)st.committed, (long long)st.failed, 1e-6 * (double)st.last_bytes,
 				st.last_write_s, 1e-6 * (double)st.last_bytes / (st.last_write_s > 0 ? st.last_write_s : 1),
 				st.last_commit_s);
 	}
-out:
+	return rc;
+}
+
+int st_train(const st_config *c, st_train_result *res)
+{
+	trainer t = {.c = c};
+	stop_handlers h = {0};
+	memset(res, 0, sizeof(*res));
+	int rc = trainer_setup(&t);
+	if (rc == 0) {
+		stop_handlers_install(&h);
+		rc = run_steps(&t, res);
+		if (rc == 0)
+			rc = finish(&t);
+	}
 	/* a stop by signal is agreed by every process after the same step: the
 	 * save in flight commits (only a failure aborts it) */
 	trainer_release(&t, rc < 0 && rc != ST_EINTR);
 	/* the handlers stay until the group is left: a launcher's SIGTERM to the
 	 * last ranks of a stopping group must not kill them on the way out */
-	if (handlers) {
-		for (int i = 0; i < 3; i++)
-			sigaction(stop_sigs[i], &old_sa[i], NULL);
-		sigaltstack(&old_ss, NULL);
-	}
+	stop_handlers_restore(&h);
 	return rc;
 }
