@@ -11,6 +11,7 @@
 #   exit status in $el_rc; then no descendant may still run (else a failure).
 # el_summary NAME: the summary line of the run's stdout, as KEY=VALUE lines.
 # el_events NAME METRICS: the kinds of the event lines of METRICS, in order.
+# el_wait_steps NAME N: wait (bounded) for N step lines of the run.
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 	. "$(dirname "$0")/../cli_lib.sh"
 fi
@@ -96,6 +97,17 @@ el_events() {
 	/usr/bin/python3 -c '
 import json, sys
 print(" ".join(r["event"] for r in map(json.loads, open(sys.argv[1])) if "event" in r))' "$2"
+}
+
+# el_wait_steps NAME N: until the run's stdout holds N step lines (at most 30 s; 1 if not)
+el_wait_steps() {
+	local i
+	for i in $(seq 1 300); do
+		[ "$(grep -c 'completed step' "$TMP/$1.out")" -ge "$2" ] && return 0
+		kill -0 "$el_pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
 }
 
 # el_get KEY: from el_summary's output on stdin

@@ -27,15 +27,7 @@ grep -q 'RESTARTING -> ERRORED' "$TMP/maxf.err" || fail "no transition to ERRORE
 # faults from outside: kill -9 of a worker, then of an agent
 el_start ext --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 -- \
 	"${keys[@]}" steps=60 run_name=ext metrics_file="$TMP/ext.jsonl"
-wait_steps() { # N: until the output holds N step lines more than now (bounded)
-	local want=$(($(grep -c 'completed step' "$TMP/ext.out") + $1))
-	for _ in $(seq 1 300); do
-		[ "$(grep -c 'completed step' "$TMP/ext.out")" -ge "$want" ] && return 0
-		kill -0 "$el_pid" 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
+wait_steps() { el_wait_steps ext $(($(grep -c 'completed step' "$TMP/ext.out") + $1)); } # N more step lines
 wait_steps 5 || fail "ext: no training"
 agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
 worker=$([ -n "$agent" ] && pgrep -P "$agent" | head -1)
@@ -64,10 +56,7 @@ grep -q 'slice 1 is down for 2.0 s' "$TMP/back.err" || fail "back-off: slice 1 n
 
 # SIGTERM to the launcher: everything stops, exit 143
 el_start int --num-slices 2 --min-slices 1 --devices-per-slice 1 -- "${keys[@]}" steps=100000 run_name=int
-for _ in $(seq 1 300); do
-	grep -q 'completed step' "$TMP/int.out" && break
-	sleep 0.1
-done
+el_wait_steps int 1 || fail "int: no training"
 kill -TERM "$el_pid"
 el_wait int 30
 status_is "SIGTERM to the launcher" "$el_rc" 143 "$TMP/int.err"

@@ -53,44 +53,26 @@ print(f"samples: {len(pairs)} distinct (step, sample) pairs, {len(at)} samples, 
 sys.exit(sorted(at) != list(range(n * g)) or any(v != {s // g} for s, v in at.items()))' $steps 32 ||
 	fail "samples skipped, repeated or trained at the wrong step"
 
-# a real notice: SIGTERM to slice 1's agent once training runs
-el_start term --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${keys[@]}" \
-	run_name=term metrics_file="$TMP/term.jsonl"
-for _ in $(seq 1 300); do
-	[ "$(grep -c 'completed step' "$TMP/term.out")" -ge 5 ] && break
-	kill -0 "$el_pid" 2>/dev/null || break
-	sleep 0.1
-done
-agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
-if [ -z "$agent" ]; then
-	fail "no agent of slice 1 found"
-else
-	kill -TERM "$agent"
-fi
-el_wait term 90
-status_is "elastic run with a SIGTERM to an agent" "$el_rc" 0 "$TMP/term.err"
-sum=$(el_summary term)
-echo "summary: $(echo $sum)"
-[ "$(echo "$sum" | el_get preemptions)" = 1 ] || fail "SIGTERM to an agent: want 1 preemption"
-[ "$(echo "$sum" | el_get failures)" = 0 ] || fail "SIGTERM to an agent: want 0 failures"
-[ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "SIGTERM to an agent: want 0 steps lost"
-
-# SIGTERM to a worker from outside: the same, a preemption
-el_start wterm --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${keys[@]}" \
-	run_name=wterm metrics_file="$TMP/wterm.jsonl"
-for _ in $(seq 1 300); do
-	[ "$(grep -c 'completed step' "$TMP/wterm.out")" -ge 5 ] && break
-	kill -0 "$el_pid" 2>/dev/null || break
-	sleep 0.1
-done
-agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
-worker=$([ -n "$agent" ] && pgrep -P "$agent" | head -1)
-[ -n "$worker" ] && kill -TERM "$worker" || fail "no worker of slice 1 found"
-el_wait wterm 90
-status_is "elastic run with a SIGTERM to a worker" "$el_rc" 0 "$TMP/wterm.err"
-sum=$(el_summary wterm)
-echo "summary: $(echo $sum)"
-[ "$(echo "$sum" | el_get preemptions)" = 1 ] || fail "SIGTERM to a worker: want 1 preemption"
-[ "$(echo "$sum" | el_get failures)" = 0 ] || fail "SIGTERM to a worker: want 0 failures"
-[ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "SIGTERM to a worker: want 0 steps lost"
+# sigterm_run NAME WHAT: a 2-slice run; once 5 steps are done, SIGTERM to
+# slice 1's agent (WHAT=agent) or to its worker (WHAT=worker): one
+# preemption, no failure, 0 steps lost
+sigterm_run() {
+	local name=$1 what=$2 agent target sum
+	el_start "$name" --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${keys[@]}" \
+		run_name="$name" metrics_file="$TMP/$name.jsonl"
+	el_wait_steps "$name" 5 || fail "$name: no training"
+	agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
+	target=$agent
+	[ "$what" = worker ] && target=$([ -n "$agent" ] && pgrep -P "$agent" | head -1)
+	[ -n "$target" ] && kill -TERM "$target" || fail "$name: no $what of slice 1 found"
+	el_wait "$name" 90
+	status_is "elastic run with a SIGTERM to a $what" "$el_rc" 0 "$TMP/$name.err"
+	sum=$(el_summary "$name")
+	echo "summary: $(echo $sum)"
+	[ "$(echo "$sum" | el_get preemptions)" = 1 ] || fail "SIGTERM to a $what: want 1 preemption"
+	[ "$(echo "$sum" | el_get failures)" = 0 ] || fail "SIGTERM to a $what: want 0 failures"
+	[ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "SIGTERM to a $what: want 0 steps lost"
+}
+sigterm_run term agent   # a real notice: the agent passes it on, sends "notice", exits
+sigterm_run wterm worker # from outside: the worker's exit 143
 finish
