@@ -69,8 +69,16 @@ $(BUILD)/bench/mpi_allreduce: bench/mpi_allreduce.c
 
 bench: $(BUILD)/slicetrain $(BENCH) $(BUILD)/bench/mpi_allreduce
 
+# the long elastic harnesses of issue 10 (opt-in; bench/README.md): FAULTS=N
+# (default 100, or kinds) for the soak; INTERVAL, DURATION for goodput
+soak: $(BUILD)/slicetrain
+	BUILD=$(BUILD) bench/elastic_soak.sh
+
+goodput: $(BUILD)/slicetrain
+	BUILD=$(BUILD) bench/elastic_goodput.sh
+
 clean:
 	rm -rf build build-san
 
-.PHONY: all test san check run bench clean
+.PHONY: all test san check run bench clean soak goodput
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d) $(BENCH:=.d)

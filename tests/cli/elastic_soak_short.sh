@@ -1,0 +1,17 @@
+# The elastic soak's short version (bench/elastic_soak.sh, `make soak` runs
+# 100 faults): one run of 2 slices x 1 device, one fault of each kind from
+# outside by pid (SIGKILL of a worker, of an agent; SIGTERM to a worker, to an
+# agent; a kill while a checkpoint save is in flight; a kill of a new
+# generation before its first step), each recovered within 60 s; the
+# launcher exits 0; every committed checkpoint verifies; at most
+# max_num_checkpoints_to_keep (3) + 1 committed at once; the kept history's
+# steps and samples; the final weights within 1e-4 of a fault-free run's; no
+# process left behind. About 60 s.
+# timeout: 240
+. "$(dirname "$0")/../cli_lib.sh"
+need_python numpy
+FAULTS=kinds SLICETRAIN="$SLICETRAIN" TMPDIR="$TMP" "$ST_ROOT/bench/elastic_soak.sh" >"$TMP/soak.log" 2>&1
+rc=$?
+grep -v '^    slicetrain controller' "$TMP/soak.log" | sed 's/^/  /'
+[ $rc = 0 ] || fail "bench/elastic_soak.sh FAULTS=kinds: exit $rc"
+finish
