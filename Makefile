@@ -3,7 +3,7 @@
 #   make test       build and run the whole test suite (ends "N passed, N failed, N skipped")
 #   make san        the same suite built with ASan+UBSan, in build-san/
 #   make check      both: the optimized build's suite and the sanitized one
-#   make run        the main job: a short training run on the embedded default
+#   make run        the main job: the embedded default as an elastic run on 2 slices, one preempted
 #   make bench      build the benchmark programs (bench/README.md; needs openmpi for mpi_allreduce)
 #   make clean
 CC      ?= cc
@@ -56,8 +56,16 @@ check:
 	$(MAKE) SAN=1 all
 	BUILDS="build build-san" tests/run.sh
 
+# The main job: the embedded default (configs/default.yml) as an elastic run
+# on 2 slices of 1 device; slice 1 gets a preemption notice after step 10 and
+# comes back 5 s later; the run ends with the elastic summary line. It starts
+# afresh each time (its own output directory, slicetrain_output/default, is
+# removed first: a kept one would resume and find its steps done).
 run: $(BUILD)/slicetrain
-	$(BUILD)/slicetrain train
+	@echo "make run: starting the default job afresh (removing slicetrain_output/default)"
+	rm -rf slicetrain_output/default
+	OMP_NUM_THREADS=1 $(BUILD)/slicetrain launch --num-slices 2 --min-slices 1 --devices-per-slice 1 \
+		--preempt 1@10:5 --
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libslicetrain.a
 	@mkdir -p $(dir $@)

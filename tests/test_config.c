@@ -133,7 +133,7 @@ static void test_default_job(void)
 	CHECK(!c.rope_llama31);
 	CHECK(strcmp(c.run_name, "default") == 0);
 	CHECK(strcmp(c.base_output_directory, "slicetrain_output") == 0);
-	CHECK(c.steps == 20 && c.learning_rate_schedule_steps == 20);
+	CHECK(c.steps == 40 && c.learning_rate_schedule_steps == 40);
 	CHECK(c.max_target_length == 256 && c.per_device_batch_size == 1.0);
 	CHECK(c.dataset_type == ST_DATA_SYNTHETIC && c.enable_data_shuffling);
 	CHECK(c.metrics_file[0] == '\0');
