@@ -11,7 +11,7 @@
 el_start host --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${el_keys[@]}" steps=100 \
 	run_name=host metrics_file="$TMP/host.jsonl"
 addr=
-for _ in $(seq 1 300); do
+for _ in $(seq 1 $((300 * el_scale))); do
 	addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$TMP/host.err")
 	[ -n "$addr" ] && grep -q 'completed step' "$TMP/host.out" && break
 	kill -0 "$el_pid" 2>/dev/null || break

@@ -7,11 +7,11 @@
 # fault-free 2-slice run of the same 60 steps; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
 # Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1).
-# timeout: 180
+# timeout: 200
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/../mesh_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
-steps=60
+steps=$el_steps
 
 # scenario NAME DCN_KEYS...: the kill run and its fault-free reference
 scenario() {

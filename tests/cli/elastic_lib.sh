@@ -7,7 +7,8 @@
 #   background (1 thread per device), its output in $TMP/NAME.out / .err, its
 #   pid in $el_pid; a watcher records every descendant (pid, start time) of
 #   the launcher while it runs.
-# el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS); its
+# el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS, times
+#   $el_scale: 3 on a sanitized build, where el_steps is 30 instead of 60); its
 #   exit status in $el_rc; then no descendant may still run (else a failure).
 # el_summary NAME: the summary line of the run's stdout, as KEY=VALUE lines.
 # el_events NAME METRICS: the kinds of the event lines of METRICS, in order.
@@ -15,6 +16,10 @@
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 	. "$(dirname "$0")/../cli_lib.sh"
 fi
+# A sanitized build runs a step several times slower: fewer steps (still
+# enough for a slice to come back before the end) and longer waits.
+el_scale=1 el_steps=60
+grep -qa __asan_init "$SLICETRAIN" && el_scale=3 el_steps=30
 el_keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=16 max_target_length=512
 	checkpoint_period=5 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o")
 
@@ -60,7 +65,7 @@ PY
 }
 
 el_wait() {
-	local name=$1 limit=$2 i
+	local name=$1 limit=$(($2 * el_scale)) i
 	for i in $(seq 1 $((limit * 10))); do
 		kill -0 "$el_pid" 2>/dev/null || break
 		sleep 0.1
@@ -102,7 +107,7 @@ print(" ".join(r["event"] for r in map(json.loads, open(sys.argv[1])) if "event"
 # el_wait_steps NAME N: until the run's stdout holds N step lines (at most 30 s; 1 if not)
 el_wait_steps() {
 	local i
-	for i in $(seq 1 300); do
+	for i in $(seq 1 $((300 * el_scale))); do
 		[ "$(grep -c 'completed step' "$TMP/$1.out")" -ge "$2" ] && return 0
 		kill -0 "$el_pid" 2>/dev/null || return 1
 		sleep 0.1

@@ -6,7 +6,7 @@
 # -1: both are failures, the run finishes (exit 0). A slice that fails again
 # right after its return is kept out twice as long (back-off). Then SIGTERM
 # to the launcher mid-run: exit 143. No process of any run left behind.
-# timeout: 150
+# timeout: 200
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 keys=("${el_keys[@]}" steps=40)
@@ -26,7 +26,7 @@ grep -q 'RESTARTING -> ERRORED' "$TMP/maxf.err" || fail "no transition to ERRORE
 
 # faults from outside: kill -9 of a worker, then of an agent
 el_start ext --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 -- \
-	"${keys[@]}" steps=60 run_name=ext metrics_file="$TMP/ext.jsonl"
+	"${keys[@]}" steps=$el_steps run_name=ext metrics_file="$TMP/ext.jsonl"
 wait_steps() { el_wait_steps ext $(($(grep -c 'completed step' "$TMP/ext.out") + $1)); } # N more step lines
 wait_steps 5 || fail "ext: no training"
 agent=$(pgrep -P "$el_pid" -f -- '--slice 1 ' | head -1)
@@ -46,7 +46,7 @@ echo "summary: $(echo $sum)"
 # back-off: slice 1 killed, repaired after 1 s, killed again at once when
 # back (the second fault waits until slice 1 is in the group): out 2 s
 el_start back --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 \
-	--kill 1@5 --kill 1@6 -- "${keys[@]}" steps=60 run_name=back
+	--kill 1@5 --kill 1@6 -- "${keys[@]}" steps=$el_steps run_name=back
 el_wait back 90
 status_is "a slice failing again after its return" "$el_rc" 0 "$TMP/back.err"
 grep -E 'back-off|is down' "$TMP/back.err" | sed 's/^/    /'

@@ -6,17 +6,17 @@
 # at its step. While it runs, `slicetrain nodes` shows both slices. Then a
 # SIGTERM to one agent (a real notice), then to one worker: each counted as
 # a preemption, 0 steps lost. No process of any run left behind.
-# timeout: 150
+# timeout: 200
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
-steps=60
+steps=$el_steps
 keys=("${el_keys[@]}" steps=$steps)
 
 SLICETRAIN_SAMPLE_LOG="$TMP/samples" el_start pre --num-slices 2 --min-slices 1 --devices-per-slice 1 \
 	--repair-delay 2 --preempt 1@10 -- "${keys[@]}" run_name=pre metrics_file="$TMP/pre.jsonl"
 # slicetrain nodes against the running controller, once a step completed
 addr=
-for _ in $(seq 1 300); do
+for _ in $(seq 1 $((300 * el_scale))); do
 	addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$TMP/pre.err")
 	[ -n "$addr" ] && grep -q 'completed step' "$TMP/pre.out" && break
 	kill -0 "$el_pid" 2>/dev/null || break
