@@ -178,6 +178,9 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 			return rc;
 		for (int64_t r = 0; t->sample_log && r < t->rows; r++)
 			fprintf(t->sample_log, "%lld %lld\n", (long long)step, (long long)(first + r));
+		/* a process killed later must not take the record of what it read with it */
+		if (t->sample_log)
+			fflush(t->sample_log);
 		if ((rc = st_llama_forward_backward(&t->model, t->tokens, scale, &loss_sum)) < 0)
 			return rc;
 	}
