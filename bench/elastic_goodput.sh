@@ -108,15 +108,16 @@ for l in open(f"{T}/goodput.jsonl"):
         recs.append(json.loads(l))
     except ValueError:
         pass  # a line cut short by a SIGKILLed worker
-size, t = 2, {1: [], 2: []}
-first = True
+# a generation's step records come before its "restore" event (the
+# controller writes events when a generation ends); generation 1 has none
+t, pending = {1: [], 2: []}, []
 for r in recs:
-    if r.get("event") == "restore":
-        size, first = len(r["slices"]), True
-    elif "step" in r and "event" not in r:
-        if not first and r["step"] > 0:
-            t[size].append(r["perf/step_time_seconds"])
-        first = False
+    if "event" in r:
+        size = len(r["slices"]) if r["event"] == "restore" else 2
+        t[size] += [x["perf/step_time_seconds"] for x in pending[1:]]  # the first: restore and warm-up
+        pending = []
+    elif "step" in r:
+        pending.append(r)
 summ = ([r for r in recs if r.get("event") == "summary"] or [None])[-1]
 if summ is None:
     sys.exit("no summary line in the metrics file")
