@@ -90,6 +90,8 @@ int st_ckpt_opts_from_config(st_ckpt_opts *o, const st_config *c, int process, i
 
 /* ------------------------------------------------------------ lifecycle */
 
+static int prune(st_ckpt_saver *s);
+
 int st_ckpt_saver_create(st_ckpt_saver **out, const st_ckpt_opts *opts)
 {
 	st_ckpt_saver *s;
@@ -110,7 +112,11 @@ int st_ckpt_saver_create(st_ckpt_saver **out, const st_ckpt_opts *opts)
 		s->o.commit_timeout_ms = DEFAULT_COMMIT_TIMEOUT_MS;
 	s->stats.last_step = -1;
 	pthread_mutex_init(&s->mu, NULL);
-	if ((rc = st_mkdir_p(s->dir)) < 0 || (opts->process == 0 && (rc = st_ckpt_cleanup(s->dir)) < 0)) {
+	/* process 0 also enforces max_num_checkpoints_to_keep now: a run killed
+	 * between a commit and its pruning left one checkpoint too many */
+	s->meta.step = -1;
+	if ((rc = st_mkdir_p(s->dir)) < 0 ||
+	    (opts->process == 0 && ((rc = st_ckpt_cleanup(s->dir)) < 0 || (rc = prune(s)) < 0))) {
 		st_ckpt_saver_free(s);
 		return rc;
 	}

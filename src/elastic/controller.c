@@ -669,6 +669,7 @@ static void gen_ended(st_ctl *c)
 		event(c, "failure", g->fail_wall, c->hi, slice_list(bad, nb),
 		      json_pack("{s:s, s:i, s:i}", "reason", g->reason, "gen", g->id, "failures", c->failures));
 		c->pending_recovery = g->fail_mono;
+		c->grow_healthy = 0; /* a failure interrupted the growth: no growth time to report */
 		if (c->o.max_failures >= 0 && c->failures > c->o.max_failures) {
 			char why[300];
 			snprintf(why, sizeof(why), "%d failures, more than --max-failures %d (the last: %s)", c->failures,

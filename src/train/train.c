@@ -150,8 +150,9 @@ static int write_metrics(trainer *t, int64_t step, double loss, int64_t total_we
 	json_decref(o);
 	if (!line)
 		return st_fail(ST_ENOMEM, "out of memory (metrics)");
-	int bad = fprintf(t->metrics, "%s\n", line) < 0 ||
-		  (t->c->log_period > 0 && (step + 1) % t->c->log_period == 0 && fflush(t->metrics));
+	/* flushed every record: a process killed later keeps the steps it reported
+	 * (an elastic run's kept history reads them) */
+	int bad = fprintf(t->metrics, "%s\n", line) < 0 || fflush(t->metrics);
 	free(line);
 	if (bad)
 		return st_fail(ST_EIO, "cannot write metrics_file '%s'", t->c->metrics_file);
