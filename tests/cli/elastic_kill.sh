@@ -72,7 +72,7 @@ n, g, r = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 late = sorted(s for s in at if s >= r * g)
 print(f"samples: {len(pairs)} distinct (step, sample) pairs; from step {r} on {len(late)}, want {r * g}..{n * g - 1}")
 bad = [s for s, v in at.items() if v != {s // g}]
-sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps 32 0 ||
+sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps $((2 * el_batch)) 0 ||
 		fail "$n: samples skipped, repeated or trained at the wrong step"
 }
 

@@ -50,7 +50,7 @@ for st, s in pairs:
     at.setdefault(s, set()).add(st)
 n, g = int(sys.argv[1]), int(sys.argv[2])
 print(f"samples: {len(pairs)} distinct (step, sample) pairs, {len(at)} samples, want 0..{n * g - 1}")
-sys.exit(sorted(at) != list(range(n * g)) or any(v != {s // g} for s, v in at.items()))' $steps 32 ||
+sys.exit(sorted(at) != list(range(n * g)) or any(v != {s // g} for s, v in at.items()))' $steps $((2 * el_batch)) ||
 	fail "samples skipped, repeated or trained at the wrong step"
 
 # sigterm_run NAME WHAT: a 2-slice run; once 5 steps are done, SIGTERM to
