@@ -182,6 +182,13 @@ int st_cli_config_args_parse(st_cli_config_args *a, int argc, char **argv, const
 			rc = neither(arg);
 		}
 	}
+	if (rc == 0 && (flags & ST_CLI_LEADING)) { /* also tells the loader where configs/ is */
+		const char *dir = st_cli_use_config_dir();
+		if (a->config)
+			snprintf(a->path, sizeof(a->path), "%s", a->config);
+		else
+			snprintf(a->path, sizeof(a->path), "%s/default.yml", dir);
+	}
 	if (rc == 0 && !a->config && (flags & ST_CLI_NEED_CONFIG))
 		rc = st_fail(ST_EINVAL, "%s needs a CONFIG.yml (see slicetrain %s --help)", cmd, cmd);
 	return rc;

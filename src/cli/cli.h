@@ -13,6 +13,7 @@
 #ifndef ST_CLI_CLI_H
 #define ST_CLI_CLI_H
 
+#include <limits.h>
 #include <stdint.h>
 
 /* slicetrain train [CONFIG.yml] [key=value ...]: train.c */
@@ -114,8 +115,11 @@ typedef struct st_cli_config_args {
 	const char *config; /* the CONFIG.yml argument, NULL if none */
 	char **kv;          /* the key=value overrides, in order (pointers into argv) */
 	int nkv;
+	/* ST_CLI_LEADING: the file to load, CONFIG.yml or else the embedded
+	 * default (<configs>/default.yml) */
+	char path[PATH_MAX + 16];
 } st_cli_config_args;
-#define ST_CLI_CONFIG_ARGS_INIT {NULL, NULL, 0}
+#define ST_CLI_CONFIG_ARGS_INIT {NULL, NULL, 0, ""}
 
 /*
  * Flags of st_cli_config_args_parse:

@@ -302,8 +302,6 @@ static void kill_leftovers(agent_proc *ap, int na, st_ctl *ctl)
 
 static int launch_elastic(st_ctl_opts *co, int grace, int argc, char **argv)
 {
-	char default_cfg[PATH_MAX + 16];
-	snprintf(default_cfg, sizeof(default_cfg), "%s/default.yml", st_cli_use_config_dir());
 	st_cli_config_args a;
 	int rc = st_cli_config_args_parse(&a, argc, argv, NULL, "launch", ST_CLI_LEADING);
 	if (rc < 0) {
@@ -312,7 +310,7 @@ static int launch_elastic(st_ctl_opts *co, int grace, int argc, char **argv)
 		return st_exit_status(rc);
 	}
 	co->config = a.config;
-	co->config_path = a.config ? a.config : default_cfg;
+	co->config_path = a.path;
 	co->nkv = a.nkv;
 	co->kv = a.kv;
 	char exe[PATH_MAX];

@@ -37,8 +37,6 @@ int st_cmd_train(int argc, char **argv)
 		fputs(train_usage, stdout);
 		return 0;
 	}
-	char default_cfg[PATH_MAX + 16];
-	snprintf(default_cfg, sizeof(default_cfg), "%s/default.yml", st_cli_use_config_dir());
 	/* the overrides after CONFIG.yml are the config loader's to check */
 	st_cli_config_args a;
 	int rc = st_cli_config_args_parse(&a, argc, argv, NULL, "train", ST_CLI_LEADING);
@@ -59,7 +57,7 @@ int st_cmd_train(int argc, char **argv)
 	int lead = rc < 0 || env.rank == 0;
 	st_log_quiet(!lead);
 	if (rc == 0)
-		rc = st_config_load(c, a.config ? a.config : default_cfg, a.nkv, a.kv);
+		rc = st_config_load(c, a.path, a.nkv, a.kv);
 	int64_t nparams = 0;
 	if (rc == 0)
 		rc = st_llama_check_config(c, &nparams); /* the checks that need the model's tensor table */
