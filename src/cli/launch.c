@@ -25,7 +25,7 @@ static const char launch_usage[] =
 	"       slicetrain launch --num-slices S --min-slices M --devices-per-slice D\n"
 	"                         [--hosts-per-slice H] [--max-failures N] [--repair-delay S]\n"
 	"                         [--kill SLICE@STEP[:DOWN_S]] [--preempt SLICE@STEP[:DOWN_S]]\n"
-	"                         [--preemption-grace S] [--heartbeat-timeout-ms N]\n"
+	"                         [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
 	"                         [--threads-per-device T] [--port P] -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"Starts S x D training processes on this machine (one per device, slice-major\n"
@@ -44,7 +44,10 @@ static const char launch_usage[] =
 	"a SIGKILL of one worker / a preemption notice to SLICE once the group completed\n"
 	"STEP (the slice is down DOWN_S seconds, default the repair delay). After a\n"
 	"preemption notice, workers get --preemption-grace seconds (default 30) to save\n"
-	"and exit before SIGKILL. Ends with the summary line {\"event\":\"summary\",...}\n"
+	"and exit before SIGKILL. Fewer than M healthy slices for --wait-timeout seconds\n"
+	"(default 600, -1 forever) ends the run with status 3. A slice that fails again\n"
+	"soon after returning is kept out longer each time (back-off), unless the group\n"
+	"needs it to reach M. Ends with the summary line {\"event\":\"summary\",...}\n"
 	"on stdout.\n";
 
 typedef struct worker {
@@ -398,6 +401,7 @@ int st_cmd_launch(int argc, char **argv)
 {
 	int slices = 0, dps = 0, threads = 1, port = 0, i;
 	int min_slices = 0, hps = 1, max_failures = 3, repair = 10, elastic = 0, hb_ms = 1000, grace = 30;
+	int wait_timeout = 600;
 	st_ctl_fault faults[64];
 	int nfaults = 0;
 	const st_cli_opt opts[] = {
@@ -411,6 +415,7 @@ int st_cmd_launch(int argc, char **argv)
 		{.name = "--repair-delay", .kind = ST_CLI_INT, .value = &repair, .min = 0, .max = 86400},
 		{.name = "--preemption-grace", .kind = ST_CLI_INT, .value = &grace, .min = 1, .max = 86400},
 		{.name = "--heartbeat-timeout-ms", .kind = ST_CLI_INT, .value = &hb_ms, .min = 100, .max = 600000},
+		{.name = "--wait-timeout", .kind = ST_CLI_INT, .value = &wait_timeout, .min = -1, .max = 1 << 20},
 		{0},
 	};
 	/* the config part after "--" goes to the workers as is: each one's
@@ -452,6 +457,10 @@ int st_cmd_launch(int argc, char **argv)
 			launch_usage);
 		return 2;
 	}
+	if (wait_timeout == 0) {
+		fprintf(stderr, "slicetrain launch: --wait-timeout is -1 (forever) or at least 1 second\n");
+		return 2;
+	}
 	if (elastic) {
 		for (int f = 0; f < nfaults; f++)
 			if (faults[f].slice >= slices) {
@@ -462,8 +471,8 @@ int st_cmd_launch(int argc, char **argv)
 		st_ctl_opts co = {.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
 				  .hosts_per_slice = hps, .devices_per_slice = dps, .threads = threads,
 				  .max_failures = max_failures, .repair_delay = repair,
-				  .heartbeat_timeout_s = hb_ms / 1000.0, .stop_grace_s = grace, .faults = faults,
-				  .nfaults = nfaults};
+				  .heartbeat_timeout_s = hb_ms / 1000.0, .stop_grace_s = grace,
+				  .wait_timeout_s = wait_timeout, .faults = faults, .nfaults = nfaults};
 		return launch_elastic(&co, grace, argc - i, argv + i);
 	}
 	int world = slices * dps;

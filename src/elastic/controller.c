@@ -58,6 +58,7 @@ typedef struct host {
 typedef struct slice {
 	host *h;
 	double down_until;   /* mono; down (repair or back-off) until then */
+	double repair_until; /* mono; the repair part of down_until (the rest is back-off) */
 	double backoff;      /* multiplier of the next down time after a quick relapse */
 	double up_mono;      /* when it last became healthy (mono), 0: not healthy */
 	double fault_down;   /* the down time of an injected fault, < 0 none */
@@ -118,7 +119,7 @@ struct st_ctl {
 	double pending_recovery; /* failure detected (mono) awaiting the next step; 0 none */
 	double grow_healthy;     /* the slice that made us grow became healthy (mono); 0 none */
 	json_t *events;          /* waiting for the next gap between generations */
-	int waiting_logged;
+	double waiting_since; /* mono: fewer than --min-slices healthy since then, 0: not waiting */
 	int last_k;
 	double last_round; /* the end of the last st_ctl_poll (mono) */
 };
@@ -243,6 +244,21 @@ static int slice_healthy(const st_ctl *c, int s, double now)
 	return 1;
 }
 
+/* Repaired, its hosts back, but kept out by its back-off: a slice the group
+ * may take anyway when fewer than --min-slices are healthy without it (the
+ * back-off keeps a flapping slice out of a group that can run without it;
+ * it must not stop the run). */
+static int held_back(const st_ctl *c, int s, double now)
+{
+	const slice *x = &c->sl[s];
+	if (now < x->repair_until || now >= x->down_until)
+		return 0;
+	for (int h = 0; h < c->o.hosts_per_slice; h++)
+		if (!host_ok(c, &x->h[h], now))
+			return 0;
+	return 1;
+}
+
 static int in_group(const st_ctl *c, int s)
 {
 	if (!c->gen_active)
@@ -257,8 +273,10 @@ static const char *slice_state(const st_ctl *c, int s, double now)
 {
 	if (in_group(c, s))
 		return "in group";
-	if (now < c->sl[s].down_until)
+	if (now < c->sl[s].repair_until)
 		return "down";
+	if (now < c->sl[s].down_until)
+		return "back-off";
 	return slice_healthy(c, s, now) ? "healthy" : "missing hosts";
 }
 
@@ -277,6 +295,8 @@ static void mark_down(st_ctl *c, int s, double down_s, int counts_backoff, const
 	double d = down_s * (counts_backoff ? x->backoff : 1);
 	if (now + d > x->down_until)
 		x->down_until = now + d;
+	if (now + down_s > x->repair_until)
+		x->repair_until = now + down_s;
 	x->was_down = 1;
 	x->up_mono = 0;
 	snprintf(x->why, sizeof(x->why), "%s", why);
@@ -573,6 +593,13 @@ static void gen_failure(st_ctl *c, int s, const char *fmt, ...)
 		logf_("failure detected %.3f s after the injected kill", g->fail_mono - g->kill_sent);
 	if (!c->done)
 		transition(c, S_RESTARTING, "%s", why);
+	/* a generation that has not completed a step has nothing to save, and its
+	 * survivors may be waiting for the lost worker inside the rendezvous:
+	 * stop them now rather than after the grace period */
+	if (g->first_step < 0 && !g->bad_input && g->stop_how != STOP_KILL && g->nexited < g->world) {
+		logf_("generation %d had not completed a step: stop how=kill", g->id);
+		gen_stop(c, STOP_KILL);
+	}
 }
 
 /* Worker r of the running generation ended with code (exit status, or
@@ -1072,18 +1099,42 @@ static void schedule(st_ctl *c, double now)
 		if (slice_healthy(c, s, now))
 			healthy[nh++] = s;
 	if (c->state == S_INITIALIZING) {
-		if (nh < c->o.num_slices && !(nh >= c->o.min_slices && now - c->start_mono > INIT_WAIT_S))
+		if (nh < c->o.num_slices && !(nh >= c->o.min_slices && now - c->start_mono > INIT_WAIT_S)) {
+			if (nh < c->o.min_slices && c->o.wait_timeout_s >= 0 &&
+			    now - c->start_mono > c->o.wait_timeout_s) {
+				char why[200];
+				snprintf(why, sizeof(why), "%d of %d slices healthy after %.0f s, fewer than --min-slices %d "
+					 "(--wait-timeout)", nh, c->o.num_slices, c->o.wait_timeout_s, c->o.min_slices);
+				fprintf(stderr, "slicetrain: error: %s\n", why);
+				finish(c, S_ERRORED, 3, why);
+			}
 			return;
+		}
 		transition(c, S_SCHEDULING, "%d of %d slices healthy", nh, c->o.num_slices);
 	}
+	for (int s = 0; s < c->o.num_slices && nh < c->o.min_slices; s++)
+		if (held_back(c, s, now)) {
+			logf_("slice %d taken before its back-off ends (%.1f s left): fewer than %d healthy without it", s,
+			      c->sl[s].down_until - now, c->o.min_slices);
+			c->sl[s].down_until = now;
+			healthy[nh++] = s;
+		}
 	if (nh < c->o.min_slices) {
-		if (!c->waiting_logged)
-			logf_("waiting for at least %d healthy slice%s (%d now)", c->o.min_slices,
-			      c->o.min_slices == 1 ? "" : "s", nh);
-		c->waiting_logged = 1;
+		if (!c->waiting_since) {
+			logf_("waiting for at least %d healthy slice%s (%d now; at most %.0f s)", c->o.min_slices,
+			      c->o.min_slices == 1 ? "" : "s", nh, c->o.wait_timeout_s);
+			c->waiting_since = now;
+		}
+		if (c->o.wait_timeout_s >= 0 && now - c->waiting_since > c->o.wait_timeout_s) {
+			char why[200];
+			snprintf(why, sizeof(why), "fewer than %d healthy slice%s for %.0f s (--wait-timeout)",
+				 c->o.min_slices, c->o.min_slices == 1 ? "" : "s", c->o.wait_timeout_s);
+			fprintf(stderr, "slicetrain: error: %s\n", why);
+			finish(c, S_ERRORED, 3, why);
+		}
 		return;
 	}
-	c->waiting_logged = 0;
+	c->waiting_since = 0;
 	int k = best_k(c, nh);
 	if (!k) {
 		st_mesh m;
@@ -1195,6 +1246,8 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 		c->o.stop_grace_s = 30;
 	if (c->o.heartbeat_timeout_s <= 0)
 		c->o.heartbeat_timeout_s = 1;
+	if (c->o.wait_timeout_s == 0)
+		c->o.wait_timeout_s = 600;
 	snprintf(c->listen_host, sizeof(c->listen_host), "%s", o->listen_host ? o->listen_host : "127.0.0.1");
 	int rc = 0;
 	for (int i = 0; i < MAX_CONNS; i++)
@@ -1384,7 +1437,7 @@ int st_ctl_may_start_agent(const st_ctl *c, int slice, int host)
 {
 	if (c->done || slice < 0 || slice >= c->o.num_slices || host < 0 || host >= c->o.hosts_per_slice)
 		return 0;
-	return st_mono_s() >= c->sl[slice].down_until && c->sl[slice].h[host].conn < 0;
+	return st_mono_s() >= c->sl[slice].repair_until && c->sl[slice].h[host].conn < 0;
 }
 
 void st_ctl_agent_exited(st_ctl *c, int slice, int host)
@@ -1394,7 +1447,7 @@ void st_ctl_agent_exited(st_ctl *c, int slice, int host)
 	int i = c->sl[slice].h[host].conn;
 	if (i >= 0)
 		conn_drop(c, i, "its process ended");
-	else if (!c->done && st_mono_s() >= c->sl[slice].down_until)
+	else if (!c->done && st_mono_s() >= c->sl[slice].repair_until)
 		mark_down(c, slice, c->o.repair_delay, 0, "agent process ended");
 }
 

@@ -18,8 +18,9 @@
  *   RESIZING      a grow (stop how=resize: save at the step boundary, exit
  *                 138) or a preemption (exit 143 after saving)
  *   FINISHED      every worker exited 0 after the last step (exit 0)
- *   ERRORED       too many failures (exit 3), bad input (2), a signal to
- *                 the launcher (128+N)
+ *   ERRORED       too many failures (exit 3), fewer than --min-slices
+ *                 healthy for --wait-timeout seconds (3), bad input (2), a
+ *                 signal to the launcher (128+N)
  *
  * Library code: errors come back as ST_E* codes with a message.
  */
@@ -51,6 +52,8 @@ typedef struct st_ctl_opts {
 	double stop_grace_s;     /* ... and this long after a resize or a preemption notice
 	                            when workers still run (default 30) */
 	double heartbeat_timeout_s; /* an agent silent this long is lost (default 1) */
+	double wait_timeout_s;   /* fewer than min_slices healthy this long ends the run
+	                            with status 3 (0: default 600; < 0: wait forever) */
 	const char *config;      /* CONFIG.yml as the workers get it (NULL: none) */
 	const char *config_path; /* the file to load here (config, or the default one) */
 	int nkv;
@@ -77,8 +80,9 @@ int st_ctl_done(const st_ctl *c, int *exit_status);
 void st_ctl_interrupt(st_ctl *c, int sig);
 
 /* For the process that runs the agents (one machine): may the agent of
- * (slice, host) be started now (its slice is not in repair or back-off and
- * the run goes on)? */
+ * (slice, host) be started now (its slice's repair delay is over and the
+ * run goes on; a slice in back-off has its agents, the controller decides
+ * when the group takes it)? */
 int st_ctl_may_start_agent(const st_ctl *c, int slice, int host);
 /* The agent process of (slice, host) ended: lose it now if still connected. */
 void st_ctl_agent_exited(st_ctl *c, int slice, int host);

@@ -54,6 +54,10 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	p->params_device = ceil_div(p->params_piece, F);
 	p->weights = 4 * p->params_device;
 	p->grads = 4 * p->params_device;
+	/* a resident model sums its micro-batches' gradients in a second buffer
+	 * (train.c, sum_micro_batch) */
+	if (F == 1 && c->gradient_accumulation_steps > 1)
+		p->grads *= 2;
 	p->optimizer = 8 * p->params_device;
 
 	/* activations: a tensor-parallel group's micro-batch, one device's heads */
@@ -127,7 +131,9 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		 (long long)p->params_device, (long long)p->params_piece,
 		 (long long)m->size[ST_AXIS_FSDP]);
 	line(out, "weights", p->weights, note);
-	line(out, "gradients", p->grads, "fp32, sharded as the weights");
+	line(out, "gradients", p->grads,
+	     m->size[ST_AXIS_FSDP] == 1 && c->gradient_accumulation_steps > 1
+		     ? "fp32, and their sum over micro-batches" : "fp32, sharded as the weights");
 	line(out, "optimizer", p->optimizer, "AdamW m and v, fp32, sharded as the weights");
 	if (p->fsdp_buffer)
 		line(out, "fsdp buffers", p->fsdp_buffer,

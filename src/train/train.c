@@ -43,6 +43,8 @@ typedef struct trainer {
 	int64_t accum;    /* micro-batches per step: gradient_accumulation_steps, or more
 			     on fewer devices under an elastic controller (elastic_accum) */
 	int64_t G;        /* global rows per step: B x devices x accum */
+	float *gsum;      /* accum > 1, resident model: the sum of the step's finished
+			     micro-batch gradients (train_step) */
 	int64_t max_devices; /* SLICETRAIN_ELASTIC_MAX_DEVICES, 0 when not elastic */
 	int lead;         /* this process prints the log line and writes metrics */
 	FILE *metrics;
@@ -159,6 +161,37 @@ static int write_metrics(trainer *t, int64_t step, double loss, int64_t total_we
 	return 0;
 }
 
+/*
+ * With accumulation on a resident model, each micro-batch's gradients are
+ * computed from zero and summed in micro-batch order: g0 + g1 + ... The
+ * kernels would otherwise add micro-batch a's terms onto the earlier ones'
+ * inside their own sums, a different rounding from the data all-reduce's
+ * g0 + g1 when the same micro-batches run on two replicas. This way a step
+ * of two micro-batches gives the same bits on one device as on two data
+ * replicas (an elastic group that shrinks from 2 to 1, or grows back, stays
+ * on the fault-free run's weights); the cost is one gradient-sized buffer
+ * and one pass over it per micro-batch.
+ */
+static void sum_micro_batch(trainer *t, int64_t a)
+{
+	float *g = t->model.grads, *s = t->gsum;
+	int64_t n = t->model.nparams;
+	if (a == t->accum - 1) { /* the last: the sum lands in the model's gradients */
+#pragma omp parallel for schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			g[i] = s[i] + g[i];
+		return;
+	}
+	if (a == 0)
+		memcpy(s, g, (size_t)n * sizeof(float));
+	else {
+#pragma omp parallel for schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			s[i] += g[i];
+	}
+	st_llama_zero_grads(&t->model);
+}
+
 static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_out,
 		      double *lr_out)
 {
@@ -184,6 +217,8 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 			fflush(t->sample_log);
 		if ((rc = st_llama_forward_backward(&t->model, t->tokens, scale, &loss_sum)) < 0)
 			return rc;
+		if (t->gsum)
+			sum_micro_batch(t, a);
 	}
 	if ((rc = st_comm_allreduce(p->batch, &loss_sum, 1, ST_DTYPE_F64, ST_SUM)) < 0)
 		return rc;
@@ -382,6 +417,7 @@ static void trainer_release(trainer *t, int failed)
 	st_shard_release(&t->shard);
 	st_dataset_free(t->data);
 	free(t->tokens);
+	free(t->gsum);
 	if (t->metrics)
 		fclose(t->metrics);
 	st_par_release(&t->par);
@@ -464,10 +500,12 @@ static int trainer_setup(trainer *t)
 	    (rc = st_dataset_open(&t->data, c, t->G)) < 0)
 		return rc;
 	t->tokens = malloc((size_t)(t->rows * (t->T + 1)) * sizeof(int32_t));
-	if (!t->tokens) {
-		rc = st_fail(ST_ENOMEM, "out of memory for the batch");
-		return rc;
-	}
+	if (!t->tokens)
+		return st_fail(ST_ENOMEM, "out of memory for the batch");
+	if (t->accum > 1 && t->shard.alias &&
+	    !(t->gsum = malloc((size_t)t->model.nparams * sizeof(float))))
+		return st_fail(ST_ENOMEM, "out of memory for the gradient sum (%.1f MB)",
+			       4e-6 * (double)t->model.nparams);
 	/* under an elastic controller the file holds every generation's records
 	 * (and the controller's event lines between them): append */
 	const char *gen = getenv("SLICETRAIN_GENERATION");

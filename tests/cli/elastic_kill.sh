@@ -4,7 +4,7 @@
 # 0); the summary shows 1 failure and 2 resizes, the metrics file a failure,
 # a shrink, restores and a grow; steps lost at most the checkpoint period
 # (5); the final weights within 1e-4 relative (per tensor, by norm) of a
-# fault-free 2-slice run of the same 60 steps; every trained sample index at
+# fault-free 2-slice run of the same 60 steps, and in fact bit-identical; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
 # Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1).
 # timeout: 200
@@ -57,6 +57,11 @@ PY
 	done
 	[ -f "$TMP/hf-kill$n/model.safetensors" ] && mesh_compare_weights "$TMP/hf-ref$n/model.safetensors" \
 		"$TMP/hf-kill$n/model.safetensors" "$n: kill 1@10 vs fault-free"
+	# more: the same bits. Steps on one slice sum their two micro-batches as
+	# the all-reduce sums two slices' (src/train/train.c, sum_micro_batch),
+	# and rolled-back steps are trained again from a checkpoint of the same bits
+	cmp -s "$TMP/hf-ref$n/model.safetensors" "$TMP/hf-kill$n/model.safetensors" ||
+		fail "$n: the final weights are not bit-identical to the fault-free run's"
 
 	# every sample trained exactly once in the kept history: a rolled-back step
 	# is trained again on the same samples (its lines repeat), no sample at two
