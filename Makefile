@@ -11,7 +11,7 @@ BUILD   ?= build
 OPT     ?= -O2 -march=native
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -MMD -MP
-LDLIBS  += -ldnnl -lyaml -ljansson -ldeflate -lm -fopenmp
+LDLIBS  += -ldnnl -lyaml -ljansson -ldeflate -lcrypto -lm -fopenmp
 
 ifeq ($(SAN),1)
 BUILD   := build-san

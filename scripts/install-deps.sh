@@ -6,7 +6,7 @@
 #                                    .venv-test/ (Hugging Face transformers from PyPI)
 #   scripts/install-deps.sh --bench  plus OpenMPI (the collectives peer) and perf tools
 set -euo pipefail
-pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libdeflate-dev)
+pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libdeflate-dev libssl-dev)
 if [ "${1:-}" = "--test" ]; then
 	pkgs+=(python3 python3-numpy python3-torch python3-venv)
 fi

@@ -26,7 +26,8 @@ enum {
 	ST_EINTERNAL = -4, /* a library (oneDNN, libyaml) failed unexpectedly (exit 1) */
 	ST_EINTR = -5,     /* stopped by a signal (exit 128 + signal, decided by main) */
 	ST_EPEER = -6,     /* a peer of the worker group died or stopped answering (exit 3) */
-	ST_EPROTO = -7     /* a peer sent a message that breaks the protocol (exit 1) */
+	ST_EPROTO = -7,    /* a peer sent a message that breaks the protocol (exit 1) */
+	ST_EAUTH = -8      /* a peer failed the run token's proof, or we failed its (exit 1) */
 };
 
 /* Record a message (printf-style) and return code. errno is preserved. */
