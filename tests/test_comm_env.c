@@ -238,17 +238,25 @@ static void *late_setter(void *arg)
 	setter *s = arg;
 	usleep(100000);
 	st_store *c;
-	if (st_store_connect(&c, "127.0.0.1", s->port, st_mono_ns() + 2000000000LL) == 0) {
+	if (st_store_connect(&c, "127.0.0.1", s->port, NULL, st_mono_ns() + 2000000000LL) == 0) {
 		st_store_set(c, "late", "v", 1);
 		st_store_close(c);
 	}
 	return NULL;
 }
 
+/* A connection past the handshake (no token: the server has none either). */
 static int raw_connect(int port)
 {
 	int fd;
-	return st_tcp_connect("127.0.0.1", port, st_mono_ns() + 1000000000LL, &fd) == 0 ? fd : -1;
+	int64_t dl = st_mono_ns() + 1000000000LL;
+	if (st_tcp_connect("127.0.0.1", port, dl, &fd) < 0)
+		return -1;
+	if (st_auth_client(fd, NULL, dl) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
 }
 
 /* A malformed request makes the server drop that client; 1 if it closed. */
@@ -268,11 +276,11 @@ static int server_drops(int port, const void *req, size_t n)
 static void test_store(void)
 {
 	st_store_server *srv;
-	CHECK(st_store_serve(&srv, 0) == 0);
+	CHECK(st_store_serve(&srv, "127.0.0.1", 0, NULL, NULL) == 0);
 	int port = st_store_server_port(srv);
 	st_store *c;
 	int64_t dl = st_mono_ns() + 2000000000LL;
-	CHECK(st_store_connect(&c, "localhost", port, dl) == 0);
+	CHECK(st_store_connect(&c, "localhost", port, NULL, dl) == 0);
 	CHECK(st_store_set(c, "a", "hello", 5) == 0);
 	void *v;
 	size_t n;
@@ -285,7 +293,7 @@ static void test_store(void)
 	st_store_close(c);
 
 	/* get waits until another client sets the key */
-	CHECK(st_store_connect(&c, "127.0.0.1", port, dl) == 0);
+	CHECK(st_store_connect(&c, "127.0.0.1", port, NULL, dl) == 0);
 	pthread_t th;
 	setter s = { port };
 	pthread_create(&th, NULL, late_setter, &s);
@@ -302,7 +310,7 @@ static void test_store(void)
 	/* barrier of three clients */
 	st_store *b[3];
 	for (int i = 0; i < 3; i++)
-		CHECK(st_store_connect(&b[i], "127.0.0.1", port, dl) == 0);
+		CHECK(st_store_connect(&b[i], "127.0.0.1", port, NULL, dl) == 0);
 	CHECK(st_store_add(b[0], "bar/count", 1, &x) == 0 && st_store_add(b[1], "bar/count", 1, &x) == 0);
 	CHECK(st_store_barrier(b[2], "bar", 3, dl) == 0);
 	CHECK(st_store_get(b[0], "bar/done", &v, &n, dl) == 0);
@@ -334,7 +342,7 @@ static void test_store(void)
 		close(fd);
 	}
 	dl = st_mono_ns() + 2000000000LL;
-	if (st_store_connect(&c, "127.0.0.1", port, dl) == 0) {
+	if (st_store_connect(&c, "127.0.0.1", port, NULL, dl) == 0) {
 		CHECK(st_store_get(c, "a", &v, &n, dl) == 0 && n == 5);
 		free(v);
 		st_store_close(c);
@@ -345,7 +353,7 @@ static void test_store(void)
 
 	/* connecting to nothing retries, then fails with the address */
 	t0 = st_mono_ns();
-	CHECK(st_store_connect(&c, "127.0.0.1", port, st_mono_ns() + 300000000LL) == ST_EPEER);
+	CHECK(st_store_connect(&c, "127.0.0.1", port, NULL, st_mono_ns() + 300000000LL) == ST_EPEER);
 	CHECK(strstr(st_errmsg(), "cannot reach the coordinator 127.0.0.1:") != NULL);
 	CHECK(st_mono_ns() - t0 >= 200000000LL);
 }

@@ -2,7 +2,10 @@
  * comm_int.h - internals shared by the files of src/comm (not an API).
  *
  * net.c    socket helpers (net.h: public, the elastic layer uses them too)
+ * auth.c   the run token and the connection handshake (auth.h: public)
  * store.c  the rendezvous store (store.h)
+ * frame.c  control frames, hellos and the acceptor's handshake, as pure
+ *          functions (frame.h; fuzz/fuzz_frame.c)
  * env.c    st_group_env_read: one table entry per launcher convention
  * group.c  join (meeting through the store, control connections), leave,
  *          the monitor thread (heartbeats, accepts, mailbox)
@@ -20,29 +23,14 @@
 
 #include "base/clock.h"
 
+#include "comm/auth.h"
 #include "comm/comm.h"
+#include "comm/frame.h"
 #include "comm/store.h"
 
 #include "comm/net.h"
 
-/* ---- frames on control sockets and in hellos: 32 bytes, host byte order ---- */
-
-enum { ST_FRAME_MAGIC = 0x53544331u /* "STC1" */ };
-enum {
-	F_HELLO_CTRL = 1, /* first frame of a control connection; aux = sender's pid */
-	F_HELLO_DATA = 2, /* first frame of a communicator's data connection; key = comm key, aux = pid */
-	F_HB = 3,         /* heartbeat */
-	F_BYE = 4,        /* leaving normally */
-	F_ABORT = 5,      /* my group failed: aux = reason, key = failed rank */
-	F_FD = 6,         /* carries a memfd (SCM_RIGHTS); key = comm key */
-};
-typedef struct st_frame {
-	uint32_t magic, type;
-	int32_t rank;   /* sender */
-	uint32_t aux;
-	uint64_t nonce; /* group nonce */
-	uint64_t key;
-} st_frame;
+/* frames on control sockets and in hellos (st_frame, F_*): comm/frame.h */
 
 /* ---- failure state ---- */
 
@@ -80,11 +68,12 @@ typedef struct st_mail {
 	int fd;
 } st_mail;
 
-typedef struct st_pending {   /* accepted connection waiting for its hello */
+typedef struct st_pending {   /* accepted connection waiting for its handshake and hello */
 	struct st_pending *next;
-	int fd, is_unix, n;
+	int fd, is_unix;
 	int64_t deadline;
-	uint8_t buf[sizeof(st_frame)];
+	st_accept acc;
+	char peer[64];            /* for log lines */
 } st_pending;
 
 typedef struct st_ckey {      /* how often a member list was made a communicator */
@@ -108,7 +97,12 @@ struct st_group {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	st_mail *mail;           /* under mu */
-	st_pending *pend;        /* monitor only */
+	st_pending *pend;        /* monitor only, newest first */
+	int npend;               /* monitor only */
+	int64_t accept_pause_until; /* monitor only: out of descriptors, listeners not polled */
+	st_token tok;            /* the run token (key only), loaded by st_group_join */
+	st_drop_log drops;       /* monitor only: refused connections */
+	char where[48];          /* "worker group rank N", for log lines */
 	int nconnected;          /* control connections established (under mu) */
 	st_ckey *ckeys;          /* under mu */
 	st_comm *comms;          /* open communicators (under mu) */

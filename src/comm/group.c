@@ -16,6 +16,20 @@
  * closes (process exited or was killed). The first failure is recorded in
  * g->fail, wakes every waiter through g->fail_fd, and is forwarded to all
  * peers as an ABORT frame, so a failure anywhere fails the whole group.
+ *
+ * Who may connect (docs/auth.md): every TCP connection, control or data,
+ * starts with the run token's handshake (auth.h; the acceptor's side is the
+ * state machine of frame.h, driven by the monitor), then a hello that must
+ * name another member with its pid and the group nonce. A connection that
+ * fails either, or does not finish them within PENDING_TIMEOUT_NS, is
+ * dropped and logged, and the group goes on waiting for the real peer; at
+ * most max_pending() connections wait at once (a new one evicts the
+ * oldest). Unix control sockets accept only the run's own user (SO_PEERCRED
+ * on both ends): their abstract names are reachable by any local user, and
+ * they carry memfds. Listeners bind to the address this process reaches the
+ * coordinator from (or SLICETRAIN_ADDR), so with a loopback coordinator
+ * nothing listens beyond loopback; without a token, no group listens on any
+ * other address (st_auth_check_bind).
  */
 #include <errno.h>
 #include <poll.h>
@@ -37,6 +51,8 @@
 #include "comm/comm_int.h"
 
 enum { EP_MAGIC = 0x53544551u, CFG_MAGIC = 0x53544346u };
+/* An accepted connection must complete its handshake and hello by then. */
+#define PENDING_TIMEOUT_NS ((int64_t)10 * 1000000000)
 
 typedef struct ep_wire {
 	uint32_t magic;
@@ -254,6 +270,15 @@ int st_group_connect_data(st_group *g, int to, uint64_t key, int *fdp)
 	int fd, r = st_tcp_connect(q->addr, q->port, deadline, &fd);
 	if (r == 0) {
 		st_frame f = frame(g, F_HELLO_DATA, (uint32_t)getpid(), key);
+		if ((r = st_auth_client(fd, &g->tok, deadline)) < 0) {
+			char why[600];
+			snprintf(why, sizeof(why), "%s", st_errmsg());
+			close(fd);
+			if (atomic_load(&g->fail))
+				return st_group_check(g);
+			return st_fail(r == ST_EAUTH ? ST_EAUTH : ST_EPEER, "worker group: rank %d at %s:%d: %s", to,
+				       q->addr, q->port, why);
+		}
 		r = st_send_full(fd, &f, sizeof(f), deadline);
 		if (r) {
 			close(fd);
@@ -305,15 +330,18 @@ static void peer_closed(st_group *g, int p)
 
 static void on_frame(st_group *g, int p, const st_frame *f, int fd)
 {
-	if (f->magic != ST_FRAME_MAGIC || f->nonce != g->nonce || f->rank != p) {
+	const char *why;
+	int abort_reason = 0, abort_rank = p;
+	int type = st_ctrl_frame_check(f, g->nonce, p, g->size, R_JOIN, &abort_reason, &abort_rank, &why);
+	if (type < 0) {
 		if (fd >= 0)
 			close(fd);
-		st_warn("worker group: malformed control frame from rank %d; dropping the connection", p);
+		st_warn("worker group: %s from rank %d; dropping the connection", why, p);
 		peer_closed(g, p);
 		return;
 	}
 	g->peers[p].last_rx = st_mono_ns();
-	switch (f->type) {
+	switch (type) {
 	case F_HB:
 		break;
 	case F_BYE:
@@ -321,8 +349,8 @@ static void on_frame(st_group *g, int p, const st_frame *f, int fd)
 		atomic_store(&g->peers[p].left, 1);
 		break;
 	case F_ABORT:
-		if (f->aux > R_NONE && f->aux <= R_JOIN && f->key < (uint64_t)g->size)
-			st_group_fail(g, (int)f->aux, (int)f->key, p);
+		if (abort_reason > R_NONE)
+			st_group_fail(g, abort_reason, abort_rank, p);
 		else
 			st_group_fail(g, R_ABORT, p, p);
 		break;
@@ -426,74 +454,142 @@ static void read_ctrl(st_group *g, int p)
 		;
 }
 
-/* A complete hello on an accepted connection. */
-static void on_hello(st_group *g, st_pending *pc)
+static int32_t pid_of(const void *ctx, int r) { return ((const st_group *)ctx)->peers[r].pid; }
+
+/* Drop an accepted connection, and say why (rate-limited). */
+static void pending_drop(st_group *g, st_pending *pc, const char *why)
 {
-	st_frame f;
-	memcpy(&f, pc->buf, sizeof(f));
-	/* a hello carries the sender's pid, which must match its endpoint */
-	int ok = f.magic == ST_FRAME_MAGIC && f.nonce == g->nonce && f.rank >= 0 && f.rank < g->size &&
-		 f.rank != g->rank && f.aux == (uint32_t)g->peers[f.rank].pid;
-	if (ok && f.type == F_HELLO_CTRL && f.rank > g->rank) {
+	st_auth_log_drop(&g->drops, g->where, pc->peer, why);
+	close(pc->fd);
+	pc->fd = -1;
+	g->npend--;
+}
+
+/* A complete hello on an accepted connection. */
+static void on_hello(st_group *g, st_pending *pc, const st_frame *f)
+{
+	const char *why = NULL;
+	st_hello_rules rules = { .self = g->rank, .size = g->size, .nonce = g->nonce, .pid_of = pid_of, .ctx = g };
+	int kind = st_hello_check(&rules, f, pc->is_unix, &why);
+	if (kind == F_HELLO_CTRL) {
 		pthread_mutex_lock(&g->mu);
-		st_peer *q = &g->peers[f.rank];
+		st_peer *q = &g->peers[f->rank];
 		if (q->ctrl_fd < 0 && !q->closed) {
 			q->ctrl_fd = pc->fd;
 			q->ctrl_unix = pc->is_unix;
 			q->last_rx = st_mono_ns();
 			g->nconnected++;
 			pc->fd = -1;
+			g->npend--;
 			pthread_cond_broadcast(&g->cv);
+		} else {
+			why = "a second control connection from the same rank";
 		}
 		pthread_mutex_unlock(&g->mu);
-	} else if (ok && f.type == F_HELLO_DATA && !pc->is_unix) {
+	} else if (kind == F_HELLO_DATA) {
 		st_sock_tune(pc->fd);
-		mail_add(g, F_HELLO_DATA, f.rank, f.key, pc->fd);
+		mail_add(g, F_HELLO_DATA, f->rank, f->key, pc->fd);
 		pc->fd = -1;
+		g->npend--;
 	}
-	if (pc->fd >= 0) {
-		close(pc->fd);
-		pc->fd = -1;
-	}
+	if (pc->fd >= 0)
+		pending_drop(g, pc, why);
 }
 
+/* Send a handshake message on a fresh connection: it fits the socket's buffer. */
+static int pending_send(st_pending *pc, const void *p, size_t n)
+{
+	return send(pc->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
+}
+
+/* What an accepted connection sent: the proof (TCP), then the hello. Reads
+ * no further, so that a data connection's payload stays in the socket. */
 static void read_pending(st_group *g, st_pending *pc)
 {
-	for (;;) {
-		ssize_t r = recv(pc->fd, pc->buf + pc->n, sizeof(pc->buf) - (size_t)pc->n, MSG_DONTWAIT);
+	while (pc->fd >= 0) {
+		uint8_t in[ST_AUTH_PROOF], answer[ST_AUTH_MAC];
+		size_t want = st_accept_want(&pc->acc), used;
+		st_frame f;
+		ssize_t r = recv(pc->fd, in, want < sizeof(in) ? want : sizeof(in), MSG_DONTWAIT);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			return;
 		if (r <= 0) {
-			close(pc->fd);
-			pc->fd = -1;
+			pending_drop(g, pc, pc->acc.need_auth && !pc->acc.auth.done
+						    ? "closed before completing the handshake"
+						    : "closed before its hello");
 			return;
 		}
-		pc->n += (int)r;
-		if (pc->n == (int)sizeof(pc->buf)) {
-			on_hello(g, pc);
-			return;
-		}
+		int k = st_accept_feed(&pc->acc, &g->tok, in, (size_t)r, &used, answer, &f);
+		if (k < 0)
+			pending_drop(g, pc, st_errmsg());
+		else if (k == ST_ACCEPT_ANSWER && pending_send(pc, answer, sizeof(answer)) < 0)
+			pending_drop(g, pc, "cannot send the handshake's answer");
+		else if (k == ST_ACCEPT_HELLO)
+			on_hello(g, pc, &f);
 	}
+}
+
+/* At most this many accepted connections wait for their handshake and
+ * hello (g->npend counts the open ones): each member may open a control
+ * and a data connection at once. */
+static int max_pending(const st_group *g) { return 2 * g->size + 64; }
+
+/* Room for one more accepted connection: drop the oldest waiting one. */
+static void pending_make_room(st_group *g)
+{
+	while (g->npend >= max_pending(g)) {
+		st_pending *old = NULL;
+		for (st_pending *pc = g->pend; pc; pc = pc->next)
+			if (pc->fd >= 0)
+				old = pc; /* newest first: the last open one is the oldest */
+		if (!old)
+			return;
+		pending_drop(g, old, "too many connections waiting for their handshake (the oldest is dropped)");
+	}
+}
+
+/* A unix peer of the run's own user (a local socket's peer credentials). */
+static int same_user(int fd)
+{
+	struct ucred uc;
+	socklen_t l = sizeof(uc);
+	return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &l) == 0 && uc.uid == geteuid();
 }
 
 static void accept_on(st_group *g, int lfd, int is_unix)
 {
 	for (;;) {
 		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0)
+		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				/* the listener stays readable: pause instead of spinning */
+				g->accept_pause_until = st_mono_ns() + 100000000;
+				st_auth_log_drop(&g->drops, g->where, "?", "cannot accept: out of descriptors");
+			}
 			return;
+		}
+		pending_make_room(g);
 		st_pending *pc = calloc(1, sizeof(*pc));
 		if (!pc) {
 			close(fd);
 			continue;
 		}
+		uint8_t hello[ST_AUTH_HELLO];
 		pc->fd = fd;
 		pc->is_unix = is_unix;
-		pc->deadline = st_mono_ns() + (int64_t)10 * 1000000000;
+		pc->deadline = st_mono_ns() + PENDING_TIMEOUT_NS;
+		st_sock_peer_name(fd, pc->peer, sizeof(pc->peer));
 		pc->next = g->pend;
 		g->pend = pc;
+		g->npend++;
+		if (is_unix && !same_user(fd))
+			pending_drop(g, pc, "a local process of another user");
+		else if (st_accept_start(&pc->acc, !is_unix, hello) < 0)
+			pending_drop(g, pc, st_errmsg());
+		else if (!is_unix && pending_send(pc, hello, sizeof(hello)) < 0)
+			pending_drop(g, pc, "cannot send the handshake's hello");
 	}
 }
 
@@ -575,8 +671,11 @@ static int64_t poll_set_fill(st_group *g, poll_set *ps, int64_t next_hb)
 	int64_t wake = next_hb;
 	ps->n = 0;
 	poll_set_add(ps, g->mon_fd, POLLIN, SLOT_WAKE, -1, NULL);
-	poll_set_add(ps, g->tcp_lfd, POLLIN, SLOT_TCP_LISTEN, -1, NULL);
-	poll_set_add(ps, g->unix_lfd, POLLIN, SLOT_UNIX_LISTEN, -1, NULL);
+	int paused = g->accept_pause_until > st_mono_ns();
+	poll_set_add(ps, paused ? -1 : g->tcp_lfd, POLLIN, SLOT_TCP_LISTEN, -1, NULL);
+	poll_set_add(ps, paused ? -1 : g->unix_lfd, POLLIN, SLOT_UNIX_LISTEN, -1, NULL);
+	if (paused && g->accept_pause_until < wake)
+		wake = g->accept_pause_until;
 	for (st_pending *pc = g->pend; pc; pc = pc->next) {
 		poll_set_add(ps, pc->fd, POLLIN, SLOT_PENDING, -1, pc);
 		if (pc->deadline < wake)
@@ -634,10 +733,8 @@ static void drop_stale_pending(st_group *g, int64_t now)
 {
 	for (st_pending **pp = &g->pend; *pp;) {
 		st_pending *pc = *pp;
-		if (pc->fd >= 0 && now > pc->deadline) {
-			close(pc->fd);
-			pc->fd = -1;
-		}
+		if (pc->fd >= 0 && now > pc->deadline)
+			pending_drop(g, pc, "no handshake and hello within the time limit");
 		if (pc->fd < 0) {
 			*pp = pc->next;
 			free(pc);
@@ -806,6 +903,10 @@ static int unix_connect(const char *name, int *fdp)
 		close(fd);
 		return -e;
 	}
+	if (!same_user(fd)) { /* an abstract name any local user could have taken */
+		close(fd);
+		return -EACCES;
+	}
 	st_set_nonblock(fd, 1);
 	*fdp = fd;
 	return 0;
@@ -880,7 +981,7 @@ static void affinity_mask(uint64_t cpus[16])
 }
 
 /* Write ep/<rank>: how the others reach this process, its host and its CPUs. */
-static int publish_endpoint(st_group *g, st_store *s, const st_group_env *e)
+static int publish_endpoint(st_group *g, st_store *s, const st_group_env *e, const char *addr)
 {
 	ep_wire me;
 	char key[64];
@@ -890,11 +991,7 @@ static int publish_endpoint(st_group *g, st_store *s, const st_group_env *e)
 	me.pid = (int32_t)getpid();
 	me.slice = e->slice_id;
 	me.port = g->peers[g->rank].port;
-	const char *adv = getenv("SLICETRAIN_ADDR");
-	if (adv && *adv)
-		snprintf(me.addr, sizeof(me.addr), "%s", adv);
-	else if (st_store_local_addr(s, me.addr, sizeof(me.addr)) < 0)
-		snprintf(me.addr, sizeof(me.addr), "127.0.0.1");
+	snprintf(me.addr, sizeof(me.addr), "%s", addr);
 	snprintf(me.uname, sizeof(me.uname), "%s", g->peers[g->rank].uname);
 	host_key(me.hostkey, sizeof(me.hostkey));
 	affinity_mask(me.cpus);
@@ -1020,17 +1117,44 @@ static void count_host_cpus(st_group *g, const uint8_t *all)
 	g->host_cpus = cpus > 0 ? cpus : 1;
 }
 
-/* Meet the others through the store at host:port: agree on the settings,
- * claim this rank, publish this endpoint and learn everyone's. */
+/* The TCP listener the peers connect to, on SLICETRAIN_ADDR or else the
+ * address this process reaches the store from (with a loopback coordinator:
+ * loopback). Its address goes into the endpoint (me_addr). */
+static int listen_transport(st_group *g, st_store *s, char *me_addr, size_t cap)
+{
+	const char *adv = getenv("SLICETRAIN_ADDR");
+	int r, lport;
+	if (adv && *adv)
+		snprintf(me_addr, cap, "%s", adv);
+	else if (st_store_local_addr(s, me_addr, cap) < 0)
+		snprintf(me_addr, cap, "127.0.0.1");
+	if ((r = st_auth_check_bind(&g->tok, me_addr)) < 0) {
+		char why[900];
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		return st_fail(r, "worker group: %s", why);
+	}
+	if ((r = st_tcp_listen(me_addr, 0, 4096, &g->tcp_lfd, &lport)) < 0)
+		return st_fail(r == -EADDRNOTAVAIL ? ST_EINVAL : ST_EIO, "worker group: cannot listen on %s%s: %s",
+			       me_addr, adv && *adv ? " (SLICETRAIN_ADDR)" : "", strerror(-r));
+	st_set_nonblock(g->tcp_lfd, 1);
+	g->peers[g->rank].port = lport;
+	return 0;
+}
+
+/* Meet the others through the store at host:port: listen for them, agree
+ * on the settings, claim this rank, publish this endpoint and learn
+ * everyone's. */
 static int meet_through_store(st_group *g, const st_group_env *e, const char *host, int port, int64_t deadline)
 {
 	st_store *s = NULL;
 	uint8_t *all = NULL;
-	int r = st_store_connect(&s, host, port, deadline);
+	char addr[64];
+	int r = st_store_connect(&s, host, port, &g->tok, deadline);
 	if (r < 0)
 		return r;
-	if ((r = agree_on_settings(g, s, e, deadline)) < 0 || (r = claim_rank(g, s)) < 0 ||
-	    (r = publish_endpoint(g, s, e)) < 0 || (r = read_endpoints(g, s, e, deadline, &all)) < 0 ||
+	if ((r = listen_transport(g, s, addr, sizeof(addr))) < 0 || (r = agree_on_settings(g, s, e, deadline)) < 0 ||
+	    (r = claim_rank(g, s)) < 0 ||
+	    (r = publish_endpoint(g, s, e, addr)) < 0 || (r = read_endpoints(g, s, e, deadline, &all)) < 0 ||
 	    (r = adopt_endpoints(g, all)) < 0)
 		goto out;
 	count_host_cpus(g, all);
@@ -1076,6 +1200,7 @@ static int group_new(st_group **out, const st_group_env *e, const st_group_opts 
 	g->num_slices = e->num_slices;
 	g->per_slice = e->world_size / e->num_slices;
 	g->tcp_lfd = g->unix_lfd = g->fail_fd = g->mon_fd = -1;
+	snprintf(g->where, sizeof(g->where), "worker group rank %d", g->rank);
 	g->use_shm = !(opts && opts->use_shm < 0);
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_condattr_t ca;
@@ -1113,24 +1238,30 @@ static void raise_fd_limit(int size)
 	}
 }
 
-/* The eventfds, the TCP and unix listeners the peers connect to, and on
- * rank 0 the store on the coordinator port. */
-static int open_listeners(st_group *g, const st_group_env *e, int store_port)
+/* The eventfds, the unix listener the peers of this host connect to, and on
+ * rank 0 the store on the coordinator's address and port (the TCP listener
+ * comes once the store tells which address reaches the others:
+ * listen_transport). */
+static int open_listeners(st_group *g, const st_group_env *e, const char *store_host, int store_port)
 {
-	int r, lport;
+	int r;
 	g->fail_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	g->mon_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (g->fail_fd < 0 || g->mon_fd < 0)
 		return st_fail(ST_EIO, "worker group: eventfd: %s", strerror(errno));
-	if ((r = st_tcp_listen(0, 4096, &g->tcp_lfd, &lport)) < 0)
-		return st_fail(ST_EIO, "worker group: cannot listen: %s", strerror(-r));
-	st_set_nonblock(g->tcp_lfd, 1);
-	g->peers[g->rank].port = lport;
 	if ((r = unix_listen(g, g->peers[g->rank].uname, sizeof(g->peers[g->rank].uname))) < 0)
 		return r;
-	if (g->rank == 0 && (r = st_store_serve(&g->store, store_port)) < 0)
-		return st_fail(ST_EIO, "worker group: rank 0 cannot host the store on the coordinator port %d (%s): %s; "
-				       "point SLICETRAIN_COORDINATOR at a free host:port", store_port, e->source, st_errmsg());
+	/* every member is a client once; room for a few retries and strays */
+	st_store_limits lim = { .max_clients = g->size + 16, .max_pending = g->size + 64,
+				.max_bytes = ((int64_t)64 << 20) + (int64_t)4 * g->size * (int64_t)sizeof(ep_wire) };
+	if (g->rank == 0 && (r = st_store_serve(&g->store, store_host, store_port, &g->tok, &lim)) < 0) {
+		char why[900];
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		return st_fail(r == ST_EINVAL ? ST_EINVAL : ST_EIO,
+			       "worker group: rank 0 cannot host the store on the coordinator port %d of %s (%s): %s; "
+			       "point SLICETRAIN_COORDINATOR at a free host:port of rank 0's host", store_port, store_host,
+			       e->source, why);
+	}
 	return 0;
 }
 
@@ -1156,6 +1287,13 @@ static int connect_ctrl(st_group *g, int p, int64_t deadline)
 	st_peer *q = &g->peers[p];
 	int fd, same_host = q->host == g->peers[g->rank].host;
 	int r = same_host ? unix_connect(q->uname, &fd) : st_tcp_connect(q->addr, q->port, deadline, &fd);
+	if (r == 0 && !same_host && (r = st_auth_client(fd, &g->tok, deadline)) < 0) {
+		char why[600];
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		close(fd);
+		return st_fail(r == ST_EAUTH ? ST_EAUTH : ST_EPEER, "worker group: rank %d at %s:%d: %s", p, q->addr,
+			       q->port, why);
+	}
 	if (r == 0) {
 		st_frame f = frame(g, F_HELLO_CTRL, (uint32_t)getpid(), 0);
 		r = st_send_full(fd, &f, sizeof(f), deadline);
@@ -1164,7 +1302,8 @@ static int connect_ctrl(st_group *g, int p, int64_t deadline)
 	}
 	if (r)
 		return st_fail(ST_EPEER, "worker group: cannot connect to rank %d (%s): %s", p,
-			       same_host ? "same host, unix socket" : q->addr, strerror(-r));
+			       same_host ? "same host, unix socket" : q->addr,
+			       r == -EACCES ? "its socket belongs to another user" : strerror(-r));
 	st_set_nonblock(fd, 1);
 	pthread_mutex_lock(&g->mu);
 	q->ctrl_fd = fd;
@@ -1206,7 +1345,12 @@ static int connect_group(st_group *g, const st_group_env *e)
 	int64_t deadline = st_mono_ns() + (int64_t)g->join_timeout_ms * 1000000;
 	if (st_split_hostport(e->coordinator, host, sizeof(host), &port) < 0)
 		return st_fail(ST_EINVAL, "worker group: coordinator '%s' is not host:port", e->coordinator);
-	if ((r = open_listeners(g, e, port)) < 0 || (r = meet_through_store(g, e, host, port, deadline)) < 0 ||
+	if ((r = st_auth_check_bind(&g->tok, host)) < 0) {
+		char why[900];
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		return st_fail(r, "worker group (coordinator %s, from %s): %s", e->coordinator, e->source, why);
+	}
+	if ((r = open_listeners(g, e, host, port)) < 0 || (r = meet_through_store(g, e, host, port, deadline)) < 0 ||
 	    (r = start_monitor(g)) < 0)
 		return r;
 	for (int p = 0; p < g->rank; p++)
@@ -1235,7 +1379,7 @@ int st_group_join(st_group **out, const st_group_opts *opts)
 	}
 	if ((r = validate_env(e)) < 0 || (r = group_new(&g, e, opts)) < 0)
 		return r;
-	if (g->size > 1 && (r = connect_group(g, e)) < 0) {
+	if ((r = st_token_load(&g->tok)) < 0 || (g->size > 1 && (r = connect_group(g, e)) < 0)) {
 		st_group_leave(g);
 		return r;
 	}
@@ -1306,6 +1450,7 @@ void st_group_leave(st_group *g)
 	if (g->mon_fd >= 0)
 		close(g->mon_fd);
 	free(g->peers);
+	st_token_clear(&g->tok);
 	pthread_mutex_destroy(&g->mu);
 	pthread_cond_destroy(&g->cv);
 	free(g);

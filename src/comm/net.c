@@ -82,45 +82,110 @@ void st_sock_tune(int fd)
 		setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big));
 }
 
-int st_tcp_listen(int port, int backlog, int *fdp, int *bound)
+/* A listening socket on one address. 0, or -errno. */
+static int listen_addr(const struct sockaddr *sa, socklen_t sl, int backlog, int *fdp)
 {
-	int one = 1, zero = 0, fd;
-	struct sockaddr_storage ss;
-	socklen_t sl;
-	memset(&ss, 0, sizeof(ss));
-	fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd >= 0) {
-		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-		a->sin6_family = AF_INET6;
-		a->sin6_addr = in6addr_any;
-		a->sin6_port = htons((uint16_t)port);
-		sl = sizeof(*a);
-	} else {
-		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			return -errno;
-		a->sin_family = AF_INET;
-		a->sin_addr.s_addr = htonl(INADDR_ANY);
-		a->sin_port = htons((uint16_t)port);
-		sl = sizeof(*a);
-	}
+	int one = 1, zero = 0;
+	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, backlog) < 0) {
+	/* the wildcard IPv6 address also takes IPv4 (dual stack) */
+	if (sa->sa_family == AF_INET6 &&
+	    IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)sa)->sin6_addr))
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	if (bind(fd, sa, sl) < 0 || listen(fd, backlog) < 0) {
 		int e = errno;
 		close(fd);
 		return -e;
 	}
-	sl = sizeof(ss);
-	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
-		int e = errno;
-		close(fd);
-		return -e;
-	}
-	*bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-					  : ntohs(((struct sockaddr_in *)&ss)->sin_port);
 	*fdp = fd;
+	return 0;
+}
+
+int st_sock_port(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+		return -errno;
+	return ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+					: ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+int st_tcp_listen(const char *host, int port, int backlog, int *fdp, int *bound)
+{
+	struct addrinfo hints, *res, *ai;
+	char ps[16];
+	int fd = -1, r = -EADDRNOTAVAIL;
+	if (host && (!*host || !strcmp(host, "*")))
+		host = NULL;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	snprintf(ps, sizeof(ps), "%d", port);
+	if (!host) {
+		/* the wildcard: IPv6 dual stack, else IPv4 */
+		struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_addr = in6addr_any,
+					   .sin6_port = htons((uint16_t)port) };
+		struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY),
+					  .sin_port = htons((uint16_t)port) };
+		r = listen_addr((struct sockaddr *)&a6, sizeof(a6), backlog, &fd);
+		if (r == -EAFNOSUPPORT)
+			r = listen_addr((struct sockaddr *)&a4, sizeof(a4), backlog, &fd);
+	} else {
+		int gr = getaddrinfo(host, ps, &hints, &res);
+		if (gr != 0)
+			return gr == EAI_SYSTEM ? -errno : -EADDRNOTAVAIL;
+		for (ai = res; ai && fd < 0; ai = ai->ai_next)
+			r = listen_addr(ai->ai_addr, ai->ai_addrlen, backlog, &fd);
+		freeaddrinfo(res);
+	}
+	if (r < 0)
+		return r;
+	if ((r = st_sock_port(fd)) < 0) {
+		close(fd);
+		return r;
+	}
+	*bound = r;
+	*fdp = fd;
+	return 0;
+}
+
+/* "a.b.c.d:port", "[v6]:port", or for a unix socket "local pid P uid U". */
+int st_sock_peer_name(int fd, char *buf, size_t cap)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char a[INET6_ADDRSTRLEN] = "?";
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		snprintf(buf, cap, "?");
+		return -errno;
+	}
+	if (ss.ss_family == AF_UNIX) {
+		struct ucred uc;
+		socklen_t ul = sizeof(uc);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0)
+			snprintf(buf, cap, "local pid %d uid %u", (int)uc.pid, (unsigned)uc.uid);
+		else
+			snprintf(buf, cap, "local ?");
+		return 0;
+	}
+	if (ss.ss_family == AF_INET6) {
+		struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+		if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+			inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], a, sizeof(a));
+			snprintf(buf, cap, "%s:%d", a, ntohs(s6->sin6_port));
+		} else {
+			inet_ntop(AF_INET6, &s6->sin6_addr, a, sizeof(a));
+			snprintf(buf, cap, "[%s]:%d", a, ntohs(s6->sin6_port));
+		}
+		return 0;
+	}
+	struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+	inet_ntop(AF_INET, &s4->sin_addr, a, sizeof(a));
+	snprintf(buf, cap, "%s:%d", a, ntohs(s4->sin_port));
 	return 0;
 }
 

@@ -14,9 +14,17 @@
 int st_split_hostport(const char *s, char *host, size_t hostcap, int *port);
 /* Strict decimal integer in [lo, hi]: no sign, spaces or trailing characters. 0 or -1. */
 int st_parse_long(const char *s, long lo, long hi, long *out);
-/* Listen on the wildcard address (IPv6 dual stack, else IPv4). port 0 picks one.
- * 0, or -errno. */
-int st_tcp_listen(int port, int backlog, int *fd, int *bound_port);
+/* Listen on host (a name or numeric address: its first address that binds;
+ * NULL, "" or "*": the wildcard, IPv6 dual stack, else IPv4) and port (0
+ * picks one). Callers that accept peers check the address first with
+ * st_auth_check_bind (comm/auth.h). 0, or -errno (-EADDRNOTAVAIL for a host
+ * that does not resolve). */
+int st_tcp_listen(const char *host, int port, int backlog, int *fd, int *bound_port);
+/* The local port of a socket, or -errno. */
+int st_sock_port(int fd);
+/* The peer of a connected socket for log lines: "a.b.c.d:port", "[v6]:port",
+ * or "local pid P uid U" for a unix socket ("?" when unknown). 0 or -errno. */
+int st_sock_peer_name(int fd, char *buf, size_t cap);
 /* Connect to host:port, trying every address, until deadline (CLOCK_MONOTONIC
  * ns). The socket is blocking, CLOEXEC, TCP_NODELAY. 0, or -errno. */
 int st_tcp_connect(const char *host, int port, int64_t deadline, int *fd);
