@@ -34,6 +34,7 @@
 #define LONG_STEPS "steps=100000000"
 
 static const char *bin, *root, *tmp;
+static st_token tok; /* the agents get it as SLICETRAIN_TOKEN */
 
 typedef struct ctl {
 	int lfd, port;
@@ -80,8 +81,23 @@ static int ctl_start(ctl *t, const char *name, const char *const *extra)
 		return -1;
 	}
 	int fd;
-	if (st_proto_accept(t->lfd, &fd) != 1 || st_proto_conn_init(&t->c, fd) < 0)
+	if (st_proto_accept(t->lfd, &fd) != 1 || st_proto_conn_init_server(&t->c, fd, &tok) < 0)
 		return -1;
+	/* the agent's token proof, before its hello */
+	json_t *m = NULL;
+	int r = 0;
+	for (int i = 0; i < 500 && t->c.auth && r == 0; i++) {
+		struct pollfd q = {.fd = t->c.fd, .events = POLLIN};
+		poll(&q, 1, 20);
+		r = st_proto_recv(&t->c, &m);
+	}
+	if (t->c.auth || r < 0) {
+		fprintf(stderr, "%s: the agent's token proof failed: %d %s\n", name, r, st_errmsg());
+		return -1;
+	}
+	if (m) /* its hello came with the proof: keep it for the test */
+		json_array_append_new(t->log, m);
+	st_proto_flush_until(&t->c, st_mono_ns() + 2 * (int64_t)1000000000);
 	return 0;
 }
 
@@ -560,6 +576,12 @@ int main(void)
 		return 1;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	setenv("SLICETRAIN_TOKEN", "a token for the agent tests, long enough", 1);
+	unsetenv("SLICETRAIN_TOKEN_FILE");
+	if (st_token_load(&tok) < 0 || !tok.set) {
+		fprintf(stderr, "st_token_load: %s\n", st_errmsg());
+		return 1;
+	}
 	test_args();
 	test_no_welcome();
 	test_lifecycle();

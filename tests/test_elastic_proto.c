@@ -4,11 +4,14 @@
  * line-length limit (exactly the limit passes, one byte more is ST_EPROTO
  * with no growth of the buffer), invalid JSON, non-objects, a missing or
  * non-string "type", the field getters' errors, peer close, partial writes
- * through a small socket buffer, the send queue's limit, and the address,
- * listen and connect helpers.
+ * through a small socket buffer, the send queue's limit, the address,
+ * listen and connect helpers, and the run token's handshake before the
+ * first line (the right token, a wrong one, none, a replayed proof, a proof
+ * followed by a line in the same write).
  * timeout: 60
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <poll.h>
@@ -18,9 +21,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+
 #include "base/clock.h"
 #include "base/err.h"
 #include "check.h"
+#include "comm/net.h"
 #include "elastic/proto.h"
 
 /* c reads what peer writes. */
@@ -295,6 +303,135 @@ static void test_send_partial(void)
 	free(got);
 }
 
+/* A client connecting (and proving tok) in a thread, as st_proto_connect blocks. */
+typedef struct client {
+	const char *addr;
+	const st_token *tok;
+	int rc, fd;
+	pthread_t th;
+} client;
+
+static void *client_main(void *p)
+{
+	client *c = p;
+	c->rc = st_proto_connect(c->addr, c->tok, st_mono_ns() + 5 * (int64_t)1000000000, &c->fd);
+	return NULL;
+}
+
+/* Accept one connection on lfd as a server holding tok while cl connects:
+ * 1 when the client's proof was taken (*b ready for lines), else what
+ * st_proto_recv returned; cl is joined. */
+static int serve_one(int lfd, const st_token *tok, client *cl, st_proto_conn *b)
+{
+	cl->fd = -1;
+	CHECK(pthread_create(&cl->th, NULL, client_main, cl) == 0);
+	int afd = -1, r = 0;
+	for (int i = 0; i < 250 && afd < 0; i++) {
+		struct pollfd lp = {.fd = lfd, .events = POLLIN};
+		poll(&lp, 1, 20);
+		CHECK(st_proto_accept(lfd, &afd) >= 0);
+	}
+	CHECK(afd >= 0);
+	CHECK(st_proto_conn_init_server(b, afd, tok) == 0);
+	json_t *m = NULL;
+	for (int i = 0; i < 250 && b->auth && r == 0; i++) {
+		struct pollfd p = {.fd = b->fd, .events = POLLIN | (b->wlen ? POLLOUT : 0)};
+		poll(&p, 1, 20);
+		if (b->wlen)
+			st_proto_flush(b);
+		r = st_proto_recv(b, &m);
+	}
+	CHECK(m == NULL);
+	int ok = !b->auth;
+	if (!ok) /* refused: the controller drops the connection, as the client sees */
+		st_proto_conn_release(b);
+	while (ok && b->wlen && st_proto_flush(b) > 0) /* the answer */
+		usleep(1000);
+	pthread_join(cl->th, NULL);
+	return ok ? 1 : r;
+}
+
+static void mac(const uint8_t key[32], char who, const uint8_t ns[32], const uint8_t nc[32], uint8_t out[32])
+{
+	uint8_t msg[65];
+	unsigned len = 32;
+	msg[0] = (uint8_t)who;
+	memcpy(msg + 1, ns, 32);
+	memcpy(msg + 33, nc, 32);
+	HMAC(EVP_sha256(), key, 32, msg, sizeof(msg), out, &len);
+}
+
+static void test_handshake(void)
+{
+	st_token right = {.set = 1, .source = "test"}, wrong = {.set = 1, .source = "test"}, none = {0};
+	SHA256((const uint8_t *)"the run's own token, 32 bytes ..", 32, right.key);
+	SHA256((const uint8_t *)"another token, as long as needed", 32, wrong.key);
+	int lfd, port;
+	CHECK(st_proto_listen("127.0.0.1", 0, &lfd, &port) == 0);
+	fcntl(lfd, F_SETFL, O_NONBLOCK);
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+	st_proto_conn b;
+	/* a wrong token, and none, are refused on both sides */
+	const st_token *bad[] = {&wrong, &none};
+	for (int i = 0; i < 2; i++) {
+		client cl = {.addr = addr, .tok = bad[i]};
+		CHECK(serve_one(lfd, &right, &cl, &b) == ST_EAUTH);
+		CHECK(cl.rc == ST_EAUTH || cl.rc == ST_EPEER);
+		if (cl.fd >= 0)
+			close(cl.fd);
+	}
+	/* the right token: the proof, then a line, in one write; then a replay
+	 * of that proof on a new connection (a fresh nonce) is refused */
+	uint8_t hello[36], proof[68], answer[32], want[32];
+	for (int round = 0; round < 2; round++) {
+		int fd;
+		CHECK(st_tcp_connect("127.0.0.1", port, st_mono_ns() + 2 * (int64_t)1000000000, &fd) == 0);
+		int afd = -1;
+		for (int i = 0; i < 250 && afd < 0; i++) {
+			struct pollfd lp = {.fd = lfd, .events = POLLIN};
+			poll(&lp, 1, 20);
+			CHECK(st_proto_accept(lfd, &afd) >= 0);
+		}
+		CHECK(afd >= 0 && st_proto_conn_init_server(&b, afd, &right) == 0);
+		CHECK(st_recv_full(fd, hello, sizeof(hello), st_mono_ns() + 2 * (int64_t)1000000000) == 0);
+		CHECK(!memcmp(hello, "STA1", 4));
+		uint8_t msg[68 + 32];
+		if (round == 0) {
+			memcpy(proof, "STA1", 4);
+			for (int i = 0; i < 32; i++)
+				proof[4 + i] = (uint8_t)(i * 7 + 1);
+			mac(right.key, 'c', hello + 4, proof + 4, proof + 36);
+		}
+		memcpy(msg, proof, 68);
+		const char *line = "{\"type\":\"hello\"}\n";
+		memcpy(msg + 68, line, strlen(line));
+		CHECK(st_send_full(fd, msg, 68 + strlen(line), st_mono_ns() + 2 * (int64_t)1000000000) == 0);
+		json_t *m = NULL;
+		int r = 0;
+		for (int i = 0; i < 250 && r == 0; i++) {
+			struct pollfd p = {.fd = b.fd, .events = POLLIN};
+			poll(&p, 1, 20);
+			r = st_proto_recv(&b, &m);
+		}
+		if (round == 0) {
+			CHECK_MSG(r == 1 && !strcmp(json_string_value(json_object_get(m, "type")), "hello"),
+				  "the right proof and a line in one write: %d (%s)", r, st_errmsg());
+			json_decref(m);
+			while (b.wlen && st_proto_flush(&b) > 0)
+				usleep(1000);
+			CHECK(st_recv_full(fd, answer, sizeof(answer), st_mono_ns() + 2 * (int64_t)1000000000) == 0);
+			mac(right.key, 's', hello + 4, proof + 4, want);
+			CHECK(!memcmp(answer, want, 32));
+		} else {
+			CHECK_MSG(r == ST_EAUTH, "a replayed proof: %d", r);
+		}
+		close(fd);
+		st_proto_conn_release(&b);
+	}
+	close(lfd);
+}
+
 static void test_sockets(void)
 {
 	char host[64];
@@ -305,7 +442,8 @@ static void test_sockets(void)
 	const char *bad[] = {"", "host", "host:", "host:0", "host:65536", ":80", "host:8x", "::1:80", NULL};
 	for (int i = 0; bad[i]; i++)
 		CHECK_MSG(st_proto_parse_addr(bad[i], host, sizeof(host), &port) == ST_EINVAL, "'%s'", bad[i]);
-	CHECK(st_proto_connect("nonsense", st_mono_ns() + 100000000, &fd) == ST_EINVAL);
+	st_token tok = {.set = 1, .key = {7}, .source = "test"};
+	CHECK(st_proto_connect("nonsense", &tok, st_mono_ns() + 100000000, &fd) == ST_EINVAL);
 	CHECK(st_proto_listen("no-such-host.invalid", 0, &lfd, &bound) == ST_EINVAL);
 
 	CHECK(st_proto_listen("127.0.0.1", 0, &lfd, &bound) == 0 && bound > 0);
@@ -313,15 +451,11 @@ static void test_sockets(void)
 	snprintf(addr, sizeof(addr), "127.0.0.1:%d", bound);
 	fcntl(lfd, F_SETFL, O_NONBLOCK);
 	CHECK(st_proto_accept(lfd, &afd) == 0 && afd == -1); /* nobody yet */
-	CHECK(st_proto_connect(addr, st_mono_ns() + 2 * (int64_t)1000000000, &fd) == 0);
-	for (int i = 0; i < 100 && afd < 0; i++) {
-		struct pollfd lp = {.fd = lfd, .events = POLLIN};
-		poll(&lp, 1, 20);
-		CHECK(st_proto_accept(lfd, &afd) >= 0);
-	}
-	CHECK(afd >= 0);
 	st_proto_conn a, b;
-	CHECK(st_proto_conn_init(&a, fd) == 0 && st_proto_conn_init(&b, afd) == 0);
+	client cl = {.addr = addr, .tok = &tok};
+	CHECK(serve_one(lfd, &tok, &cl, &b) == 1 && cl.rc == 0);
+	fd = cl.fd;
+	CHECK(st_proto_conn_init(&a, fd) == 0);
 	CHECK(st_proto_send_new(&a, json_pack("{s:s,s:i}", "type", "hello", "pid", 42)) == 0);
 	struct pollfd p = {.fd = b.fd, .events = POLLIN};
 	json_t *m = NULL;
@@ -343,7 +477,7 @@ static void test_sockets(void)
 	/* nothing listens any more: connect gives up at its deadline */
 	close(lfd);
 	int64_t t0 = st_mono_ns();
-	CHECK(st_proto_connect(addr, t0 + 300000000, &fd) == ST_EPEER);
+	CHECK(st_proto_connect(addr, &tok, t0 + 300000000, &fd) == ST_EPEER);
 	CHECK(st_mono_ns() - t0 < 3 * (int64_t)1000000000);
 	CHECK(strstr(st_errmsg(), "cannot connect") != NULL);
 	/* the wildcard listener */
@@ -358,6 +492,7 @@ int main(void)
 	test_limits();
 	test_bad_lines();
 	test_getters();
+	test_handshake();
 	test_send_partial();
 	test_sockets();
 	return check_result();

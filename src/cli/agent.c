@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "elastic/agent.h"
@@ -24,6 +25,11 @@ static const char agent_usage[] =
 	"                           save and exit before SIGKILL (default 30)\n"
 	"  --connect-timeout S      keep trying to reach the controller this long (default 10)\n"
 	"  --welcome-timeout S      the controller must answer hello within (default 10)\n"
+	"\n"
+	"The run's token (docs/security.md) comes from SLICETRAIN_TOKEN_FILE or\n"
+	"SLICETRAIN_TOKEN, and passes to the workers the same way. Workers run this\n"
+	"binary, or SLICETRAIN_WORKER_EXE when set (the tests run a sanitized agent\n"
+	"with optimized workers).\n"
 	"\n"
 	"Exit status: 0 the controller said shutdown, or SIGTERM and the workers stopped;\n"
 	"3 the controller is unreachable or gone, 1 it broke the protocol, 2 bad\n"
@@ -84,7 +90,18 @@ int st_cmd_agent(int argc, char **argv)
 		fprintf(stderr, "slicetrain agent: --host %d is not below --hosts-per-slice %d\n", host, hps);
 		return 2;
 	}
+	st_token tok;
+	if (st_token_load(&tok) < 0) {
+		fprintf(stderr, "slicetrain agent: %s\n", st_errmsg());
+		return 2;
+	}
+	const char *exe = getenv("SLICETRAIN_WORKER_EXE");
+	if (exe && *exe && access(exe, X_OK) != 0) {
+		fprintf(stderr, "slicetrain agent: SLICETRAIN_WORKER_EXE '%s' is not an executable file\n", exe);
+		return 2;
+	}
 	st_agent_opts o = {
+		.token = &tok, .exe = exe && *exe ? exe : NULL,
 		.controller = controller, .slice = slice, .host = host, .hosts_per_slice = hps,
 		.devices = devices, .threads_per_device = threads, .grace_s = grace,
 		.connect_timeout_s = cto, .welcome_timeout_s = wto, .quiet = quiet,

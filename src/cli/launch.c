@@ -9,14 +9,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "comm/auth.h"
 #include "elastic/controller.h"
 
 static const char launch_usage[] =
@@ -57,6 +61,58 @@ typedef struct worker {
 	size_t olen, elen;
 	int status, done;
 } worker;
+
+/*
+ * The run token (comm/auth.h): the user's (SLICETRAIN_TOKEN_FILE or
+ * SLICETRAIN_TOKEN), else one made here: 32 random bytes, hex, in a file of
+ * a new private directory (mode 0700, the file 0600) under $XDG_RUNTIME_DIR
+ * or $TMPDIR or /tmp, passed to every process we start as
+ * SLICETRAIN_TOKEN_FILE and removed when the launcher ends. dir gets the
+ * directory made ("" when the user gave the token).
+ */
+static int run_token(char *dir, size_t cap, st_token *tok)
+{
+	dir[0] = 0;
+	const char *f = getenv("SLICETRAIN_TOKEN_FILE"), *t = getenv("SLICETRAIN_TOKEN");
+	if ((!f || !*f) && (!t || !*t)) {
+		const char *base = getenv("XDG_RUNTIME_DIR");
+		if (!base || !*base || access(base, W_OK) != 0)
+			base = getenv("TMPDIR");
+		if (!base || !*base)
+			base = "/tmp";
+		uint8_t key[32];
+		char hex[65], path[PATH_MAX + 8];
+		if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key))
+			return st_fail(ST_EIO, "cannot make a run token: getrandom: %s", strerror(errno));
+		for (int i = 0; i < 32; i++)
+			snprintf(hex + 2 * i, 3, "%02x", key[i]);
+		if (snprintf(dir, cap, "%s/slicetrain-run.XXXXXX", base) >= (int)cap || !mkdtemp(dir)) {
+			dir[0] = 0;
+			return st_fail(ST_EIO, "cannot make a private directory for the run token under %s: %s", base,
+				       strerror(errno));
+		}
+		snprintf(path, sizeof(path), "%s/token", dir);
+		int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd < 0 || write(fd, hex, 64) != 64 || close(fd) != 0) {
+			int e = errno;
+			if (fd >= 0)
+				close(fd);
+			return st_fail(ST_EIO, "cannot write the run token file %s: %s", path, strerror(e));
+		}
+		setenv("SLICETRAIN_TOKEN_FILE", path, 1);
+	}
+	return st_token_load(tok);
+}
+
+static void remove_token(const char *dir)
+{
+	if (!dir[0])
+		return;
+	char path[PATH_MAX + 8];
+	snprintf(path, sizeof(path), "%s/token", dir);
+	unlink(path);
+	rmdir(dir);
+}
 
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
@@ -338,8 +394,9 @@ static int launch_elastic(st_ctl_opts *co, int grace, int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	fprintf(stderr, "slicetrain launch: elastic controller at %s (slicetrain nodes --controller %s)\n",
-		st_ctl_address(ctl), st_ctl_address(ctl));
+	fprintf(stderr, "slicetrain launch: elastic controller at %s (slicetrain nodes --controller %s "
+		"--token-file %s)\n", st_ctl_address(ctl), st_ctl_address(ctl), getenv("SLICETRAIN_TOKEN_FILE") ?
+		getenv("SLICETRAIN_TOKEN_FILE") : "(SLICETRAIN_TOKEN)");
 	int na = co->num_slices * co->hosts_per_slice;
 	agent_proc *ap = calloc((size_t)na, sizeof(agent_proc));
 	if (!ap) {
@@ -396,6 +453,8 @@ static int launch_elastic(st_ctl_opts *co, int grace, int argc, char **argv)
 	st_cli_config_args_release(&a);
 	return status;
 }
+
+static int launch_static(int slices, int dps, int threads, int port, int argc, char **argv);
 
 int st_cmd_launch(int argc, char **argv)
 {
@@ -468,13 +527,38 @@ int st_cmd_launch(int argc, char **argv)
 					slices);
 				return 2;
 			}
-		st_ctl_opts co = {.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
+		st_token tok;
+		char dir[PATH_MAX];
+		int rc = run_token(dir, sizeof(dir), &tok);
+		if (rc < 0) {
+			fprintf(stderr, "slicetrain launch: %s\n", st_errmsg());
+			remove_token(dir);
+			return st_exit_status(rc);
+		}
+		st_ctl_opts co = {.token = &tok,.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
 				  .hosts_per_slice = hps, .devices_per_slice = dps, .threads = threads,
 				  .max_failures = max_failures, .repair_delay = repair,
 				  .heartbeat_timeout_s = hb_ms / 1000.0, .stop_grace_s = grace,
 				  .wait_timeout_s = wait_timeout, .faults = faults, .nfaults = nfaults};
-		return launch_elastic(&co, grace, argc - i, argv + i);
+		rc = launch_elastic(&co, grace, argc - i, argv + i);
+		remove_token(dir);
+		return rc;
 	}
+	st_token tok;
+	char dir[PATH_MAX];
+	int rc = run_token(dir, sizeof(dir), &tok);
+	if (rc < 0) {
+		fprintf(stderr, "slicetrain launch: %s\n", st_errmsg());
+		rc = st_exit_status(rc);
+	} else {
+		rc = launch_static(slices, dps, threads, port, argc - i, argv + i);
+	}
+	remove_token(dir);
+	return rc;
+}
+
+static int launch_static(int slices, int dps, int threads, int port, int argc, char **argv)
+{
 	int world = slices * dps;
 	if (!port && (port = free_port()) < 0) {
 		fprintf(stderr, "slicetrain launch: cannot find a free port: %s\n", strerror(errno));
@@ -506,7 +590,7 @@ int st_cmd_launch(int argc, char **argv)
 	int rc = 0, started = 0;
 	for (int r = 0; r < world; r++) {
 		w[r].out_fd = w[r].err_fd = -1;
-		w[r].pid = spawn(r, argc - i, argv + i, exe, &w[r].out_fd, &w[r].err_fd, threads, pin);
+		w[r].pid = spawn(r, argc, argv, exe, &w[r].out_fd, &w[r].err_fd, threads, pin);
 		if (w[r].pid < 0) {
 			fprintf(stderr, "slicetrain launch: cannot start rank %d: %s\n", r, strerror(errno));
 			rc = 1;

@@ -24,47 +24,17 @@
 #include "elastic/proto.h"
 
 static const char nodes_usage[] =
-	"usage: slicetrain nodes --controller HOST:PORT [--json]\n"
+	"usage: slicetrain nodes --controller HOST:PORT [--token-file PATH] [--json]\n"
 	"\n"
 	"Asks an elastic run's controller (its address is printed by `slicetrain launch`\n"
 	"at start) for the live picture: the run's state, the generation, the group's\n"
 	"mesh and last completed step, then per slice its state (in group, healthy,\n"
 	"down, missing hosts) and since when, and per host the agent's pid, its last\n"
-	"heartbeat and its workers. --json prints the controller's answer as is.\n";
-
-static int connect_to(const char *addr, int *out)
-{
-	char host[256];
-	const char *colon = strrchr(addr, ':');
-	if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof(host) || !colon[1])
-		return st_fail(ST_EINVAL, "--controller '%s' is not HOST:PORT", addr);
-	memcpy(host, addr, (size_t)(colon - addr));
-	host[colon - addr] = 0;
-	if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-		memmove(host, host + 1, strlen(host));
-		host[strlen(host) - 1] = 0;
-	}
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *ai;
-	int e = getaddrinfo(host, colon + 1, &hints, &res);
-	if (e)
-		return st_fail(ST_EINVAL, "--controller '%s': %s", addr, gai_strerror(e));
-	int fd = -1, err = 0;
-	for (ai = res; ai; ai = ai->ai_next) {
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-		if (fd < 0)
-			continue;
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
-			break;
-		err = errno;
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(res);
-	if (fd < 0)
-		return st_fail(ST_EPEER, "cannot reach the controller at %s: %s", addr, strerror(err));
-	*out = fd;
-	return 0;
-}
+	"heartbeat and its workers. --json prints the controller's answer as is.\n"
+	"\n"
+	"The controller asks for the run's token (docs/security.md): from --token-file\n"
+	"PATH (`slicetrain launch` prints the path of the file it made), else from\n"
+	"SLICETRAIN_TOKEN_FILE or SLICETRAIN_TOKEN.\n";
 
 static void fmt_time(double t, char *buf, size_t n)
 {
@@ -150,6 +120,8 @@ int st_cmd_nodes(int argc, char **argv)
 			addr = argv[i] + 13;
 		else if (!strcmp(argv[i], "--json"))
 			as_json = 1;
+		else if (!strcmp(argv[i], "--token-file") && i + 1 < argc)
+			setenv("SLICETRAIN_TOKEN_FILE", argv[++i], 1);
 		else {
 			fprintf(stderr, "slicetrain nodes: unknown argument '%s'\n%s", argv[i], nodes_usage);
 			return 2;
@@ -160,7 +132,9 @@ int st_cmd_nodes(int argc, char **argv)
 		return 2;
 	}
 	int fd = -1, rc;
-	if ((rc = connect_to(addr, &fd)) < 0) {
+	st_token tok;
+	if ((rc = st_token_load(&tok)) < 0 ||
+	    (rc = st_proto_connect(addr, &tok, st_mono_ns() + 5 * (int64_t)1000000000, &fd)) < 0) {
 		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
 		return rc == ST_EINVAL ? 2 : 1;
 	}

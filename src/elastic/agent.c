@@ -666,7 +666,9 @@ int st_agent_run(const st_agent_opts *o)
 		a.exe[n] = 0;
 	}
 	int fd;
-	if ((rc = st_proto_connect(o->controller, after_s(or_default(o->connect_timeout_s, 10)), &fd)) < 0)
+	st_token none = {0};
+	if ((rc = st_proto_connect(o->controller, o->token ? o->token : &none,
+				   after_s(or_default(o->connect_timeout_s, 10)), &fd)) < 0)
 		return rc;
 	if ((rc = st_proto_conn_init(&a.c, fd)) < 0)
 		return rc;

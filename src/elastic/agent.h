@@ -15,8 +15,10 @@
 #ifndef ST_ELASTIC_AGENT_H
 #define ST_ELASTIC_AGENT_H
 
+struct st_token;
 typedef struct st_agent_opts {
 	const char *controller;   /* "host:port" of the controller */
+	const struct st_token *token; /* the run token (comm/auth.h); NULL: none */
 	int slice;                /* this host's slice (>= 0) */
 	int host;                 /* this host's index in its slice, < hosts_per_slice */
 	int hosts_per_slice;      /* >= 1 */

@@ -43,6 +43,7 @@ static const char *const stop_names[] = {"", "resize", "notice", "kill"};
 
 typedef struct conn {
 	st_proto_conn pc;
+	char peer[64];     /* the peer's address, for the log */
 	int kind, slice, host;
 	double opened;
 	int close_after_flush;
@@ -122,6 +123,8 @@ struct st_ctl {
 	double waiting_since; /* mono: fewer than --min-slices healthy since then, 0: not waiting */
 	int last_k;
 	double last_round; /* the end of the last st_ctl_poll (mono) */
+	st_token tok;      /* the run token every connection proves */
+	st_drop_log drops; /* connections dropped before their hello */
 };
 
 static double wall_s(void)
@@ -841,7 +844,7 @@ static void conn_drop(st_ctl *c, int i, const char *why)
 		else if (!c->done && was_noticed && c->sl[s].down_until < st_mono_s() + 0.1)
 			mark_down(c, s, c->o.repair_delay, 0, "preempted");
 	} else if (x->kind == C_NEW) {
-		logf_("connection dropped: %s", why);
+		st_auth_log_drop(&c->drops, "controller", x->peer, why); /* rate-limited */
 	}
 	st_proto_conn_release(&x->pc);
 	memset(x, 0, sizeof(*x));
@@ -1065,6 +1068,24 @@ static void read_conn(st_ctl *c, int i)
 	}
 }
 
+static void peer_name(int fd, char *buf, size_t cap)
+{
+	struct sockaddr_storage a;
+	socklen_t len = sizeof(a);
+	char host[INET6_ADDRSTRLEN] = "?";
+	int port = 0;
+	if (getpeername(fd, (struct sockaddr *)&a, &len) == 0) {
+		if (a.ss_family == AF_INET) {
+			inet_ntop(AF_INET, &((struct sockaddr_in *)&a)->sin_addr, host, sizeof(host));
+			port = ntohs(((struct sockaddr_in *)&a)->sin_port);
+		} else if (a.ss_family == AF_INET6) {
+			inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&a)->sin6_addr, host, sizeof(host));
+			port = ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
+		}
+	}
+	snprintf(buf, cap, "%s:%d", host, port);
+}
+
 static void accept_all(st_ctl *c)
 {
 	for (;;) {
@@ -1081,8 +1102,9 @@ static void accept_all(st_ctl *c)
 		}
 		int one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (st_proto_conn_init(&c->conns[i].pc, fd) < 0) {
-			logf_("connection refused: %s", st_errmsg());
+		peer_name(fd, c->conns[i].peer, sizeof(c->conns[i].peer));
+		if (st_proto_conn_init_server(&c->conns[i].pc, fd, &c->tok) < 0) {
+			st_auth_log_drop(&c->drops, "controller", c->conns[i].peer, st_errmsg());
 			continue;
 		}
 		c->conns[i].kind = C_NEW;
@@ -1194,7 +1216,7 @@ static void tick(st_ctl *c)
 			snprintf(why, sizeof(why), "no heartbeat for %.1f s", now - c->sl[x->slice].h[x->host].last_hb);
 			conn_drop(c, i, why);
 		} else if (x->kind == C_NEW && now - x->opened > HELLO_TIMEOUT_S) {
-			conn_drop(c, i, "no hello in time");
+			conn_drop(c, i, x->pc.auth ? "no token proof in time" : "no hello in time");
 		} else if (x->kind == C_STATUS && x->close_after_flush && x->pc.wlen == 0) {
 			conn_drop(c, i, "status sent");
 		}
@@ -1325,7 +1347,9 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 			st_ctl_destroy(c);
 			return st_fail(ST_ENOMEM, "out of memory");
 		}
-	if ((rc = listen_on(c, c->listen_host, o->port)) < 0) {
+	if (o->token)
+		c->tok = *o->token;
+	if ((rc = st_auth_check_bind(&c->tok, c->listen_host)) < 0 || (rc = listen_on(c, c->listen_host, o->port)) < 0) {
 		st_ctl_destroy(c);
 		return rc;
 	}

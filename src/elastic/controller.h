@@ -43,7 +43,8 @@ typedef struct st_ctl_fault {
 } st_ctl_fault;
 
 typedef struct st_ctl_opts {
-	const char *listen_host; /* IPv4 address; NULL: 127.0.0.1 */
+	const char *listen_host; /* IPv4 address; NULL: 127.0.0.1 (beyond loopback only with a token) */
+	const struct st_token *token; /* the run token every connection proves (copied); NULL: none */
 	int port;                /* 0: any free port */
 	int num_slices, min_slices, hosts_per_slice, devices_per_slice, threads;
 	int max_failures;        /* -1: unlimited */

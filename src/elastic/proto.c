@@ -20,6 +20,7 @@
 #include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "comm/auth.h"
 #include "comm/net.h"
 
 int st_proto_conn_init(st_proto_conn *c, int fd)
@@ -45,7 +46,55 @@ void st_proto_conn_release(st_proto_conn *c)
 		close(c->fd);
 	free(c->rbuf);
 	free(c->wbuf);
+	free(c->auth);
 	*c = (st_proto_conn)ST_PROTO_CONN_INIT;
+}
+
+/* Queue n raw bytes (the handshake's) and send what the socket takes. */
+static int queue_raw(st_proto_conn *c, const void *p, size_t n)
+{
+	if (st_array_reserve(&c->wbuf, &c->wcap, c->wlen + n, 1, 4096) < 0)
+		return st_fail(ST_ENOMEM, "out of memory");
+	memcpy(c->wbuf + c->wlen, p, n);
+	c->wlen += n;
+	int rc = st_proto_flush(c);
+	return rc < 0 ? rc : 0;
+}
+
+int st_proto_conn_init_server(st_proto_conn *c, int fd, const st_token *tok)
+{
+	int rc = st_proto_conn_init(c, fd);
+	if (rc < 0)
+		return rc;
+	uint8_t hello[ST_AUTH_HELLO];
+	if (!(c->auth = malloc(sizeof(*c->auth)))) {
+		st_proto_conn_release(c);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	c->tok = tok;
+	if ((rc = st_auth_srv_start(c->auth, hello)) < 0 || (rc = queue_raw(c, hello, sizeof(hello))) < 0) {
+		st_proto_conn_release(c);
+		return rc;
+	}
+	return 0;
+}
+
+/* Server side, before the first line: the client's proof from rbuf. 1 when
+ * accepted (the answer queued; what follows it in rbuf is protocol lines),
+ * 0 when more bytes are needed, ST_EAUTH when the proof is wrong. */
+static int take_proof(st_proto_conn *c)
+{
+	size_t used = 0;
+	uint8_t answer[ST_AUTH_MAC];
+	int rc = st_auth_srv_feed(c->auth, c->tok, (const uint8_t *)c->rbuf + c->roff, c->rlen - c->roff, &used,
+				  answer);
+	c->roff += used;
+	c->rscan = c->roff;
+	if (rc <= 0)
+		return rc;
+	free(c->auth);
+	c->auth = NULL;
+	return (rc = queue_raw(c, answer, sizeof(answer))) < 0 ? rc : 1;
 }
 
 /* rbuf[roff, end) is one line without its newline: parse and check it. */
@@ -73,7 +122,12 @@ int st_proto_recv(st_proto_conn *c, json_t **msg)
 	if (c->fd < 0)
 		return st_fail(ST_EPEER, "protocol: connection closed");
 	for (;;) {
-		char *nl = memchr(c->rbuf + c->rscan, '\n', c->rlen - c->rscan);
+		if (c->auth) {
+			int rc = take_proof(c);
+			if (rc < 0)
+				return rc;
+		}
+		char *nl = c->auth ? NULL : memchr(c->rbuf + c->rscan, '\n', c->rlen - c->rscan);
 		if (nl) {
 			size_t start = c->roff, end = (size_t)(nl - c->rbuf);
 			c->roff = c->rscan = end + 1;
@@ -216,7 +270,7 @@ int st_proto_parse_addr(const char *addr, char *host, size_t hostcap, int *port)
 	return 0;
 }
 
-int st_proto_connect(const char *addr, int64_t deadline, int *fd)
+int st_proto_connect(const char *addr, const st_token *tok, int64_t deadline, int *fd)
 {
 	char host[256];
 	int port, rc;
@@ -225,8 +279,16 @@ int st_proto_connect(const char *addr, int64_t deadline, int *fd)
 	/* a controller that is still starting refuses: retry until the deadline */
 	for (;;) {
 		rc = st_tcp_connect(host, port, deadline, fd);
-		if (rc == 0)
+		if (rc == 0) {
+			if ((rc = st_auth_client(*fd, tok, deadline)) < 0) {
+				close(*fd);
+				*fd = -1;
+				char why[300];
+				snprintf(why, sizeof(why), "%s", st_errmsg());
+				return st_fail(rc, "%s: %s", addr, why);
+			}
 			return 0;
+		}
 		int64_t left = deadline - st_mono_ns();
 		if (left <= 0 || rc == -ETIMEDOUT)
 			break;
@@ -239,17 +301,16 @@ int st_proto_connect(const char *addr, int64_t deadline, int *fd)
 int st_proto_listen(const char *host, int port, int *fd, int *bound_port)
 {
 	int rc;
-	if (!host || !*host || !strcmp(host, "*")) {
-		if ((rc = st_tcp_listen(port, 64, fd, bound_port)) < 0)
-			return st_fail(ST_EIO, "cannot listen on port %d: %s", port, strerror(-rc));
-		return 0;
-	}
+	if (host && !strcmp(host, "*"))
+		host = NULL;
+	if (host && !*host)
+		host = NULL;
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE},
 			*res, *ai;
 	char ps[16];
 	snprintf(ps, sizeof(ps), "%d", port);
 	if ((rc = getaddrinfo(host, ps, &hints, &res)) != 0)
-		return st_fail(ST_EINVAL, "cannot resolve '%s': %s", host, gai_strerror(rc));
+		return st_fail(ST_EINVAL, "cannot resolve '%s': %s", host ? host : "*", gai_strerror(rc));
 	int err = EADDRNOTAVAIL, one = 1;
 	for (ai = res; ai; ai = ai->ai_next) {
 		int s = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
@@ -272,7 +333,7 @@ int st_proto_listen(const char *host, int port, int *fd, int *bound_port)
 		close(s);
 	}
 	freeaddrinfo(res);
-	return st_fail(ST_EIO, "cannot listen on %s:%d: %s", host, port, strerror(err));
+	return st_fail(ST_EIO, "cannot listen on %s:%d: %s", host ? host : "*", port, strerror(err));
 }
 
 int st_proto_accept(int lfd, int *fd)

@@ -13,9 +13,14 @@
  * ST_PROTO_MAX_LINE bytes including the newline. Every object has a string
  * "type". A peer that sends a longer line, invalid JSON, a non-object, an
  * unknown "type", a missing field or a field of the wrong type is dropped
- * and logged (never a crash, never an unbounded allocation). Authentication
- * (a per-run token proved by challenge-response) comes in a later issue: it
- * will be a handshake before "hello", so nothing below changes.
+ * and logged (never a crash, never an unbounded allocation).
+ *
+ * Authentication: every connection starts with the run token's handshake
+ * (comm/auth.h: the controller's 36-byte hello, the client's 68-byte proof,
+ * the controller's 32-byte answer), before any line. A client whose proof
+ * is wrong, or that does not complete it within the controller's hello
+ * timeout, is dropped and logged; a client refuses a controller whose
+ * answer is wrong.
  *
  * agent -> controller
  *   {"type":"hello","version":1,"slice":S,"host":H,"hosts_per_slice":N,
@@ -80,6 +85,8 @@
 
 #include <jansson.h>
 
+#include "comm/auth.h"
+
 #define ST_PROTO_VERSION 1
 #define ST_PROTO_MAX_LINE (64 << 10)
 #define ST_PROTO_HEARTBEAT_MS 200
@@ -95,12 +102,19 @@ typedef struct st_proto_conn {
 	size_t rscan;       /* rbuf[roff, rscan) is known to hold no newline */
 	char *wbuf;         /* bytes queued, not yet sent */
 	size_t wlen, wcap;
+	st_auth_srv *auth;  /* server side: the handshake until the proof is in (then NULL) */
+	const st_token *tok;
 } st_proto_conn;
 
 #define ST_PROTO_CONN_INIT { .fd = -1 }
 
-/* Take ownership of a connected socket (made non-blocking). */
+/* Take ownership of a connected socket (made non-blocking): a client's,
+ * whose handshake st_proto_connect did. */
 int st_proto_conn_init(st_proto_conn *c, int fd);
+/* The same for an accepted connection: queues the handshake's hello; the
+ * first st_proto_recv calls take the client's proof (ST_EAUTH when wrong)
+ * before any line. tok must outlive the connection. */
+int st_proto_conn_init_server(st_proto_conn *c, int fd, const st_token *tok);
 /* Close the socket and free the buffers; safe on ST_PROTO_CONN_INIT. */
 void st_proto_conn_release(st_proto_conn *c);
 
@@ -130,10 +144,12 @@ int st_proto_get_str(const json_t *msg, const char *key, const char **out);
 
 /* "host:port" or "[v6]:port" -> host, port. 0, or ST_EINVAL with a message. */
 int st_proto_parse_addr(const char *addr, char *host, size_t hostcap, int *port);
-/* Connect to "host:port" until deadline (st_mono_ns): a blocking, CLOEXEC,
- * TCP_NODELAY socket for st_proto_conn_init. ST_EINVAL for a bad address,
- * ST_EPEER when nothing answers by then. */
-int st_proto_connect(const char *addr, int64_t deadline, int *fd);
+/* Connect to "host:port" until deadline (st_mono_ns) and prove the run
+ * token tok (comm/auth.h): a blocking, CLOEXEC, TCP_NODELAY socket for
+ * st_proto_conn_init. ST_EINVAL for a bad address, ST_EPEER when nothing
+ * answers by then, ST_EAUTH when the controller refuses our proof or its
+ * own is wrong. */
+int st_proto_connect(const char *addr, const st_token *tok, int64_t deadline, int *fd);
 /* Listen on host:port (port 0: the kernel picks one; host NULL, "" or "*":
  * every address). *fd is CLOEXEC; *bound_port the port. 0, ST_EINVAL for a
  * host that does not resolve, ST_EIO when bind/listen fail. */

@@ -3,11 +3,19 @@
 # a non-object, an unknown type, a line over the 64 KiB limit, a hello with
 # a slice out of range, a hello for a host that already has its agent, a
 # hello with a wrong version, a message before hello, and one connects and
-# says nothing, plus a status request. Each is dropped and logged; the run
-# goes on and finishes with 0 failures; no process left behind.
+# says nothing, plus a status request; all of these after a correct token
+# proof (comm/auth.h). Then the handshake itself: a connection without the
+# proof (a hello line at once), with a wrong token's proof, replaying a proof
+# captured from an accepted connection, and one that stops in the middle of
+# its proof. Each is dropped and logged; the run goes on and finishes with 0
+# failures; no process left behind.
 # timeout: 120
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
+# the run's token: a file of ours (the launcher uses it instead of making one)
+printf 'hostile-test token %s\n' "$RANDOM$RANDOM$RANDOM" >"$TMP/token"
+chmod 600 "$TMP/token"
+export SLICETRAIN_TOKEN_FILE="$TMP/token"
 el_start host --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${el_keys[@]}" steps=100 \
 	run_name=host metrics_file="$TMP/host.jsonl"
 addr=
@@ -18,9 +26,33 @@ for _ in $(seq 1 $((300 * el_scale))); do
 	sleep 0.1
 done
 [ -n "$addr" ] || fail "the launcher printed no controller address"
-/usr/bin/python3 - "${addr##*:}" <<'PY' || fail "the fake agents"
-import json, socket, sys, time
+/usr/bin/python3 - "${addr##*:}" "$TMP/token" <<'PY' || fail "the fake agents"
+import hashlib, hmac, json, os, socket, sys, time
 port = int(sys.argv[1])
+key = hashlib.sha256(open(sys.argv[2], "rb").read().strip()).digest()
+def recv_n(s, n):
+    b = b""
+    while len(b) < n:
+        x = s.recv(n - len(b))
+        if not x:
+            raise ConnectionResetError("closed")
+        b += x
+    return b
+def proof(hello, k=key, nc=None):
+    assert hello[:4] == b"STA1"
+    nc = nc or os.urandom(32)
+    return b"STA1" + nc + hmac.new(k, b"c" + hello[4:] + nc, hashlib.sha256).digest()
+def connect(auth=True):
+    """a connection with the token proved (the controller's answer checked)"""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if auth:
+        h = recv_n(s, 36)
+        p = proof(h)
+        s.sendall(p)
+        a = recv_n(s, 32)
+        if not hmac.compare_digest(a, hmac.new(key, b"s" + h[4:] + p[4:36], hashlib.sha256).digest()):
+            sys.exit("the controller's answer to our proof is wrong")
+    return s
 hello = {"type": "hello", "version": 1, "slice": 0, "host": 0, "hosts_per_slice": 1, "devices": 1, "pid": 1}
 cases = [
     ("invalid JSON", b'{"type": "hello", \n'),
@@ -35,8 +67,52 @@ cases = [
     ("a string slice", (json.dumps(dict(hello, slice="0")) + "\n").encode()),
     ("NUL bytes", b'\0\0\0\0\n'),
 ]
-for name, data in cases:
+# the handshake's own cases: (name, bytes to send after reading the hello)
+captured = {}
+def first_proof(h):
+    captured["p"] = proof(h)
+    return captured["p"]
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+h = recv_n(s, 36)
+s.sendall(first_proof(h))
+recv_n(s, 32)  # accepted: the proof to replay
+s.close()
+auth_cases = [
+    ("no token proof (a hello line at once)", lambda h: (json.dumps(hello) + "\n").encode() * 2),
+    ("a wrong token", lambda h: proof(h, k=hashlib.sha256(b"not the token").digest())),
+    ("a replayed proof", lambda h: captured["p"]),
+    ("a garbage proof", lambda h: b"STA1" + b"\xff" * 64),
+]
+def dropped(s):
+    s.settimeout(7)
+    try:
+        while True:
+            b = s.recv(4096)
+            if not b:
+                return True
+            if b'"welcome"' in b:
+                return False
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+for name, make in auth_cases:
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    h = recv_n(s, 36)
+    try:
+        s.sendall(make(h))
+    except OSError:
+        pass
+    ok = dropped(s)
+    s.close()
+    print(f"    fake agent, {name}: {'dropped' if ok else 'NOT dropped'}")
+    if not ok:
+        sys.exit(1)
+# one that stops in the middle of its proof: dropped at the hello timeout
+half = socket.create_connection(("127.0.0.1", port), timeout=10)
+half.sendall(proof(recv_n(half, 36))[:40])
+for name, data in cases:
+    s = connect()
     try:
         s.sendall(data)
     except OSError:
@@ -59,21 +135,28 @@ for name, data in cases:
     if not closed:
         sys.exit(1)
 # a connection that says nothing: dropped after the hello timeout; a status request answered
-idle = socket.create_connection(("127.0.0.1", port), timeout=10)
-s = socket.create_connection(("127.0.0.1", port), timeout=5)
+idle = connect()
+idle.settimeout(10)
+s = connect()
 s.sendall(b'{"type": "status"}\n')
 ans = json.loads(s.makefile().readline())
 print(f"    status: state {ans['state']}, {len(ans['slices'])} slices")
 t0 = time.time()
 closed = idle.recv(1) == b""
 print(f"    silent connection dropped after {time.time() - t0:.1f} s")
-sys.exit(not closed or len(ans["slices"]) != 2)
+half.settimeout(10)
+half_closed = dropped(half)
+print(f"    half a proof: {'dropped' if half_closed else 'NOT dropped'}")
+sys.exit(not closed or not half_closed or len(ans["slices"]) != 2)
 PY
 el_wait host 90
 status_is "the run under hostile input" "$el_rc" 0 "$TMP/host.err"
-grep -E 'connection dropped|dropping' "$TMP/host.err" | sed 's/^/    /'
-n=$(grep -cE 'connection dropped' "$TMP/host.err")
-[ "$n" -ge 12 ] || fail "$n drops logged, want 12 (11 bad inputs and a silent connection)"
+grep -E 'connection dropped from|dropping' "$TMP/host.err" | sed 's/^/    /'
+n=$(grep -cE 'controller: connection dropped from' "$TMP/host.err")
+[ "$n" -ge 17 ] || fail "$n drops logged, want 17 (11 bad inputs, a silent connection, 5 failed proofs)"
+[ "$(grep -c 'connection dropped from .*token' "$TMP/host.err")" -ge 4 ] ||
+	fail "the failed proofs were not logged as such"
+grep -q "$(head -c 40 "$TMP/token" | tr -d '\n')" "$TMP/host.err" "$TMP/host.out" && fail "the token appears in the output"
 sum=$(el_summary host)
 echo "summary: $(echo $sum)"
 [ "$(echo "$sum" | el_get failures)" = 0 ] || fail "hostile input caused failures"

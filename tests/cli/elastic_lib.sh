@@ -8,7 +8,8 @@
 #   pid in $el_pid; a watcher records every descendant (pid, start time) of
 #   the launcher while it runs.
 # el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS, times
-#   $el_scale: 3 on a sanitized build, where el_steps is 30 instead of 60); its
+#   $el_scale: 2 on a sanitized build, 3 with sanitized workers, where
+#   el_steps is 30 instead of 60); its
 #   exit status in $el_rc; then no descendant may still run (else a failure).
 # el_summary NAME: the summary line of the run's stdout, as KEY=VALUE lines.
 # el_events NAME METRICS: the kinds of the event lines of METRICS, in order.
@@ -16,13 +17,25 @@
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 	. "$(dirname "$0")/../cli_lib.sh"
 fi
-# A sanitized build runs a step several times slower: fewer steps (still
-# enough for a slice to come back before the end) and longer waits.
-# The batch (el_batch rows of el_seq tokens per device) is the same on both
-# builds: the scenarios need steps slow enough for a slice to come back
+# A sanitized build: the launcher, controller and agents (the elastic code
+# under test) run sanitized; the workers run the optimized build beside it
+# (build-X-san -> build-X) when there is one (SLICETRAIN_WORKER_EXE: the
+# trainer runs sanitized in every other test, and elastic_worker.sh covers
+# its elastic side), else sanitized too, several times slower: fewer steps
+# (still enough for a slice to come back before the end), longer waits.
+# The batch (el_batch rows of el_seq tokens per device) is the same on every
+# build: the scenarios need steps slow enough for a slice to come back
 # before the run ends.
 el_scale=1 el_steps=60 el_batch=16 el_seq=512
-grep -qa __asan_init "$SLICETRAIN" && el_scale=3 el_steps=30
+if grep -qa __asan_init "$SLICETRAIN"; then
+	el_opt=$(dirname "$SLICETRAIN"); el_opt=${el_opt%-san}/slicetrain
+	if [ "$el_opt" != "$SLICETRAIN" ] && [ -x "$el_opt" ] && ! grep -qa __asan_init "$el_opt"; then
+		export SLICETRAIN_WORKER_EXE=$el_opt
+		el_scale=2
+	else
+		el_scale=3 el_steps=30
+	fi
+fi
 el_keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=$el_batch max_target_length=$el_seq
 	checkpoint_period=5 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o")
 

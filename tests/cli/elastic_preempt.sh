@@ -3,7 +3,9 @@
 # --repair-delay 2. The group saves and stops (exit 143), goes on on slice 0
 # and grows back: exit 0, the summary counts 1 preemption, 0 failures, 2
 # resizes and 0 steps lost; every sample index 0..N-1 trained exactly once,
-# at its step. While it runs, `slicetrain nodes` shows both slices. Then a
+# at its step. While it runs, `slicetrain nodes` shows both slices (with
+# the token file the launcher made and printed; refused without it; the
+# file private and removed at the end). Then a
 # SIGTERM to one agent (a real notice), then to one worker: each counted as
 # a preemption, 0 steps lost. No process of any run left behind.
 # timeout: 200
@@ -25,13 +27,23 @@ done
 if [ -z "$addr" ]; then
 	fail "the launcher printed no controller address"
 else
-	timeout 10 "$SLICETRAIN" nodes --controller "$addr" >"$TMP/nodes.out" 2>&1 || fail "slicetrain nodes failed: $(cat "$TMP/nodes.out")"
+	# the launcher made the run's token; it prints the file's path (never the token)
+	tokf=$(sed -n 's/^slicetrain launch: elastic controller at .* --token-file \([^)]*\)).*/\1/p' "$TMP/pre.err")
+	[ -n "$tokf" ] && [ "$(stat -c %a "$tokf")" = 600 ] && [ "$(stat -c %a "$(dirname "$tokf")")" = 700 ] ||
+		fail "the launcher's token file '$tokf' is missing or not private"
+	env -u SLICETRAIN_TOKEN_FILE -u SLICETRAIN_TOKEN timeout 10 "$SLICETRAIN" nodes --controller "$addr" \
+		>"$TMP/nodes0.out" 2>&1
+	status_is "slicetrain nodes without the run's token" $? 1 "$TMP/nodes0.out"
+	grep -q 'refused' "$TMP/nodes0.out" || fail "nodes without the token: $(cat "$TMP/nodes0.out")"
+	timeout 10 "$SLICETRAIN" nodes --controller "$addr" --token-file "$tokf" >"$TMP/nodes.out" 2>&1 ||
+		fail "slicetrain nodes failed: $(cat "$TMP/nodes.out")"
 	sed 's/^/    nodes: /' "$TMP/nodes.out"
 	[ "$(grep -cE '^[01] +(in group|healthy)' "$TMP/nodes.out")" = 2 ] || fail "slicetrain nodes does not show 2 slices in the group"
 	grep -q '^mesh: 2 slices' "$TMP/nodes.out" || fail "slicetrain nodes does not show the 2-slice mesh"
 fi
 el_wait pre 90
 status_is "elastic run with a preemption" "$el_rc" 0 "$TMP/pre.err"
+[ -n "${tokf:-}" ] && [ -e "$(dirname "$tokf")" ] && fail "the launcher left its token directory $(dirname "$tokf")"
 grep -E '^slicetrain controller: .*(State Transition|growth|resumed)' "$TMP/pre.err" | sed 's/^/    /'
 sum=$(el_summary pre)
 echo "summary: $(echo $sum)"

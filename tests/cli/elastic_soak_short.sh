@@ -10,8 +10,9 @@
 # timeout: 240
 . "$(dirname "$0")/../cli_lib.sh"
 need_python numpy
-# a sanitized build trains a quarter of the batch (the faults are the same)
-batch=() && grep -qa __asan_init "$SLICETRAIN" && batch=(BATCH=4 SEQ=128)
+. "$(dirname "$0")/elastic_lib.sh" # on a sanitized build: optimized workers when there are (SLICETRAIN_WORKER_EXE)
+# sanitized workers train a quarter of the batch (the faults are the same)
+batch=() && grep -qa __asan_init "$SLICETRAIN" && [ -z "${SLICETRAIN_WORKER_EXE:-}" ] && batch=(BATCH=4 SEQ=128)
 env "${batch[@]}" FAULTS=kinds SLICETRAIN="$SLICETRAIN" TMPDIR="$TMP" "$ST_ROOT/bench/elastic_soak.sh" >"$TMP/soak.log" 2>&1
 rc=$?
 grep -v '^    slicetrain controller' "$TMP/soak.log" | sed 's/^/  /'
