@@ -85,6 +85,42 @@ soak: $(BUILD)/slicetrain
 goodput: $(BUILD)/slicetrain
 	BUILD=$(BUILD) bench/elastic_goodput.sh
 
+# Fuzzing (issue 11; fuzz/README.md): every fuzz/fuzz_*.c is a libFuzzer
+# target, built by clang with ASan+UBSan in build-fuzz/ against the library
+# compiled there with fuzzer coverage. make fuzz-run runs each FUZZ_SECONDS
+# (default 600) on its corpus (build-fuzz/corpus/NAME, seeded from
+# fuzz/seeds/NAME/); a crash fails it and names the reproducer.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_CFLAGS  := -O1 -g -march=native -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wextra \
+	-Wno-unused-parameter -Wno-pass-failed -fopenmp -Isrc -MMD -MP -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_SRC     := $(wildcard fuzz/fuzz_*.c)
+FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=$(FUZZ_BUILD)/%)
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+
+$(FUZZ_BUILD)/src/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/libslicetrain.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_BUILD)/libslicetrain.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libslicetrain.a $(LDLIBS)
+
+fuzz: $(FUZZ_BIN)
+
+fuzz-run: fuzz
+	FUZZ_BUILD=$(FUZZ_BUILD) fuzz/run.sh $(FUZZ_SECONDS)
+
+fuzz-clean:
+	rm -rf $(FUZZ_BUILD)
+
+.PHONY: fuzz fuzz-run fuzz-clean
+-include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_BIN:=.d)
+
 clean:
 	rm -rf build build-san
 

@@ -9,6 +9,7 @@ set -euo pipefail
 pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libdeflate-dev libssl-dev)
 if [ "${1:-}" = "--test" ]; then
 	pkgs+=(python3 python3-numpy python3-torch python3-venv)
+	pkgs+=(clang libclang-rt-14-dev libomp-14-dev) # fuzz targets: clang, libFuzzer, clang's OpenMP
 fi
 if [ "${1:-}" = "--bench" ]; then
 	pkgs+=(python3 python3-numpy python3-torch openmpi-bin libopenmpi-dev util-linux)
