@@ -90,6 +90,8 @@ goodput: $(BUILD)/slicetrain
 # compiled there with fuzzer coverage. make fuzz-run runs each FUZZ_SECONDS
 # (default 600) on its corpus (build-fuzz/corpus/NAME, seeded from
 # fuzz/seeds/NAME/); a crash fails it and names the reproducer.
+# make hostile: HOSTILE_MESSAGES (default 10000) random and mutated messages
+# to every listening port of an elastic run (bench/README.md).
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 600
@@ -118,7 +120,11 @@ fuzz-run: fuzz
 fuzz-clean:
 	rm -rf $(FUZZ_BUILD)
 
-.PHONY: fuzz fuzz-run fuzz-clean
+HOSTILE_MESSAGES ?= 10000
+hostile: $(BUILD)/slicetrain
+	BUILDS=$(BUILD) HOSTILE_MESSAGES=$(HOSTILE_MESSAGES) ST_TEST_TIMEOUT=1800 tests/run.sh cli/hostile_ports
+
+.PHONY: fuzz fuzz-run fuzz-clean hostile
 -include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_BIN:=.d)
 
 clean:
