@@ -91,7 +91,8 @@ goodput: $(BUILD)/slicetrain
 # (default 600) on its corpus (build-fuzz/corpus/NAME, seeded from
 # fuzz/seeds/NAME/); a crash fails it and names the reproducer.
 # make hostile: HOSTILE_MESSAGES (default 10000) random and mutated messages
-# to every listening port of an elastic run (bench/README.md).
+# to every listening port of an elastic run, then HOSTILE_FLOOD (200) silent
+# connections per port (bench/README.md).
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 600
@@ -121,8 +122,10 @@ fuzz-clean:
 	rm -rf $(FUZZ_BUILD)
 
 HOSTILE_MESSAGES ?= 10000
+HOSTILE_FLOOD    ?= 200
 hostile: $(BUILD)/slicetrain
-	BUILDS=$(BUILD) HOSTILE_MESSAGES=$(HOSTILE_MESSAGES) ST_TEST_TIMEOUT=1800 tests/run.sh cli/hostile_ports
+	BUILDS=$(BUILD) HOSTILE_MESSAGES=$(HOSTILE_MESSAGES) HOSTILE_FLOOD=$(HOSTILE_FLOOD) ST_TEST_TIMEOUT=1800 \
+		tests/run.sh cli/hostile_ports
 
 .PHONY: fuzz fuzz-run fuzz-clean hostile
 -include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_BIN:=.d)

@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/hostile.py --pid LAUNCHER_PID [--messages 1000]
         [--token-file PATH] [--seed S] [--timeout 2] [--threads 8] [--idle 8]
-        [--idle-wait SECONDS] [--deadline SECONDS] [--json OUT] [--allow-plain]
+        [--idle-wait SECONDS] [--flood N] [--deadline SECONDS] [--json OUT] [--allow-plain]
     /usr/bin/python3 bench/hostile.py --pid LAUNCHER_PID --formation [--messages N]
     /usr/bin/python3 bench/hostile.py --pid LAUNCHER_PID --watch
 
@@ -36,6 +36,12 @@ IDLE connections per listener stay open without a byte sent (a server that
 serves one client at a time would wedge on them); with --idle-wait the
 servers must drop them (their handshake timeouts) within that many seconds.
 
+--flood N: after the barrage, N silent connections are held on each listener
+in turn, and a correct handshake must still get through (a server with a
+table of connections must drop an unproven one to make room, not refuse
+the newcomer: else anyone who reaches the port locks the run's own
+processes out).
+
 --formation: the rendezvous store listens only while a group forms; wait
 for it (polling every 5 ms) and send it the same mix, up to MESSAGES, until
 it closes. --watch: send nothing; until the launcher exits, sample every
@@ -63,7 +69,8 @@ the server's answer to a correct proof was wrong or missing; a TCP listener
 does not start with the handshake's hello (unless --allow-plain); a
 listener still there does not complete a handshake after the barrage; a
 listener went away during it, or the deadline passed before every message
-was sent (not with --formation); silent connections outlived --idle-wait.
+was sent (not with --formation); silent connections outlived --idle-wait; a flood locked a correct handshake
+out.
 Exit status 2: no such process, or no listener.
 """
 import argparse
@@ -792,6 +799,31 @@ def summarize(listeners, a, key, formation):
     return failures, entries
 
 
+def flood(listeners, n, key, timeout):
+    """With n silent connections held on a listener, a correct handshake
+    (a plain listener: a connection) must still get through: a server with a
+    fixed table of connections must make room (drop the oldest that has not
+    proved the token) rather than refuse newcomers. The failures."""
+    failures = []
+    for l in listeners:
+        held = []
+        for _ in range(n):
+            try:
+                held.append(Conn(l, timeout))
+            except OSError:
+                break
+        time.sleep(0.2)  # the server accepts them all
+        ok = handshake_ok(l, key, timeout) if l.authed else connect_ok(l, timeout)
+        for c in held:
+            c.close()
+        print(f"  {l.name:40s} {len(held)} silent connections held: a "
+              f"{'correct handshake' if l.authed else 'connection'} {'still gets through' if ok else 'FAILS'}")
+        if ok is False:
+            failures.append(f"{l.name}: with {len(held)} silent connections held, " +
+                            ("a correct handshake fails" if l.authed else "a connection is refused"))
+    return failures
+
+
 def formation(a, key, wrong_key):
     """The store listens only while a group forms: wait for it, then send it
     messages until it closes (at most a.messages). Exit status as main's."""
@@ -839,6 +871,9 @@ def main():
     ap.add_argument("--watch", action="store_true",
                     help="send nothing: until the launcher exits, check every listener (the store's too) "
                          "is on loopback and no command line holds the token")
+    ap.add_argument("--flood", type=int, default=0,
+                    help="after the barrage, hold this many silent connections on each listener in turn: a "
+                         "correct handshake must still get through")
     ap.add_argument("--formation", action="store_true",
                     help="wait for the store (it listens only while a group forms) and send it messages "
                          "until it closes")
@@ -886,6 +921,9 @@ def main():
           f"closed by the server" + (f" (the last {last:.1f} s after the barrage)" if idle_closed else ""))
     found, entries = summarize(listeners, a, key, False)
     failures += found
+    if a.flood:
+        print(f"hostile: flood ({a.flood} silent connections per listener):")
+        failures += flood(listeners, a.flood, key, a.timeout)
     report = {"pid": a.pid, "seconds": round(elapsed, 1), "messages_per_listener": a.messages,
               "idle_held": len(idle), "idle_closed_by_server": idle_closed, "listeners": entries,
               "failures": failures}

@@ -19,11 +19,15 @@
 #    listens only while a group forms), and no command line held the token;
 #  - the run trains to its last step, exit 0, with 0 failures; the token's
 #    text is in none of its output; no process is left behind.
-# `make hostile` runs it with 10,000 messages per port (bench/README.md).
+# `make hostile` runs it with 10,000 messages per port and a flood of 200
+# silent connections per port (HOSTILE_MESSAGES, HOSTILE_FLOOD; bench/README.md).
 # timeout: 240
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 messages=${HOSTILE_MESSAGES:-1000}
+# HOSTILE_FLOOD=N (make hostile: 200): then N silent connections held on
+# each port in turn must not lock a correct handshake out
+flood=${HOSTILE_FLOOD:-0}
 # long enough for the barrage at 1 ms a message or so, with a wide margin
 steps=$((100 + messages / 50))
 umask 077
@@ -40,7 +44,7 @@ former=$!
 el_wait_steps host 3 || fail "the run did not reach step 3"
 kill -0 "$el_pid" 2>/dev/null || fail "the launcher ended before the barrage"
 /usr/bin/python3 "$ST_ROOT/bench/hostile.py" --pid "$el_pid" --messages "$messages" --json "$TMP/hostile.json" \
-	--idle-wait 15 --deadline $((120 * el_scale + messages / 20)) >"$TMP/hostile.out" 2>&1
+	--idle-wait 15 --flood "$flood" --deadline $((120 * el_scale + messages / 20)) >"$TMP/hostile.out" 2>&1
 rc=$?
 wait "$former"
 frc=$?
