@@ -8,13 +8,17 @@ common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=20 max_target_l
 	learning_rate=1e-3 dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=10 log_period=1)
 strip() { grep '^completed step' "$1" | sed -E 's/seconds: [0-9.]+, TFLOP\/s\/device: [0-9.]+, Tokens\/s\/device: [0-9.]+/T/'; }
 
-run() { # single|mesh run_name batch log extra... (metrics in $log.jsonl; flushed every step: log_period=1)
+# run single|mesh run_name batch log extra... (metrics in $log.jsonl; flushed
+# every step: log_period=1). With EXEC=1 (in the background) the subshell
+# becomes the trainer or launcher, so that $! is its pid: killing the
+# subshell alone left a launcher running beside the resumed run.
+run() {
 	local mode=$1 name=$2 batch=$3 log=$4; shift 4
 	set -- metrics_file="$log.jsonl" "$@"
 	if [ "$mode" = single ]; then
-		OMP_NUM_THREADS=1 "$SLICETRAIN" train "${common[@]}" run_name="$name" per_device_batch_size="$batch" "$@" >>"$log" 2>>"$log.err"
+		OMP_NUM_THREADS=1 ${EXEC:+exec} "$SLICETRAIN" train "${common[@]}" run_name="$name" per_device_batch_size="$batch" "$@" >>"$log" 2>>"$log.err"
 	else
-		OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 2 -- "${common[@]}" run_name="$name" \
+		OMP_NUM_THREADS=1 ${EXEC:+exec} "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 2 -- "${common[@]}" run_name="$name" \
 			per_device_batch_size="$batch" ici_fsdp_parallelism=2 dcn_data_parallelism=2 "$@" >>"$log" 2>>"$log.err"
 	fi
 }
@@ -23,7 +27,7 @@ for mode in single mesh; do
 	batch=8; [ $mode = mesh ] && batch=2
 	run $mode straight-$mode $batch "$TMP/straight-$mode" || fail "$mode: straight run failed: $(tail -3 "$TMP/straight-$mode.err")"
 	# the interrupted run: SIGKILL once step 10 is committed and a later step is printed
-	run $mode cut-$mode $batch "$TMP/cut-$mode" &
+	EXEC=1 run $mode cut-$mode $batch "$TMP/cut-$mode" &
 	pid=$!
 	for _ in $(seq 1 2000); do
 		[ -f "$TMP/o/cut-$mode/checkpoints/10/manifest.json" ] && grep -q 'completed step: 1[1-9]' "$TMP/cut-$mode" && break
