@@ -50,7 +50,7 @@ int st_ctrl_frame_check(const st_frame *f, uint64_t nonce, int from, int size, i
 		*abort_reason = valid ? (int)f->aux : 0;
 		*abort_rank = valid ? (int)f->key : from;
 	}
-	return (int)f->type;
+	return f->type >= F_HELLO_CTRL && f->type <= F_FD ? (int)f->type : 0;
 }
 
 int st_accept_start(st_accept *a, int need_auth, uint8_t hello[ST_AUTH_HELLO])

@@ -63,10 +63,11 @@ typedef struct st_hello_rules {
 int st_hello_check(const st_hello_rules *r, const st_frame *f, int is_unix, const char **why);
 
 /* A frame on rank from's control connection: its type (F_HB, F_BYE,
- * F_ABORT, F_FD, or an unknown type to ignore), or -1 with *why when the
- * magic, nonce or sender is wrong (the connection is then dropped). For
- * F_ABORT, *abort_reason and *abort_rank say what failed: the frame's own
- * when valid (reason 1..max_reason, rank < size), else (0, from). */
+ * F_ABORT, F_FD; a hello type; 0 for an unknown type, to ignore), or -1
+ * with *why when the magic, nonce or sender is wrong (the connection is
+ * then dropped). For F_ABORT, *abort_reason and *abort_rank say what
+ * failed: the frame's own when valid (reason 1..max_reason, rank < size),
+ * else (0, from). */
 int st_ctrl_frame_check(const st_frame *f, uint64_t nonce, int from, int size, int max_reason,
 			int *abort_reason, int *abort_rank, const char **why);
 
