@@ -129,6 +129,26 @@ int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n)
 	return write_all(f, p, n) < 0 ? f->err : 0;
 }
 
+int st_atomic_file_write_at(st_atomic_file *f, const void *buf, size_t n, size_t offset)
+{
+	if (f->err)
+		return f->err;
+	if (f->fd < 0 || f->direct)
+		ST_BUG("st_atomic_file_write_at on a file that is not open, or in direct mode");
+	const char *p = buf;
+	while (n > 0) {
+		ssize_t w = pwrite(f->fd, p, n, (off_t)offset);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return sticky(f, st_fail(ST_EIO, "%s: write failed: %s", f->tmp, w < 0 ? strerror(errno) : "no progress"));
+		p += w;
+		n -= (size_t)w;
+		offset += (size_t)w;
+	}
+	return 0;
+}
+
 int st_atomic_file_commit(st_atomic_file *f)
 {
 	int rc;

@@ -78,6 +78,10 @@ int st_atomic_file_open_direct(st_atomic_file *f, const char *path);
 int st_atomic_file_is_direct(const st_atomic_file *f);
 /* Append n bytes. After a failure every later write returns the same error. */
 int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n);
+/* Overwrite n bytes at offset, inside what was written already (a header
+ * whose counts are known only at the end). Buffered files only (ST_BUG in
+ * direct mode); errors are sticky as for write. */
+int st_atomic_file_write_at(st_atomic_file *f, const void *buf, size_t n, size_t offset);
 /* fsync the temporary, rename it to the final path, fsync the directory.
  * Returns the sticky error if a write had failed (and removes the temporary). */
 int st_atomic_file_commit(st_atomic_file *f);

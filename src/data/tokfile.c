@@ -16,11 +16,11 @@
 #error "src/data/tokfile.c assumes a little-endian host"
 #endif
 
-#define BIN_HEADER_BYTES 1024
-#define BIN_MAGIC_U16 20240520
-#define BIN_VERSION_U16 1
-#define BIN_MAGIC_U32 20240801
-#define BIN_VERSION_U32 7
+#define BIN_HEADER_BYTES ST_TOKFILE_BIN_HEADER_BYTES
+#define BIN_MAGIC_U16 ST_TOKFILE_BIN_MAGIC_U16
+#define BIN_VERSION_U16 ST_TOKFILE_BIN_VERSION_U16
+#define BIN_MAGIC_U32 ST_TOKFILE_BIN_MAGIC_U32
+#define BIN_VERSION_U32 ST_TOKFILE_BIN_VERSION_U32
 
 #define NPY_MAX_DIMS 32
 #define NPY_MAX_STR 64
@@ -553,4 +553,94 @@ void st_tokfile_release(st_tokfile *f)
 		munmap(f->map, f->maplen);
 	free(f->path);
 	*f = (st_tokfile)ST_TOKFILE_INIT;
+}
+
+/* ---- writing llm.c .bin shards ------------------------------------------ */
+
+#define WRITER_BUF_BYTES ((size_t)1 << 20)
+
+static void bin_header(unsigned char *hdr, int itemsize, int64_t ntokens)
+{
+	int32_t words[3] = {itemsize == 2 ? BIN_MAGIC_U16 : BIN_MAGIC_U32,
+			    itemsize == 2 ? BIN_VERSION_U16 : BIN_VERSION_U32, (int32_t)ntokens};
+	memset(hdr, 0, BIN_HEADER_BYTES);
+	memcpy(hdr, words, sizeof(words));
+}
+
+int st_tokfile_writer_open(st_tokfile_writer *w, const char *path, int64_t vocab_size)
+{
+	unsigned char hdr[BIN_HEADER_BYTES];
+	*w = (st_tokfile_writer)ST_TOKFILE_WRITER_INIT;
+	if (vocab_size < 1 || vocab_size > (int64_t)1 << 32)
+		return st_fail(ST_EINVAL, "%s: vocabulary size %" PRId64 " does not fit a token file", path, vocab_size);
+	w->vocab_size = vocab_size;
+	w->itemsize = vocab_size <= 65536 ? 2 : 4;
+	if (!(w->buf = malloc(WRITER_BUF_BYTES)))
+		return st_fail(ST_ENOMEM, "out of memory");
+	int rc = st_atomic_file_open(&w->file, path);
+	if (rc == 0) {
+		bin_header(hdr, w->itemsize, 0); /* the count is written by commit */
+		rc = st_atomic_file_write(&w->file, hdr, sizeof(hdr));
+	}
+	if (rc < 0)
+		st_tokfile_writer_abort(w);
+	return rc;
+}
+
+static int writer_flush(st_tokfile_writer *w)
+{
+	int rc = w->nbuf ? st_atomic_file_write(&w->file, w->buf, w->nbuf) : 0;
+	w->nbuf = 0;
+	return rc;
+}
+
+int st_tokfile_writer_put(st_tokfile_writer *w, const int32_t *ids, size_t n)
+{
+	if ((uint64_t)w->ntokens + n > ST_TOKFILE_BIN_MAX_TOKENS)
+		return st_fail(ST_EINVAL, "%s: more than %d tokens, the most one llm.c .bin file holds: split the input",
+			       w->file.path, ST_TOKFILE_BIN_MAX_TOKENS);
+	for (size_t i = 0; i < n; i++) {
+		if (ids[i] < 0 || ids[i] >= w->vocab_size)
+			return st_fail(ST_EINVAL, "%s: token id %" PRId32 " is outside [0, %" PRId64 ")", w->file.path, ids[i],
+				       w->vocab_size);
+		if (w->nbuf + 4 > WRITER_BUF_BYTES) {
+			int rc = writer_flush(w);
+			if (rc < 0)
+				return rc;
+		}
+		if (w->itemsize == 2) {
+			uint16_t v = (uint16_t)ids[i];
+			memcpy(w->buf + w->nbuf, &v, 2);
+		} else {
+			uint32_t v = (uint32_t)ids[i];
+			memcpy(w->buf + w->nbuf, &v, 4);
+		}
+		w->nbuf += (size_t)w->itemsize;
+	}
+	w->ntokens += (int64_t)n;
+	return 0;
+}
+
+int st_tokfile_writer_commit(st_tokfile_writer *w)
+{
+	unsigned char hdr[BIN_HEADER_BYTES];
+	bin_header(hdr, w->itemsize, w->ntokens);
+	int rc = writer_flush(w);
+	if (rc == 0)
+		rc = st_atomic_file_write_at(&w->file, hdr, sizeof(hdr), 0);
+	if (rc < 0) {
+		st_tokfile_writer_abort(w);
+		return rc;
+	}
+	rc = st_atomic_file_commit(&w->file);
+	free(w->buf);
+	*w = (st_tokfile_writer)ST_TOKFILE_WRITER_INIT;
+	return rc;
+}
+
+void st_tokfile_writer_abort(st_tokfile_writer *w)
+{
+	st_atomic_file_abort(&w->file);
+	free(w->buf);
+	*w = (st_tokfile_writer)ST_TOKFILE_WRITER_INIT;
 }

@@ -1,5 +1,6 @@
 /*
- * tokfile.h - one memory-mapped token file (internal to src/data/).
+ * tokfile.h - one memory-mapped token file (read by src/data/data.c), and
+ * the writer of llm.c .bin shards (slicetrain tokenize).
  *
  * Reads llm.c .bin shards and .npy integer arrays, told apart by magic bytes
  * (never by extension). Opening checks the header and that the file size is
@@ -35,6 +36,15 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "base/file.h"
+
+/* llm.c .bin: 256 int32 header words, then the tokens */
+#define ST_TOKFILE_BIN_HEADER_BYTES 1024
+#define ST_TOKFILE_BIN_MAGIC_U16 20240520
+#define ST_TOKFILE_BIN_VERSION_U16 1
+#define ST_TOKFILE_BIN_MAGIC_U32 20240801
+#define ST_TOKFILE_BIN_VERSION_U32 7
+#define ST_TOKFILE_BIN_MAX_TOKENS INT32_MAX /* header[2] is an int32 */
 
 
 typedef struct st_tokfile {
@@ -58,5 +68,34 @@ int st_tokfile_check_ids(const st_tokfile *f, int64_t vocab_size);
 /* Copy ids start..start+n-1 (within ntokens, already checked) as int32. */
 void st_tokfile_get(const st_tokfile *f, int64_t start, int64_t n, int32_t *out);
 void st_tokfile_release(st_tokfile *f);
+
+/*
+ * Writing one llm.c .bin shard, atomically (base/file.h): the tokens go to
+ * "<path>.tmp.<pid>", commit writes the header's count, fsyncs and renames;
+ * abort (also after any error, and safe on ST_TOKFILE_WRITER_INIT) removes
+ * the temporary, so no file ever appears under path half written.
+ *
+ *   st_tokfile_writer w = ST_TOKFILE_WRITER_INIT;
+ *   rc = st_tokfile_writer_open(&w, "train.bin", vocab_size);  // uint16 ids up to 65536, else uint32
+ *   while (rc == 0 && more) rc = st_tokfile_writer_put(&w, ids, n);
+ *   rc = rc == 0 ? st_tokfile_writer_commit(&w) : (st_tokfile_writer_abort(&w), rc);
+ *
+ * put refuses (ST_EINVAL) an id outside [0, vocab_size) and more than
+ * ST_TOKFILE_BIN_MAX_TOKENS tokens in all; I/O errors are ST_EIO.
+ */
+typedef struct st_tokfile_writer {
+	st_atomic_file file;
+	int64_t vocab_size;
+	int itemsize;       /* 2 or 4 */
+	int64_t ntokens;
+	unsigned char *buf; /* tokens waiting to be written */
+	size_t nbuf;
+} st_tokfile_writer;
+#define ST_TOKFILE_WRITER_INIT { .file = ST_ATOMIC_FILE_INIT }
+
+int st_tokfile_writer_open(st_tokfile_writer *w, const char *path, int64_t vocab_size);
+int st_tokfile_writer_put(st_tokfile_writer *w, const int32_t *ids, size_t n);
+int st_tokfile_writer_commit(st_tokfile_writer *w);
+void st_tokfile_writer_abort(st_tokfile_writer *w);
 
 #endif
