@@ -62,6 +62,15 @@ int st_cmd_export(int argc, char **argv);
 /* slicetrain ckpt list|verify DIR: ckpt.c; 1 when a checkpoint is damaged. */
 int st_cmd_ckpt(int argc, char **argv);
 
+/*
+ * slicetrain tokenize [CONFIG.yml] [key=value ...] -o OUT.bin [--text-field NAME]
+ *                     [--format auto|text|jsonl] [--bos T] [--eos T] [--threads N] INPUT...:
+ * tokenize.c. Text and JSON lines -> one llm.c .bin token file with the
+ * tokenizer_path tokenizer.json (docs/data.md); 2 for bad input (tokenizer,
+ * UTF-8, a JSON line without the field), no output file unless it succeeds.
+ */
+int st_cmd_tokenize(int argc, char **argv);
+
 /* ---- shared argument parsing: args.c ---- */
 
 /* "--help" or "-h". */

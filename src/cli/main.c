@@ -31,6 +31,8 @@ static const char usage[] =
 	"  ckpt list|verify DIR                 list checkpoints, or recompute their checksums\n"
 	"  plan CONFIG.yml [key=value ...] [--num-slices S --devices-per-slice D] [--memory GiB]\n"
 	"                                       per-device memory and FLOPs of a run, and whether it fits\n"
+	"  tokenize tokenizer_path=T -o OUT.bin INPUT...\n"
+	"                                       text / JSON lines -> a token file (docs/data.md)\n"
 	"  help [command]                       this text, or a command's help\n"
 	"  version                              print the version\n"
 	"\n"
@@ -52,6 +54,7 @@ static const struct {
 	{"export", st_cmd_export},
 	{"ckpt", st_cmd_ckpt},
 	{"plan", st_cmd_plan},
+	{"tokenize", st_cmd_tokenize},
 };
 
 int main(int argc, char **argv)

@@ -76,6 +76,9 @@ typedef struct st_config {
 	char dataset_path[ST_PATH_MAX]; /* file, or glob, for dataset_type=tokens */
 	int enable_data_shuffling;
 	int64_t data_shuffle_seed;
+	/* text -> tokens (slicetrain tokenize; docs/data.md) */
+	char tokenizer_path[ST_PATH_MAX]; /* a Hugging Face tokenizer.json, "" = none */
+	int add_bos, add_eos;             /* put BOS before / EOS after each document (true, true) */
 
 	/* optimizer and schedule */
 	double learning_rate;

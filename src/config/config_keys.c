@@ -86,6 +86,9 @@ static const struct st_ckey keys[] = {
 	S("dataset_path", c.dataset_path, "\"\""),
 	B("enable_data_shuffling", c.enable_data_shuffling, "true"),
 	I("data_shuffle_seed", c.data_shuffle_seed, "0"),
+	S("tokenizer_path", c.tokenizer_path, "\"\""),
+	B("add_bos", c.add_bos, "True"),
+	B("add_eos", c.add_eos, "True"),
 
 	/* optimizer and schedule */
 	F("learning_rate", c.learning_rate, "3.e-5"),

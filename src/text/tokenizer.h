@@ -39,8 +39,9 @@
  * below ST_TOKENIZER_MAX_ID, ids not sparser than 4 per entry (so a small
  * file cannot make a large table), no duplicate keys, ids or merges.
  *
- * Errors: ST_EINVAL (the file or the text is wrong: the message says where;
- * for text, "invalid UTF-8 at byte N"), ST_EIO (cannot read the file),
+ * Errors: ST_EINVAL (the file is missing or wrong, or the text is: the
+ * message says where; for text, "invalid UTF-8 at byte N"), ST_EIO (the
+ * file exists but reading it failed),
  * ST_ENOMEM, ST_EINTERNAL (PCRE2 failed while matching, e.g. its match
  * limit on a pathological text).
  */

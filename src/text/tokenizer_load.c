@@ -19,6 +19,7 @@
  */
 #include "text/tokenizer_int.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -933,6 +934,9 @@ int st_tokenizer_load(st_tokenizer **out, const char *path)
 	size_t len;
 	*out = NULL;
 	int rc = st_read_file(path, ST_TOKENIZER_MAX_FILE, &buf, &len);
+	/* a path that names no readable file is the user's mistake, as a bad file is */
+	if (rc == ST_EIO && (errno == ENOENT || errno == ENOTDIR || errno == EISDIR || errno == EACCES))
+		rc = ST_EINVAL;
 	if (rc < 0)
 		return rc;
 	rc = st_tokenizer_parse(out, buf, len, path);
