@@ -5,6 +5,7 @@
 #   make check      both: the optimized build's suite and the sanitized one
 #   make run        the main job: the embedded default as an elastic run on 2 slices, one preempted
 #   make bench      build the benchmark programs (bench/README.md; needs openmpi for mpi_allreduce)
+#   make tokenizer-parity  the tokenizer against Hugging Face's on 10 MB of text (docs/data.md)
 #   make clean
 CC      ?= cc
 BUILD   ?= build
@@ -130,6 +131,16 @@ hostile: $(BUILD)/slicetrain
 
 .PHONY: fuzz fuzz-run fuzz-clean hostile
 -include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_BIN:=.d)
+
+# Tokenizer parity at scale (issue 15; docs/data.md): tests/cli/tokenize_parity on
+# PARITY_MB (default 10) MB of varied text: ids identical to Hugging Face
+# tokenizers', decode too, and the speed of both on one thread with the CPU.
+PARITY_MB ?= 10
+tokenizer-parity: $(BUILD)/slicetrain $(BUILD)/tests/test_tokenizer
+	ST_ROOT=$(CURDIR) SLICETRAIN=$(CURDIR)/$(BUILD)/slicetrain ST_SAN_REPORT='^==[0-9]+==ERROR' \
+		PARITY_MB=$(PARITY_MB) bash tests/cli/tokenize_parity.sh
+
+.PHONY: tokenizer-parity
 
 clean:
 	rm -rf build build-san
