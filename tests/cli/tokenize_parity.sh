@@ -77,7 +77,6 @@ print(f"{name}: {r['bytes'] / 1e6:.2f} MB of text, {r['tokens']} ids, {n} tokens
       f"= {float(ours) / float(hf):.1f}x; CPU: {cpu}")
 PY
 }
-parity llama3 "$llama3" "$("$py" -c 'import sys; from tokenizers import Tokenizer; print(Tokenizer.from_file(sys.argv[1]).token_to_id("<|begin_of_text|>"))' "$llama3")" \
-	"$("$py" -c 'import sys; from tokenizers import Tokenizer; print(Tokenizer.from_file(sys.argv[1]).token_to_id("<|end_of_text|>"))' "$llama3")"
+parity llama3 "$llama3" '<|begin_of_text|>' '<|end_of_text|>'
 parity small "$TMP/small.json" 0 1
 finish

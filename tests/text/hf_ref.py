@@ -3,7 +3,7 @@
 `slicetrain tokenize` encodes and writes the same llm.c .bin file, so the
 two files must be byte for byte equal.
 
-  hf_ref.py TOKENIZER.json OUT.bin [--bos ID] [--eos ID] [--field text] INPUT...
+  hf_ref.py TOKENIZER.json OUT.bin [--bos ID|TOKEN] [--eos ID|TOKEN] [--field text] INPUT...
 
 INPUT: JSON lines (*.jsonl: one document per line, blank lines skipped) or a
 text file (one document). Documents are encoded with encode_batch(...,
@@ -24,12 +24,16 @@ def main():
     ap.add_argument("tokenizer")
     ap.add_argument("out")
     ap.add_argument("inputs", nargs="+")
-    ap.add_argument("--bos", type=int)
-    ap.add_argument("--eos", type=int)
+    ap.add_argument("--bos", help="an id, or a token of the tokenizer")
+    ap.add_argument("--eos", help="an id, or a token of the tokenizer")
     ap.add_argument("--field", default="text")
     ap.add_argument("--decoded")
     a = ap.parse_args()
     tok = Tokenizer.from_file(a.tokenizer)
+    for k in ("bos", "eos"):
+        v = getattr(a, k)
+        if v is not None:
+            setattr(a, k, int(v) if v.isdigit() else tok.token_to_id(v))
     docs = []
     for p in a.inputs:
         if p.endswith(".jsonl"):
