@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "base/err.h"
@@ -439,8 +441,11 @@ static conn *conn_open(st_store_server *s, int fd)
 	c->since = st_mono_ns();
 	c->deadline = c->since + (int64_t)s->lim.auth_timeout_ms * 1000000;
 	s->npend++;
-	if (fd >= 0)
+	if (fd >= 0) {
+		int one = 1;
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		st_sock_peer_name(fd, c->peer, sizeof(c->peer));
+	}
 	return c;
 }
 
@@ -464,20 +469,22 @@ static void take_limits(st_store_server *s, const st_token *tok, const st_store_
 		s->lim.max_bytes = DEFAULT_MAX_BYTES;
 }
 
-/* Send what is queued for c, as far as the socket takes it. */
+/* Send what is queued for c, as far as the socket takes it: header and
+ * value in one call (two sends of a small answer would wait for the
+ * client's delayed ACK). */
 static void flush_out(st_store_server *s, conn *c)
 {
 	while (c->open && out_pending(c)) {
-		const uint8_t *p;
-		size_t left;
-		if (c->sent < c->smalln) {
-			p = c->small + c->sent;
-			left = c->smalln - c->sent;
-		} else {
-			p = c->body->data + (c->sent - c->smalln);
-			left = out_len(c) - c->sent;
+		struct iovec iov[2];
+		int n = 0;
+		if (c->sent < c->smalln)
+			iov[n++] = (struct iovec){ .iov_base = c->small + c->sent, .iov_len = c->smalln - c->sent };
+		if (c->body) {
+			size_t off = c->sent > c->smalln ? c->sent - c->smalln : 0;
+			iov[n++] = (struct iovec){ .iov_base = c->body->data + off, .iov_len = c->body->len - off };
 		}
-		ssize_t w = send(c->fd, p, left, MSG_NOSIGNAL | MSG_DONTWAIT);
+		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+		ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (w > 0) {
 			c->sent += (size_t)w;
 			continue;
