@@ -258,8 +258,10 @@ static void start(ctl *t, long long gen, const char *steps)
 	snprintf(config, sizeof(config), "%s/configs/base.yml", root);
 	json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "SLICETRAIN_WORLD_SIZE", "2", "SLICETRAIN_NUM_SLICES", "1",
 				"SLICETRAIN_COORDINATOR", coord, "SLICETRAIN_GENERATION", g);
-	json_t *args = json_pack("[s,s,s,s,s,s,s]", config, "model_name=llama3-test", steps, "per_device_batch_size=1",
-				 "max_target_length=16", "enable_checkpointing=false", out);
+	/* data parallel: a group of one re-formed from it keeps its shard */
+	json_t *args = json_pack("[s,s,s,s,s,s,s,s,s]", config, "model_name=llama3-test", steps, "per_device_batch_size=1",
+				 "max_target_length=16", "enable_checkpointing=false", out, "ici_fsdp_parallelism=1",
+				 "ici_data_parallelism=-1");
 	send_msg(t, json_pack("{s:s,s:I,s:[i,i],s:o,s:o,s:i}", "type", "start", "gen", (json_int_t)gen, "ranks", 0, 1,
 			      "env", env, "args", args, "threads", 1));
 }
@@ -378,18 +380,49 @@ static void test_lifecycle(void)
 		for (int r = 0; r < 2; r++)
 			CHECK_MSG(st[r] == 138 || sig[r] == SIGUSR1, "rank %d: status %d signal %d", r, st[r], sig[r]);
 	}
-	/* kill one rank: signal 9; its peer fails (status 3) */
+	/* kill one rank: signal 9; its peer waits for a re-formation (elastic/worker.h):
+	 * "reform" makes it a group of one in generation 5, in the same process, whose
+	 * step lines then come as generation 5's; stop how=kill ends it */
 	if (running(&t, 4, pids)) {
 		send_msg(&t, json_pack("{s:s,s:i,s:i}", "type", "kill", "gen", 4, "rank", 1));
 		send_msg(&t, json_pack("{s:s,s:i,s:i}", "type", "kill", "gen", 99, "rank", 1)); /* none: ignored */
-		exits(&t, 4, pids, st, sig, 30);
-		CHECK_MSG(st[1] == -1 && sig[1] == SIGKILL, "rank 1: status %d signal %d", st[1], sig[1]);
-		CHECK_MSG(st[0] == 3 && sig[0] == 0, "rank 0: status %d signal %d", st[0], sig[0]);
+		json_t *m = take(&t, "exit", 30);
+		CHECK(m && json_integer_value(json_object_get(m, "rank")) == 1 &&
+		      json_integer_value(json_object_get(m, "pid")) == pids[1] &&
+		      json_integer_value(json_object_get(m, "signal")) == SIGKILL);
+		json_decref(m);
+		char coord[64];
+		snprintf(coord, sizeof(coord), "127.0.0.1:%d", free_port());
+		send_msg(&t, json_pack("{s:s,s:i,s:i,s:[{s:i,s:i}],s:{s:s,s:s,s:s,s:s}}", "type", "reform", "gen", 5, "from", 4,
+				       "workers", "old", 0, "rank", 0, "env", "SLICETRAIN_WORLD_SIZE", "1",
+				       "SLICETRAIN_NUM_SLICES", "1", "SLICETRAIN_COORDINATOR", coord, "SLICETRAIN_GENERATION", "5"));
+		m = take(&t, "started", 20);
+		json_t *w = m ? json_array_get(json_object_get(m, "workers"), 0) : NULL;
+		CHECK_MSG(w && json_integer_value(json_object_get(m, "gen")) == 5 &&
+			  json_array_size(json_object_get(m, "workers")) == 1 &&
+			  json_integer_value(json_object_get(w, "rank")) == 0 &&
+			  json_integer_value(json_object_get(w, "pid")) == pids[0], "reform: the survivor is rank 0 of generation 5");
+		json_decref(m);
+		CHECK_MSG(wait_step(&t, 5, 60), "the re-formed group of one made no step");
+		send_msg(&t, json_pack("{s:s,s:i,s:s}", "type", "stop", "gen", 5, "how", "kill"));
+		m = take(&t, "exit", 30);
+		CHECK(m && json_integer_value(json_object_get(m, "gen")) == 5 &&
+		      json_integer_value(json_object_get(m, "pid")) == pids[0] &&
+		      json_integer_value(json_object_get(m, "signal")) == SIGKILL);
+		json_decref(m);
+		/* a reform naming a worker that is gone: reported as an exit of the new generation (status 127) */
+		send_msg(&t, json_pack("{s:s,s:i,s:i,s:[{s:i,s:i}],s:{s:s}}", "type", "reform", "gen", 6, "from", 5,
+				       "workers", "old", 0, "rank", 0, "env", "SLICETRAIN_WORLD_SIZE", "1"));
+		m = take(&t, "exit", 20);
+		CHECK(m && json_integer_value(json_object_get(m, "gen")) == 6 &&
+		      json_integer_value(json_object_get(m, "status")) == 127);
+		json_decref(m);
+		json_decref(take(&t, "started", 5));
 	}
 	/* shutdown with workers running: killed, reported, the agent exits 0 */
-	if (running(&t, 5, pids)) {
+	if (running(&t, 7, pids)) {
 		send_msg(&t, json_pack("{s:s}", "type", "shutdown"));
-		exits(&t, 5, pids, st, sig, 20);
+		exits(&t, 7, pids, st, sig, 20);
 		CHECK(sig[0] == SIGKILL && sig[1] == SIGKILL);
 		CHECK(exited_with(wait_agent(&t, 20), 0));
 		CHECK(pids_gone(pids, 2, 0));

@@ -15,12 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "comm/net.h"
 #include "elastic/proto.h"
 
 #define OUT_LINE 4096          /* a worker's output line is forwarded in pieces of at most this */
@@ -43,6 +45,11 @@ typedef struct worker {
 	int rank;
 	pid_t pid;
 	wstream s[2]; /* 0 stdout, 1 stderr */
+	int ctl;      /* our end of its control channel (elastic/worker.h), -1 */
+	long long next_gen; /* told to re-form as rank next_rank of next_gen (0: not) */
+	int next_rank;
+	char cbuf[256];     /* its control channel's partial line */
+	size_t clen;
 } worker;
 
 typedef struct agent {
@@ -170,11 +177,13 @@ static void emit_line(agent *a, const worker *w, int which, const char *s, size_
 /* Read what the stream has (once; final: until it is empty, then close it)
  * and emit its whole lines, a full buffer as one line, and at its end the
  * rest. */
-static void drain(agent *a, worker *w, int which, int final)
+static int drain(agent *a, worker *w, int which, int final)
 {
 	wstream *s = &w->s[which];
+	int got = 0;
 	while (s->fd >= 0) {
 		ssize_t n = read(s->fd, s->buf + s->len, OUT_LINE - s->len);
+		got |= n > 0;
 		if (n < 0 && errno == EINTR)
 			continue;
 		int end = n == 0 || (n < 0 && (final || errno != EAGAIN));
@@ -199,6 +208,52 @@ static void drain(agent *a, worker *w, int which, int final)
 		if (!final)
 			break;
 	}
+	return got;
+}
+
+/* The worker re-formed (its "reformed" line on the control channel): what
+ * it printed before belongs to its old generation, what follows to the new. */
+static void take_reformed(agent *a, worker *w)
+{
+	for (int k = 0; k < 2; k++)
+		while (drain(a, w, k, 0)) {
+		}
+	w->gen = w->next_gen;
+	w->rank = w->next_rank;
+	w->next_gen = 0;
+}
+
+/* Read the worker's control channel: "reformed" lines; its end closes it. */
+static void read_ctl(agent *a, worker *w)
+{
+	ssize_t n = read(w->ctl, w->cbuf + w->clen, sizeof(w->cbuf) - 1 - w->clen);
+	if (n <= 0) {
+		if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+			close(w->ctl);
+			w->ctl = -1;
+		}
+		return;
+	}
+	w->clen += (size_t)n;
+	char *nl;
+	while ((nl = memchr(w->cbuf, '\n', w->clen))) {
+		json_t *m = json_loadb(w->cbuf, (size_t)(nl - w->cbuf), 0, NULL);
+		long long g = -1;
+		if (m && !strcmp(json_string_value(json_object_get(m, "type")) ? json_string_value(json_object_get(m, "type")) : "",
+				 "reformed"))
+			g = json_integer_value(json_object_get(m, "gen"));
+		json_decref(m);
+		if (g > 0 && g == w->next_gen)
+			take_reformed(a, w);
+		else
+			say(a, 1, "rank %d: an unexpected line on its control channel", w->rank);
+		w->clen -= (size_t)(nl + 1 - w->cbuf);
+		memmove(w->cbuf, nl + 1, w->clen);
+	}
+	if (w->clen == sizeof(w->cbuf) - 1) { /* a line too long: not ours */
+		close(w->ctl);
+		w->ctl = -1;
+	}
 }
 
 /* ---- workers ---- */
@@ -212,7 +267,7 @@ static void setenv_int(const char *k, long v)
 
 /* The child's side of spawn: never returns. */
 static void exec_worker(const agent *a, int rank, int threads, int pin, const json_t *env,
-			const json_t *args, int out, int err)
+			const json_t *args, int out, int err, int ctl)
 {
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != a->self)
@@ -234,6 +289,8 @@ static void exec_worker(const agent *a, int rank, int threads, int pin, const js
 	dup2(err, 2);
 	close(out);
 	close(err);
+	if (ctl >= 0 && fcntl(ctl, F_SETFD, 0) == 0) /* kept across exec */
+		setenv_int("SLICETRAIN_CONTROL_FD", ctl);
 	const char *k;
 	json_t *v;
 	json_object_foreach((json_t *)env, k, v)
@@ -264,7 +321,7 @@ static void exec_worker(const agent *a, int rank, int threads, int pin, const js
 static int spawn(agent *a, long long gen, int rank, int threads, int pin, const json_t *env,
 		 const json_t *args)
 {
-	int po[2], pe[2], rc;
+	int po[2], pe[2], cs[2], rc;
 	if ((rc = st_array_reserve(&a->w, &a->wcap, a->nw, sizeof(worker), 8)) < 0)
 		return rc;
 	if (pipe2(po, O_CLOEXEC) < 0)
@@ -273,6 +330,11 @@ static int spawn(agent *a, long long gen, int rank, int threads, int pin, const 
 		rc = st_fail(ST_EIO, "pipe: %s", strerror(errno));
 		close(po[0]);
 		close(po[1]);
+		return rc;
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, cs) < 0) {
+		rc = st_fail(ST_EIO, "socketpair: %s", strerror(errno));
+		close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
 		return rc;
 	}
 	sigset_t block, old;
@@ -284,21 +346,25 @@ static int spawn(agent *a, long long gen, int rank, int threads, int pin, const 
 	fflush(stdout);
 	fflush(stderr);
 	pid_t pid = fork();
-	if (pid == 0)
-		exec_worker(a, rank, threads, pin, env, args, po[1], pe[1]);
+	if (pid == 0) {
+		close(cs[0]);
+		exec_worker(a, rank, threads, pin, env, args, po[1], pe[1], cs[1]);
+	}
 	int e = errno;
 	sigprocmask(SIG_SETMASK, &old, NULL);
 	close(po[1]);
 	close(pe[1]);
+	close(cs[1]);
 	if (pid < 0) {
 		close(po[0]);
 		close(pe[0]);
+		close(cs[0]);
 		return st_fail(ST_EIO, "fork: %s", strerror(e));
 	}
 	fcntl(po[0], F_SETFL, O_NONBLOCK);
 	fcntl(pe[0], F_SETFL, O_NONBLOCK);
 	worker *w = &a->w[a->nw++];
-	*w = (worker){.gen = gen, .rank = rank, .pid = pid};
+	*w = (worker){.gen = gen, .rank = rank, .pid = pid, .ctl = cs[0]};
 	w->s[0].fd = po[0];
 	w->s[1].fd = pe[0];
 	return 0;
@@ -339,8 +405,12 @@ static void reap(agent *a)
 			else
 				say(a, 0, "rank %d (pid %d, generation %lld) exited with status %d",
 					w->rank, (int)pid, w->gen, status);
+			if (w->next_gen) /* told to re-form: it belongs to the new generation */
+				take_reformed(a, w);
 			report(a, json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)w->gen,
 					    "rank", w->rank, "pid", (int)pid, "status", status, "signal", sig));
+			if (w->ctl >= 0)
+				close(w->ctl);
 			a->w[i] = a->w[--a->nw];
 			break;
 		}
@@ -459,6 +529,80 @@ static int on_start(agent *a, const json_t *m, int draining)
 	return 0;
 }
 
+/*
+ * reform: {"gen":G,"from":F,"workers":[{"old":R0,"rank":R},...],"env":{...}}:
+ * each listed worker of generation F becomes rank R of generation G, told
+ * over its control channel (elastic/worker.h) with env and its new rank;
+ * answered with "started" for G. A listed worker that is gone is reported
+ * as an exit of G (status 127), as a worker that could not start.
+ */
+static int on_reform(agent *a, const json_t *m)
+{
+	long long gen, from;
+	int rc;
+	const json_t *ws = json_object_get(m, "workers"), *env = json_object_get(m, "env");
+	if ((rc = st_proto_get_int(m, "gen", 1, (1LL << 53), &gen)) < 0 ||
+	    (rc = st_proto_get_int(m, "from", 1, (1LL << 53), &from)) < 0)
+		return rc;
+	if (!json_is_array(ws) || json_array_size(ws) == 0 || json_array_size(ws) > (size_t)a->o->devices)
+		return st_fail(ST_EPROTO, "protocol: reform: \"workers\" is not an array of 1 to %d", a->o->devices);
+	if (!json_is_object(env) || json_object_size(env) > MAX_ARGS)
+		return st_fail(ST_EPROTO, "protocol: reform: \"env\" is not an object of at most %d strings", MAX_ARGS);
+	const char *k;
+	json_t *v;
+	json_object_foreach((json_t *)env, k, v)
+		if (strncmp(k, "SLICETRAIN_", 11) || !json_is_string(v))
+			return st_fail(ST_EPROTO, "protocol: reform: \"env\" entry '%.60s' is not SLICETRAIN_NAME: \"VALUE\"", k);
+	size_t i;
+	json_t *x;
+	long long olds[64], news[64];
+	json_array_foreach(ws, i, x) {
+		if (i >= 64)
+			return st_fail(ST_EPROTO, "protocol: reform: more than 64 workers");
+		if ((rc = st_proto_get_int(x, "old", 0, MAX_RANK - 1, &olds[i])) < 0 ||
+		    (rc = st_proto_get_int(x, "rank", 0, MAX_RANK - 1, &news[i])) < 0)
+			return rc;
+	}
+	json_t *list = json_array();
+	if (!list)
+		return st_fail(ST_ENOMEM, "out of memory");
+	for (size_t j = 0; j < json_array_size(ws); j++) {
+		worker *w = find(a, from, (int)olds[j]);
+		char *line = NULL;
+		json_t *e = json_deep_copy(env), *msg = NULL;
+		char rs[24];
+		snprintf(rs, sizeof(rs), "%lld", news[j]);
+		if (e && !json_object_set_new(e, "SLICETRAIN_RANK", json_string(rs)))
+			msg = json_pack("{s:s,s:I,s:o}", "type", "reform", "gen", (json_int_t)gen, "env", e);
+		else
+			json_decref(e);
+		if (msg)
+			line = json_dumps(msg, JSON_COMPACT);
+		json_decref(msg);
+		int ok = 0;
+		if (w && w->ctl >= 0 && line) {
+			size_t n = strlen(line);
+			line[n] = '\n'; /* json_dumps' NUL becomes the line's end */
+			ok = st_send_full(w->ctl, line, n + 1, st_mono_ns() + 1000000000) == 0;
+		}
+		free(line);
+		if (!ok) {
+			say(a, 1, "reform: rank %lld of generation %lld is gone or cannot be told", olds[j], from);
+			if (w)
+				kill(w->pid, SIGKILL);
+			report(a, json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)gen,
+					    "rank", (int)news[j], "pid", 0, "status", 127, "signal", 0));
+			continue;
+		}
+		w->next_gen = gen; /* its lines keep the old generation until it says "reformed" */
+		w->next_rank = (int)news[j];
+		json_array_append_new(list, json_pack("{s:i,s:i}", "rank", w->next_rank, "pid", (int)w->pid));
+	}
+	say(a, 0, "generation %lld: %zu worker(s) of generation %lld re-form in place", gen, json_array_size(list), from);
+	report(a, json_pack("{s:s,s:I,s:o}", "type", "started", "gen", (json_int_t)gen, "workers", list));
+	return 0;
+}
+
 /* 1: shutdown; 0: go on; <0: a protocol error. */
 static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 {
@@ -480,6 +624,8 @@ static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 		return 0;
 	if (!strcmp(type, "start"))
 		return on_start(a, m, draining);
+	if (!strcmp(type, "reform"))
+		return on_reform(a, m);
 	if (!strcmp(type, "stop")) {
 		const char *how;
 		if ((rc = st_proto_get_int(m, "gen", 0, (1LL << 53), &gen)) < 0 ||
@@ -584,7 +730,7 @@ static int serve(agent *a, int wake)
 		if (draining && drain_by < until)
 			until = drain_by;
 		/* poll set: the connection, the self-pipe, every open output pipe */
-		size_t need = 2 + 2 * a->nw;
+		size_t need = 2 + 3 * a->nw;
 		if (need > pcap) {
 			struct pollfd *np = realloc(pfd, need * sizeof(*pfd));
 			if (np)
@@ -601,11 +747,13 @@ static int serve(agent *a, int wake)
 		pfd[np++] = (struct pollfd){.fd = a->c.fd, .events = POLLIN | (a->c.wlen ? POLLOUT : 0)};
 		pfd[np++] = (struct pollfd){.fd = wake, .events = POLLIN};
 		for (size_t i = 0; i < a->nw; i++)
-			for (int k = 0; k < 2; k++)
-				if (a->w[i].s[k].fd >= 0) {
-					who[np] = 2 * i + (size_t)k;
-					pfd[np++] = (struct pollfd){.fd = a->w[i].s[k].fd, .events = POLLIN};
+			for (int k = 0; k < 3; k++) {
+				int fd = k < 2 ? a->w[i].s[k].fd : a->w[i].ctl;
+				if (fd >= 0) {
+					who[np] = 3 * i + (size_t)k;
+					pfd[np++] = (struct pollfd){.fd = fd, .events = POLLIN};
 				}
+			}
 		int ms = (int)((until - now) / 1000000) + 1;
 		int pr = poll(pfd, (nfds_t)np, ms);
 		if (pr < 0 && errno != EINTR) {
@@ -615,8 +763,10 @@ static int serve(agent *a, int wake)
 		if (pr <= 0)
 			continue;
 		for (size_t j = 2; j < np; j++)
-			if (pfd[j].revents)
-				drain(a, &a->w[who[j] / 2], (int)(who[j] % 2), 0);
+			if (pfd[j].revents && who[j] % 3 == 2)
+				read_ctl(a, &a->w[who[j] / 3]);
+			else if (pfd[j].revents)
+				drain(a, &a->w[who[j] / 3], (int)(who[j] % 3), 0);
 		if (pfd[0].revents & POLLOUT) {
 			int fr = st_proto_flush(&a->c);
 			if (fr < 0) {

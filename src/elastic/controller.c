@@ -77,6 +77,8 @@ typedef struct worker {
 
 typedef struct gen {
 	int id, k, world, port;
+	int from;          /* re-formed in place from generation `from` (0: started afresh) */
+	int reform_wanted; /* a failure: tick() tries to re-form in place */
 	int *slices;
 	st_mesh mesh;
 	worker *w;
@@ -108,6 +110,8 @@ struct st_ctl {
 	double start_mono, start_wall, state_since;
 	int done, exit_status, interrupted;
 	gen g;          /* the current (or last) generation; g.id 0: none yet */
+	worker *prev_w; /* the workers of the generation g re-formed from (g.from), */
+	int prev_world; /* whose lines still come until each worker re-formed */
 	int gen_active; /* workers of g may be running */
 	int next_gen;
 	char **args;    /* the workers' arguments */
@@ -412,17 +416,23 @@ static void flush_events(st_ctl *c)
 	if (!n)
 		return;
 	if (c->cfg->metrics_file[0]) {
-		FILE *f = fopen(c->cfg->metrics_file, "a");
-		if (!f) {
+		/* one write(2) a line, O_APPEND: rank 0 may be appending its step
+		 * records at the same time (a generation re-formed in place) */
+		int fd = open(c->cfg->metrics_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+		if (fd < 0) {
 			st_warn("cannot append to metrics_file '%s': %s", c->cfg->metrics_file, strerror(errno));
 		} else {
+			int bad = 0;
 			for (size_t i = 0; i < n; i++) {
 				char *line = json_dumps(json_array_get(c->events, i), JSON_COMPACT | JSON_REAL_PRECISION(17));
-				if (line)
-					fprintf(f, "%s\n", line);
+				size_t len = line ? strlen(line) : 0;
+				if (line) {
+					line[len] = '\n';
+					bad |= write(fd, line, len + 1) != (ssize_t)(len + 1);
+				}
 				free(line);
 			}
-			if (fclose(f))
+			if (close(fd) || bad)
 				st_warn("cannot write metrics_file '%s'", c->cfg->metrics_file);
 		}
 	}
@@ -503,10 +513,13 @@ static void gen_stop(st_ctl *c, int how)
 				   json_pack("{s:s, s:i, s:s}", "type", "stop", "gen", g->id, "how", stop_names[how]));
 }
 
-static int start_gen(st_ctl *c, int k, const int *slices)
+/* A new generation of k slices in c->g (the previous one released): its
+ * mesh, coordinator and the workers' environment (*env, a new reference). */
+static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
 {
 	gen *g = &c->g;
 	gen_release(g);
+	*env = NULL;
 	g->id = ++c->next_gen;
 	g->k = k;
 	g->world = k * c->o.devices_per_slice;
@@ -523,42 +536,135 @@ static int start_gen(st_ctl *c, int k, const int *slices)
 		return st_fail(ST_EIO, "cannot find a free port for the coordinator: %s", strerror(errno));
 	char coord[96], v[32];
 	snprintf(coord, sizeof(coord), "%s:%d", c->listen_host, g->port);
-	json_t *env = json_object();
-	json_object_set_new(env, "SLICETRAIN_COORDINATOR", json_string(coord));
+	json_t *e = json_object();
+	if (!e)
+		return st_fail(ST_ENOMEM, "out of memory");
+	json_object_set_new(e, "SLICETRAIN_COORDINATOR", json_string(coord));
 	snprintf(v, sizeof(v), "%d", g->world);
-	json_object_set_new(env, "SLICETRAIN_WORLD_SIZE", json_string(v));
+	json_object_set_new(e, "SLICETRAIN_WORLD_SIZE", json_string(v));
 	snprintf(v, sizeof(v), "%d", k);
-	json_object_set_new(env, "SLICETRAIN_NUM_SLICES", json_string(v));
+	json_object_set_new(e, "SLICETRAIN_NUM_SLICES", json_string(v));
 	snprintf(v, sizeof(v), "%d", c->o.num_slices * c->o.devices_per_slice);
-	json_object_set_new(env, "SLICETRAIN_ELASTIC_MAX_DEVICES", json_string(v));
+	json_object_set_new(e, "SLICETRAIN_ELASTIC_MAX_DEVICES", json_string(v));
 	snprintf(v, sizeof(v), "%d", g->id);
-	json_object_set_new(env, "SLICETRAIN_GENERATION", json_string(v));
+	json_object_set_new(e, "SLICETRAIN_GENERATION", json_string(v));
+	for (int i = 0; i < k; i++)
+		for (int d = 0; d < c->o.devices_per_slice; d++) {
+			g->w[i * c->o.devices_per_slice + d].slice = slices[i];
+			g->w[i * c->o.devices_per_slice + d].host = d / (c->o.devices_per_slice / c->o.hosts_per_slice);
+		}
+	*env = e;
+	return 0;
+}
+
+/* "start" to the agents of slices i0..k-1 of the generation (env: theirs). */
+static void gen_send_starts(st_ctl *c, int i0, json_t *env)
+{
+	gen *g = &c->g;
 	json_t *args = json_array();
 	for (int i = 0; i < c->nargs; i++)
 		json_array_append_new(args, json_string(c->args[i]));
 	int per_host = c->o.devices_per_slice / c->o.hosts_per_slice;
-	char mesh[200];
-	mesh_text(&g->mesh, mesh, sizeof(mesh));
-	char list[256] = "";
-	for (int i = 0, len = 0; i < k && len < 200; i++)
-		len += snprintf(list + len, sizeof(list) - (size_t)len, "%s%d", i ? "," : "", slices[i]);
-	logf_("generation %d: %d worker%s on slice%s %s, coordinator %s; mesh %s", g->id, g->world,
-	      g->world == 1 ? "" : "s", k == 1 ? "" : "s", list, coord, mesh);
-	for (int i = 0; i < k; i++)
+	for (int i = i0; i < g->k; i++)
 		for (int h = 0; h < c->o.hosts_per_slice; h++) {
 			json_t *ranks = json_array();
-			for (int d = 0; d < per_host; d++) {
-				int r = i * c->o.devices_per_slice + h * per_host + d;
-				g->w[r].slice = slices[i];
-				g->w[r].host = h;
-				json_array_append_new(ranks, json_integer(r));
-			}
+			for (int d = 0; d < per_host; d++)
+				json_array_append_new(ranks, json_integer(i * c->o.devices_per_slice + h * per_host + d));
 			json_t *m = json_pack("{s:s, s:i, s:o, s:O, s:O, s:i}", "type", "start", "gen", g->id, "ranks",
 					      ranks, "env", env, "args", args, "threads", c->o.threads);
-			send_agent(c, slices[i], h, m);
+			send_agent(c, g->slices[i], h, m);
 		}
-	json_decref(env);
 	json_decref(args);
+}
+
+static void gen_log(st_ctl *c, const char *how)
+{
+	gen *g = &c->g;
+	char mesh[200], list[256] = "";
+	mesh_text(&g->mesh, mesh, sizeof(mesh));
+	for (int i = 0, len = 0; i < g->k && len < 200; i++)
+		len += snprintf(list + len, sizeof(list) - (size_t)len, "%s%d", i ? "," : "", g->slices[i]);
+	logf_("generation %d: %d worker%s on slice%s %s, coordinator %s:%d; mesh %s%s", g->id, g->world,
+	      g->world == 1 ? "" : "s", g->k == 1 ? "" : "s", list, c->listen_host, g->port, mesh, how);
+}
+
+static int start_gen(st_ctl *c, int k, const int *slices)
+{
+	json_t *env;
+	int rc = gen_init(c, k, slices, &env);
+	if (rc < 0) {
+		json_decref(env);
+		return rc;
+	}
+	gen_log(c, "");
+	gen_send_starts(c, 0, env);
+	json_decref(env);
+	c->gen_active = 1;
+	return 0;
+}
+
+/* Can the group move from mesh `from` to k slices in place: only the DCN
+ * data axis changes, so every process keeps its shard (worker.h)? */
+static int in_place_ok(const st_ctl *c, const st_mesh *from, int k)
+{
+	st_mesh m;
+	if (!c->o.in_place || mesh_for(c, k, &m) < 0)
+		return 0;
+	for (int a = 0; a < ST_NAXES; a++)
+		if (m.ici[a] != from->ici[a] || (a != ST_AXIS_DATA && m.dcn[a] != from->dcn[a]))
+			return 0;
+	return 1;
+}
+
+/*
+ * Re-form in place: a new generation on slices[0..k), whose first nkeep are
+ * slices of the running generation (their workers re-form: "reform" to
+ * their agents) and the rest join (new workers, SLICETRAIN_JOIN=1: fed by a
+ * peer). The old generation's workers on slices left out are killed.
+ */
+static int reform_gen(st_ctl *c, int k, const int *slices, int nkeep)
+{
+	gen old = c->g;
+	memset(&c->g, 0, sizeof(c->g));
+	json_t *env;
+	int rc = gen_init(c, k, slices, &env);
+	gen *g = &c->g;
+	g->from = old.id;
+	int dps = c->o.devices_per_slice, per_host = dps / c->o.hosts_per_slice;
+	for (int i = 0; rc == 0 && i < nkeep; i++) {
+		int oi = gen_slice_index(&old, slices[i]);
+		for (int h = 0; h < c->o.hosts_per_slice; h++) {
+			json_t *ws = json_array();
+			for (int d = 0; d < per_host; d++) {
+				int r = i * dps + h * per_host + d, o = oi * dps + h * per_host + d;
+				g->w[r].pid = old.w[o].pid;
+				json_array_append_new(ws, json_pack("{s:i, s:i}", "old", o, "rank", r));
+			}
+			send_agent(c, slices[i], h, json_pack("{s:s, s:i, s:i, s:o, s:O}", "type", "reform", "gen", g->id,
+							      "from", old.id, "workers", ws, "env", env));
+		}
+	}
+	if (rc == 0 && nkeep < k) {
+		json_object_set_new(env, "SLICETRAIN_JOIN", json_string("1"));
+		gen_send_starts(c, nkeep, env);
+	}
+	for (int r = 0; r < old.world; r++) /* the old generation's workers left out */
+		if (!old.w[r].exited && (rc < 0 || gen_slice_index(g, old.w[r].slice) < 0 ||
+					 gen_slice_index(g, old.w[r].slice) >= nkeep))
+			send_agent(c, old.w[r].slice, old.w[r].host,
+				   json_pack("{s:s, s:i, s:i}", "type", "kill", "gen", old.id, "rank", r));
+	json_decref(env);
+	free(c->prev_w);
+	c->prev_w = old.w; /* their lines, until each worker says it re-formed */
+	c->prev_world = old.world;
+	old.w = NULL;
+	gen_release(&old);
+	if (rc < 0)
+		return rc;
+	char how[96];
+	snprintf(how, sizeof(how), "; re-formed in place from generation %d%s", g->from,
+		 nkeep < k ? ", the new slices fed by a peer" : "");
+	gen_log(c, how);
 	c->gen_active = 1;
 	return 0;
 }
@@ -602,6 +708,8 @@ static void gen_failure(st_ctl *c, int s, const char *fmt, ...)
 	if (g->first_step < 0 && !g->bad_input && g->stop_how != STOP_KILL && g->nexited < g->world) {
 		logf_("generation %d had not completed a step: stop how=kill", g->id);
 		gen_stop(c, STOP_KILL);
+	} else if (c->o.in_place && !g->bad_input && g->stop_how == STOP_NONE) {
+		g->reform_wanted = 1; /* tick(), once this round's reports are in */
 	}
 }
 
@@ -654,6 +762,86 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 		gen_failure(c, w->slice, "worker rank %d of slice %d exited with status %d", r, w->slice, code);
 }
 
+/* The running generation's failure: its culprit slices down (repair delay,
+ * back-off), counted, the event. -1 when it was one too many (the run then
+ * ended, ERRORED, exit 3). */
+static int account_failure(st_ctl *c)
+{
+	gen *g = &c->g;
+	int any = 0;
+	for (int s = 0; s < c->o.num_slices; s++)
+		any |= g->culprit[s];
+	if (!any) /* only "a peer failed" reports: blame the first reporter's slice */
+		for (int r = 0; r < g->world && !any; r++)
+			if (g->w[r].code == 3)
+				g->culprit[g->w[r].slice] = any = 1;
+	int bad[64], nb = 0;
+	for (int s = 0; s < c->o.num_slices; s++) {
+		if (!g->culprit[s])
+			continue;
+		if (nb < 64)
+			bad[nb++] = s;
+		double d = c->sl[s].fault_down >= 0 ? c->sl[s].fault_down : c->o.repair_delay;
+		c->sl[s].fault_down = -1;
+		mark_down(c, s, d, 1, g->reason);
+	}
+	c->failures++;
+	event(c, "failure", g->fail_wall, c->hi, slice_list(bad, nb),
+	      json_pack("{s:s, s:i, s:i}", "reason", g->reason, "gen", g->id, "failures", c->failures));
+	c->pending_recovery = g->fail_mono;
+	c->grow_healthy = 0; /* a failure interrupted the growth: no growth time to report */
+	if (c->o.max_failures >= 0 && c->failures > c->o.max_failures) {
+		char why[300];
+		snprintf(why, sizeof(why), "%d failures, more than --max-failures %d (the last: %s)", c->failures,
+			 c->o.max_failures, g->reason);
+		finish(c, S_ERRORED, 3, why);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * After a failure (tick): re-form in place on the generation's slices that
+ * are whole and healthy, when the generation completed a step (every worker
+ * holds the state) and only the DCN data axis changes. 1 when done (or the
+ * run ended on --max-failures), 0 when not possible.
+ */
+static int reform_after_failure(st_ctl *c, double now)
+{
+	gen *g = &c->g;
+	g->reform_wanted = 0;
+	if (!c->o.in_place || g->bad_input || c->done || g->stop_how != STOP_NONE || g->first_step < 0)
+		return 0;
+	int keep[4096], nk = 0, dps = c->o.devices_per_slice, any = 0;
+	for (int i = 0; i < g->k && nk < 4096; i++) {
+		int s = g->slices[i], ok = !g->culprit[s] && now >= c->sl[s].down_until;
+		any |= g->culprit[s];
+		for (int h = 0; ok && h < c->o.hosts_per_slice; h++)
+			ok = host_ok(c, &c->sl[s].h[h], now);
+		for (int d = 0; ok && d < dps; d++)
+			ok = !g->w[i * dps + d].exited;
+		if (ok)
+			keep[nk++] = s;
+	}
+	int k = best_k(c, nk);
+	if (!any || !k || !in_place_ok(c, &g->mesh, k))
+		return 0;
+	int from = g->k;
+	if (account_failure(c) < 0)
+		return 1;
+	if (k != from) {
+		c->resizes++;
+		event(c, "shrink", wall_s(), c->hi, slice_list(keep, k), json_pack("{s:i, s:i}", "from", from, "to", k));
+	}
+	flush_events(c);
+	if (reform_gen(c, k, keep, k) < 0) {
+		char why[300];
+		snprintf(why, sizeof(why), "cannot re-form generation %d: %s", c->next_gen, st_errmsg());
+		finish(c, S_ERRORED, 1, why);
+	}
+	return 1;
+}
+
 /* Every worker of the generation ended: account, then decide what comes next. */
 static void gen_ended(st_ctl *c)
 {
@@ -678,35 +866,8 @@ static void gen_ended(st_ctl *c)
 		return;
 	}
 	if (g->failed) {
-		int any = 0;
-		for (int s = 0; s < c->o.num_slices; s++)
-			any |= g->culprit[s];
-		if (!any) /* only "a peer failed" reports: blame the first reporter's slice */
-			for (int r = 0; r < g->world && !any; r++)
-				if (g->w[r].code == 3)
-					g->culprit[g->w[r].slice] = any = 1;
-		int bad[64], nb = 0;
-		for (int s = 0; s < c->o.num_slices; s++) {
-			if (!g->culprit[s])
-				continue;
-			if (nb < 64)
-				bad[nb++] = s;
-			double d = c->sl[s].fault_down >= 0 ? c->sl[s].fault_down : c->o.repair_delay;
-			c->sl[s].fault_down = -1;
-			mark_down(c, s, d, 1, g->reason);
-		}
-		c->failures++;
-		event(c, "failure", g->fail_wall, c->hi, slice_list(bad, nb),
-		      json_pack("{s:s, s:i, s:i}", "reason", g->reason, "gen", g->id, "failures", c->failures));
-		c->pending_recovery = g->fail_mono;
-		c->grow_healthy = 0; /* a failure interrupted the growth: no growth time to report */
-		if (c->o.max_failures >= 0 && c->failures > c->o.max_failures) {
-			char why[300];
-			snprintf(why, sizeof(why), "%d failures, more than --max-failures %d (the last: %s)", c->failures,
-				 c->o.max_failures, g->reason);
-			finish(c, S_ERRORED, 3, why);
+		if (account_failure(c) < 0)
 			return;
-		}
 		flush_events(c);
 		char lim[32] = "unlimited";
 		if (c->o.max_failures >= 0)
@@ -738,10 +899,19 @@ static void on_step(st_ctl *c, int64_t n, double secs)
 			for (int64_t s = n; s < c->hi && s < c->steps; s++)
 				c->kept[s] = 0;
 		}
+		if (g->from) { /* re-formed in place: no process started anew, no checkpoint read */
+			event(c, "reform", wall_s(), n, slice_list(g->slices, g->k),
+			      json_pack("{s:i, s:i, s:I, s:f}", "gen", g->id, "from", g->from, "steps_lost",
+					(json_int_t)(c->hi > n ? c->hi - n : 0), "seconds", now - g->start_mono));
+			flush_events(c);
+			transition(c, S_RUNNING, "generation %d re-formed in place on %d slice%s, at step %lld", g->id, g->k,
+				   g->k == 1 ? "" : "s", (long long)n);
+		}
 		if (g->id > 1) {
 			int64_t lost = c->hi > n ? c->hi - n : 0;
-			event(c, "restore", wall_s(), n, slice_list(g->slices, g->k),
-			      json_pack("{s:i, s:I}", "gen", g->id, "steps_lost", (json_int_t)lost));
+			if (!g->from)
+				event(c, "restore", wall_s(), n, slice_list(g->slices, g->k),
+				      json_pack("{s:i, s:I}", "gen", g->id, "steps_lost", (json_int_t)lost));
 			logf_("generation %d resumed at step %lld on %d slice%s (%lld step%s lost); %.2f s after it started",
 			      g->id, (long long)n, g->k, g->k == 1 ? "" : "s", (long long)lost, lost == 1 ? "" : "s",
 			      now - g->start_mono);
@@ -791,7 +961,9 @@ static void on_step(st_ctl *c, int64_t n, double secs)
 	}
 }
 
-static void on_output(st_ctl *c, int rank, int err, const char *text)
+/* A line of rank `rank`; prev: of the generation the current one re-formed
+ * from (its steps before the re-formation are kept steps too). */
+static void on_output(st_ctl *c, int rank, int err, const char *text, int prev)
 {
 	FILE *f = err ? stderr : stdout;
 	if (rank)
@@ -803,8 +975,15 @@ static void on_output(st_ctl *c, int rank, int err, const char *text)
 		return;
 	long long n;
 	double secs;
-	if (sscanf(text, "completed step: %lld, seconds: %lf", &n, &secs) == 2)
+	if (sscanf(text, "completed step: %lld, seconds: %lf", &n, &secs) != 2)
+		return;
+	if (!prev) {
 		on_step(c, n, secs);
+	} else if (n >= 0 && n < c->steps) {
+		c->kept[n] = secs;
+		if (n + 1 > c->hi)
+			c->hi = n + 1;
+	}
 }
 
 /* ---- messages ---- */
@@ -934,6 +1113,11 @@ static int own_rank(const st_ctl *c, const json_t *m, int s, int h, int *rank)
 	if ((rc = st_proto_get_int(m, "gen", 0, 1LL << 40, &g)) < 0 ||
 	    (rc = st_proto_get_int(m, "rank", 0, 1 << 30, &r)) < 0)
 		return rc;
+	if (c->gen_active && c->g.from && g == c->g.from && r < c->prev_world && c->prev_w[r].slice == s &&
+	    c->prev_w[r].host == h) {
+		*rank = (int)r;
+		return 2; /* a worker of the generation re-formed from, not re-formed yet */
+	}
 	if (!c->gen_active || g != c->g.id)
 		return 0; /* an old generation's straggler */
 	if (r >= c->g.world || c->g.w[r].slice != s || c->g.w[r].host != h)
@@ -955,15 +1139,16 @@ static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 		const char *stream, *text;
 		if ((rc = own_rank(c, m, s, h, &r)) <= 0)
 			return rc;
+		int prev = rc == 2;
 		if ((rc = st_proto_get_str(m, "stream", &stream)) < 0 || (rc = st_proto_get_str(m, "text", &text)) < 0)
 			return rc;
-		on_output(c, r, strcmp(stream, "out") != 0, text);
+		on_output(c, r, strcmp(stream, "out") != 0, text, prev);
 		return 0;
 	}
 	if (!strcmp(type, "exit")) {
 		long long st, sig, pid;
-		if ((rc = own_rank(c, m, s, h, &r)) <= 0)
-			return rc;
+		if ((rc = own_rank(c, m, s, h, &r)) <= 0 || rc == 2) /* a worker left out of a re-formation */
+			return rc < 0 ? rc : 0;
 		if ((rc = st_proto_get_int(m, "status", -1, 255, &st)) < 0 ||
 		    (rc = st_proto_get_int(m, "signal", 0, 64, &sig)) < 0 ||
 		    (rc = st_proto_get_int(m, "pid", 0, 1LL << 40, &pid)) < 0)
@@ -1200,6 +1385,26 @@ static void maybe_grow(st_ctl *c, double now)
 	if (k <= g->k)
 		return;
 	c->grow_healthy = newest;
+	if (in_place_ok(c, &g->mesh, k) && g->nexited == 0) {
+		/* the workers re-form at the next step boundary; the new slices' are fed by a peer */
+		int sl[4096], n = 0, from = g->k;
+		for (int i = 0; i < g->k; i++)
+			sl[n++] = g->slices[i];
+		for (int s = 0; s < c->o.num_slices && n < k; s++)
+			if (!in_group(c, s) && slice_healthy(c, s, now))
+				sl[n++] = s;
+		c->resizes++;
+		event(c, "grow", wall_s(), c->hi, slice_list(sl, k), json_pack("{s:i, s:i}", "from", from, "to", k));
+		flush_events(c);
+		transition(c, S_RESIZING, "%d healthy slices: growing in place from %d to %d slices at the next step "
+					  "boundary", nh, from, k);
+		if (reform_gen(c, k, sl, from) < 0) {
+			char why[300];
+			snprintf(why, sizeof(why), "cannot re-form generation %d: %s", c->next_gen, st_errmsg());
+			finish(c, S_ERRORED, 1, why);
+		}
+		return;
+	}
 	gen_stop(c, STOP_RESIZE);
 	transition(c, S_RESIZING, "%d healthy slices: growing from %d to %d slices at the next step boundary", nh,
 		   g->k, k);
@@ -1225,6 +1430,12 @@ static void tick(st_ctl *c)
 	if (c->done)
 		return;
 	gen *g = &c->g;
+	if (c->gen_active && g->failed && g->reform_wanted && !reform_after_failure(c, now) && !c->done) {
+		/* the survivors wait for a re-formation (worker.h): none is coming */
+		logf_("generation %d cannot re-form in place: stop how=kill; the group restarts from the newest "
+		      "checkpoint", g->id);
+		gen_stop(c, STOP_KILL);
+	}
 	if (c->gen_active) {
 		if (g->failed && g->stop_how != STOP_KILL && now - g->fail_mono > c->o.grace_s &&
 		    g->nexited < g->world) {
@@ -1373,6 +1584,7 @@ void st_ctl_destroy(st_ctl *c)
 	if (c->lfd >= 0)
 		close(c->lfd);
 	gen_release(&c->g);
+	free(c->prev_w);
 	for (int s = 0; c->sl && s < c->o.num_slices; s++)
 		free(c->sl[s].h);
 	free(c->sl);

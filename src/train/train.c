@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/crc.h"
 #include "base/err.h"
 #include "base/path.h"
 #include "ckpt/ckpt.h"
 #include "data/data.h"
+#include "elastic/worker.h"
 #include "kernels/cpu/bf16.h"
 #include "comm/comm.h"
 #include "comm/mesh.h"
@@ -59,7 +61,14 @@ typedef struct trainer {
 	char *config_json;
 	char mesh_desc[256];
 	FILE *sample_log; /* SLICETRAIN_SAMPLE_LOG: "step sample" per row read */
+	/* elastic re-formation in place (docs/elastic.md) */
+	st_worker_ctl *ctl; /* the agent's control channel, NULL without one */
+	int64_t done;       /* completed steps this process's state holds; -1: none yet (a joiner) */
+	st_reform pending;  /* a reform message taken at a step boundary */
+	int have_pending;
 } trainer;
+
+#define REFORM_WAIT_MS 60000 /* after a peer failure, how long to wait for the agent's reform */
 
 static const char *remat_name(enum st_remat r)
 {
@@ -403,44 +412,32 @@ static int stop_with_save(trainer *t, int64_t done, int saved, int sig)
 	return st_fail(ST_EINTR, "stopped by signal %d after step %lld", sig, (long long)(done - 1));
 }
 
-static void trainer_release(trainer *t, int failed)
-{
-	if (t->saver && failed)
-		st_ckpt_saver_abort(t->saver);
-	st_ckpt_saver_free(t->saver); /* waits for the save in flight */
-	st_fsdp_free(t->fsdp);
-	st_shard_pieces_free(t->save_pieces, t->nsave_pieces);
-	free(t->config_json);
-	if (t->sample_log)
-		fclose(t->sample_log);
-	st_llama_release(&t->model);
-	st_shard_release(&t->shard);
-	st_dataset_free(t->data);
-	free(t->tokens);
-	free(t->gsum);
-	if (t->metrics)
-		fclose(t->metrics);
-	st_par_release(&t->par);
-	st_group_leave(t->group);
-}
-
 /* Every process stops after the same step: a signal (SIGINT, SIGTERM,
  * SIGUSR1) seen by any stops all; the largest number wins. */
-static int agree_stop(trainer *t, int *sig)
+static int agree_stop(trainer *t, int *sig, int *reform_now)
 {
-	int64_t v = stop_signal;
-	int rc = st_comm_allreduce(t->par.world_comm, &v, 1, ST_DTYPE_I64, ST_MAX);
-	*sig = (int)v;
+	int rc;
+	if (t->ctl && !t->have_pending) { /* a grow: the agent's reform, to act on at a boundary */
+		if ((rc = st_worker_ctl_wait(t->ctl, 0, &t->pending)) < 0 && rc != ST_EPEER)
+			return rc;
+		t->have_pending = rc == 1;
+	}
+	int64_t v[2] = {stop_signal, t->have_pending};
+	rc = st_comm_allreduce(t->par.world_comm, v, 2, ST_DTYPE_I64, ST_MAX);
+	*sig = (int)v[0];
+	*reform_now = (int)v[1];
 	return rc;
 }
 
-/* Everything before the first step: the group and its mesh, the model and
- * its shard (restored or initialized), ZeRO-3, activations, data, output files. */
-static int trainer_setup(trainer *t)
+/* Join the group (env NULL: this process's environment) and derive what
+ * depends on it: the mesh and this process's place, the micro-batches per
+ * step and the global batch, the step's cost; rank 0 prints them. */
+static int group_setup(trainer *t, const st_group_env *env)
 {
 	const st_config *c = t->c;
+	st_group_opts go = {.env = env};
 	int rc;
-	if ((rc = st_group_join(&t->group, NULL)) < 0)
+	if ((rc = st_group_join(&t->group, env ? &go : NULL)) < 0)
 		return rc;
 	if ((rc = st_par_init(&t->par, c, t->group)) < 0)
 		return rc;
@@ -458,9 +455,6 @@ static int trainer_setup(trainer *t)
 	t->flops.weights *= fk;
 	t->flops.attention *= fk;
 	t->flops.total *= fk;
-
-	st_llama_shape shape;
-	st_llama_shape_from_config(&shape, c);
 	st_par_describe(p, t->mesh_desc, sizeof(t->mesh_desc));
 	if (t->lead) {
 		st_info("mesh: %s", t->mesh_desc);
@@ -470,8 +464,239 @@ static int trainer_setup(trainer *t)
 				gen && *gen ? " generation " : "", gen && *gen ? gen : "", p->world,
 				(long long)t->max_devices, (long long)t->G,
 				c->elastic_batch == ST_ELASTIC_BATCH_SCALE ? "scale" : "constant");
-		print_header(t);
+		if (!env)
+			print_header(t);
 	}
+	return 0;
+}
+
+static void group_release(trainer *t)
+{
+	st_par_release(&t->par);
+	st_group_leave(t->group);
+	t->group = NULL;
+}
+
+/* What is bound to the group besides the mesh: the checkpoint saver and
+ * the pieces this process writes, ZeRO-3's buffers, the data reader (of the
+ * global batch), the gradient sum (accumulation on a resident model), rank
+ * 0's metrics file and the sample log. (Checkpoints: only the saver here;
+ * restore() reads.) */
+static int bound_setup(trainer *t, int reformed)
+{
+	const st_config *c = t->c;
+	const st_par *p = &t->par;
+	int rc;
+	if ((rc = setup_checkpoints(t)) < 0)
+		return rc;
+	if (!t->shard.alias && (rc = st_fsdp_create(&t->fsdp, &t->shard, &t->model, p, t->rows * t->T)) < 0)
+		return rc;
+	if ((rc = st_dataset_open(&t->data, c, t->G)) < 0)
+		return rc;
+	if (t->accum > 1 && t->shard.alias &&
+	    !(t->gsum = malloc((size_t)t->model.nparams * sizeof(float))))
+		return st_fail(ST_ENOMEM, "out of memory for the gradient sum (%.1f MB)",
+			       4e-6 * (double)t->model.nparams);
+	/* under an elastic controller the file holds every generation's records
+	 * (and the controller's event lines between them): append */
+	const char *gen = getenv("SLICETRAIN_GENERATION");
+	if (t->lead && c->metrics_file[0] &&
+	    !(t->metrics = fopen(c->metrics_file, reformed || (gen && *gen) ? "a" : "w")))
+		return st_fail(ST_EIO, "cannot open metrics_file '%s': %s", c->metrics_file, strerror(errno));
+	/* a record of the global sample indices this batch shard trains on, for
+	 * checking that no sample is skipped or repeated across restarts */
+	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
+	if (slog && *slog && p->coord[ST_AXIS_TENSOR] == 0) {
+		char path[ST_PATH_MAX + 16];
+		snprintf(path, sizeof(path), "%s.%d", slog, p->rank);
+		if (!(t->sample_log = fopen(path, "a")))
+			return st_fail(ST_EIO, "cannot open SLICETRAIN_SAMPLE_LOG file '%s': %s", path, strerror(errno));
+	}
+	return 0;
+}
+
+/* failed: a save in flight is abandoned (it can no longer commit). */
+static void bound_release(trainer *t, int failed)
+{
+	if (t->saver && failed)
+		st_ckpt_saver_abort(t->saver);
+	st_ckpt_saver_free(t->saver); /* waits for the save in flight */
+	t->saver = NULL;
+	st_shard_pieces_free(t->save_pieces, t->nsave_pieces);
+	t->save_pieces = NULL;
+	t->nsave_pieces = 0;
+	free(t->config_json);
+	t->config_json = NULL;
+	st_fsdp_free(t->fsdp);
+	t->fsdp = NULL;
+	st_dataset_free(t->data);
+	t->data = NULL;
+	free(t->gsum);
+	t->gsum = NULL;
+	if (t->metrics)
+		fclose(t->metrics);
+	t->metrics = NULL;
+	if (t->sample_log)
+		fclose(t->sample_log);
+	t->sample_log = NULL;
+}
+
+/*
+ * After the group (re-)formed: every process ends with the state of the
+ * most completed steps any of them holds. The processes that hold less (a
+ * joiner holds nothing; after a failure in the middle of a step's last
+ * collective a few may be one step behind) receive the shard of weights and
+ * AdamW moments from the lowest-ranked process that holds the most and
+ * holds the same shard (the same fsdp and tensor coordinates), verified by
+ * a CRC-32 of each block. No checkpoint is read.
+ */
+static int sync_state(trainer *t)
+{
+	const st_par *p = &t->par;
+	int W = p->world, rc;
+	if (W < 1)
+		return st_fail(ST_EINTERNAL, "state sync: a group of %d processes", W);
+	int64_t mine[2] = {t->done, t->sample0 + (t->done - t->step0) * t->G};
+	/* one block: every process's (done, next sample), the allgather's counts, the members */
+	int64_t *all = malloc((size_t)W * (3 * sizeof(int64_t) + sizeof(int)));
+	if (!all)
+		return st_fail(ST_ENOMEM, "out of memory");
+	int64_t *counts = all + 2 * W;
+	int *members = (int *)(counts + W);
+	for (int r = 0; r < W; r++)
+		counts[r] = 2;
+	if ((rc = st_comm_allgather(p->world_comm, mine, all, counts, ST_DTYPE_I64)) < 0)
+		goto out;
+	int64_t most = -1;
+	for (int r = 0; r < W; r++)
+		most = all[2 * r] > most ? all[2 * r] : most;
+	if (most < 0) {
+		rc = st_fail(ST_EINVAL, "no process of the group holds a training state (every one is a joiner)");
+		goto out;
+	}
+	/* the members of this process's shard: the source first, then the receivers */
+	int key = p->coord[ST_AXIS_FSDP] * (int)p->mesh.size[ST_AXIS_TENSOR] + p->coord[ST_AXIS_TENSOR];
+	int n = 0, nrecv = 0, me = -1;
+	for (int pass = 0; pass < 2; pass++)
+		for (int r = 0; r < W; r++) {
+			int co[ST_NAXES];
+			st_mesh_coords(&p->mesh, r, co);
+			if (co[ST_AXIS_FSDP] * (int)p->mesh.size[ST_AXIS_TENSOR] + co[ST_AXIS_TENSOR] != key)
+				continue;
+			int has = all[2 * r] == most;
+			if (pass == 0 && has && n == 0)
+				members[n++] = r;
+			else if (pass == 1 && !has)
+				members[n++] = r, nrecv++;
+		}
+	for (int i = 0; i < n; i++)
+		if (members[i] == p->rank)
+			me = i;
+	int64_t behind = 0;
+	for (int r = 0; r < W; r++)
+		behind += all[2 * r] < most;
+	if (t->lead && behind)
+		st_info("re-formed group: %lld of %d processes receive the state of step %lld from a peer",
+			(long long)behind, W, (long long)most);
+	if (nrecv == 0 || me < 0) { /* nothing to send or receive for this shard */
+		rc = 0;
+		if (t->done != most) /* cannot be: a process behind is a receiver */
+			rc = st_fail(ST_EINTERNAL, "state sync: rank %d holds step %lld, the group %lld", p->rank,
+				     (long long)t->done, (long long)most);
+		goto out;
+	}
+	st_comm *bc;
+	if ((rc = st_comm_create(&bc, t->group, n, members)) < 0)
+		goto out;
+	double t0 = st_mono_s();
+	float *blk[3] = {t->shard.p, t->shard.m, t->shard.v};
+	size_t bytes = (size_t)t->shard.n * sizeof(float);
+	/* header: step, next sample, the three blocks' CRCs */
+	int64_t hdr[5] = {most, all[2 * members[0] + 1], 0, 0, 0};
+	if (me == 0)
+		for (int k = 0; k < 3; k++)
+			hdr[2 + k] = st_crc32(0, blk[k], bytes);
+	rc = st_comm_broadcast(bc, hdr, sizeof(hdr), 0);
+	for (int k = 0; k < 3 && rc == 0; k++)
+		rc = st_comm_broadcast(bc, blk[k], bytes, 0);
+	st_comm_free(bc);
+	if (rc < 0)
+		goto out;
+	if (me > 0) {
+		for (int k = 0; k < 3; k++)
+			if ((uint32_t)hdr[2 + k] != st_crc32(0, blk[k], bytes)) {
+				rc = st_fail(ST_EIO, "the state received from rank %d fails its checksum (block %d)",
+					     members[0], k);
+				goto out;
+			}
+		t->done = t->step0 = hdr[0];
+		t->sample0 = hdr[1];
+		double secs = st_mono_s() - t0;
+		fprintf(stderr, "slicetrain: rank %d: state of step %lld received from rank %d, no checkpoint read: "
+			"%.1f MB in %.3f s (%.0f MB/s), checksums match\n", p->rank, (long long)t->done, members[0],
+			3e-6 * (double)bytes, secs, 3e-6 * (double)bytes / (secs > 0 ? secs : 1e-9));
+		if (t->shard.alias)
+			rc = st_llama_weights_changed(&t->model);
+	}
+out:
+	free(all);
+	return rc;
+}
+
+/*
+ * Re-form in place (the agent's reform message r): leave the group, join
+ * generation r->gen's with the state in memory, and continue from the
+ * completed steps the group holds (sync_state). Only the DCN data axis may
+ * change: this process keeps its fsdp and tensor coordinates, so its shard
+ * stays what it is (the controller re-forms in place only then).
+ */
+static int reform(trainer *t, const st_reform *r, int failed)
+{
+	double t0 = st_mono_s();
+	st_mesh old = t->par.mesh;
+	int oc[ST_NAXES];
+	memcpy(oc, t->par.coord, sizeof(oc));
+	int64_t next = t->sample0 + (t->done - t->step0) * t->G;
+	bound_release(t, 1);
+	group_release(t);
+	int rc = group_setup(t, &r->env);
+	if (rc < 0)
+		return rc;
+	const st_par *p = &t->par;
+	for (int a = ST_AXIS_FSDP; a < ST_NAXES; a++)
+		if (p->mesh.size[a] != old.size[a] || p->coord[a] != oc[a])
+			return st_fail(ST_EPEER, "re-forming in place: the %s axis changed (%lld -> %lld): a new "
+						  "process must restore from a checkpoint", a == ST_AXIS_FSDP ? "fsdp" : "tensor",
+				       (long long)old.size[a], (long long)p->mesh.size[a]);
+	t->step0 = t->done;
+	t->sample0 = next;
+	if ((rc = bound_setup(t, 1)) < 0)
+		return rc;
+	double t1 = st_mono_s();
+	if ((rc = sync_state(t)) < 0)
+		return rc;
+	if (t->lead)
+		st_info("re-formed in place (generation %lld, %s): %d processes at step %lld; group %.3f s, state %.3f s",
+			r->gen, failed ? "after a failure" : "at a step boundary", p->world, (long long)t->done,
+			t1 - t0, st_mono_s() - t1);
+	fflush(stdout);
+	return st_worker_ctl_ack(t->ctl, r->gen);
+}
+
+/* Everything before the first step: the group and its mesh, the model and
+ * its shard (restored, initialized, or received from a peer: a joiner of an
+ * elastic group, SLICETRAIN_JOIN=1), ZeRO-3, activations, data, output files. */
+static int trainer_setup(trainer *t)
+{
+	const st_config *c = t->c;
+	int rc;
+	if ((rc = st_worker_ctl_open(&t->ctl)) < 0 || (rc = group_setup(t, NULL)) < 0)
+		return rc;
+	const st_par *p = &t->par;
+	const char *join = getenv("SLICETRAIN_JOIN");
+	int joiner = join && !strcmp(join, "1");
+	st_llama_shape shape;
+	st_llama_shape_from_config(&shape, c);
 	int64_t nparams;
 	if ((rc = st_llama_check_config(c, &nparams)) < 0 || (rc = check_memory(nparams, c->model_name)) < 0)
 		return rc;
@@ -485,45 +710,24 @@ static int trainer_setup(trainer *t)
 		if (!t->model.bf16)
 			st_warn("dtype bfloat16: %s; running in float32", st_cpu_bf16_message());
 	}
-	int restored;
-	if ((rc = st_shard_init(&t->shard, &t->model, p)) < 0 || (rc = setup_checkpoints(t)) < 0 ||
-	    (rc = restore(t, &restored)) < 0)
+	int restored = 0;
+	if ((rc = st_shard_init(&t->shard, &t->model, p)) < 0 || (rc = bound_setup(t, 0)) < 0)
 		return rc;
-	if (!restored) /* a fresh start (or every checkpoint was unusable): initial weights */
+	if (!joiner && (rc = restore(t, &restored)) < 0)
+		return rc;
+	if (!joiner && !restored) /* a fresh start (or every checkpoint was unusable): initial weights */
 		st_shard_init_weights(&t->shard, &t->model, (uint64_t)c->init_weights_seed);
-	if (!resident)
-		rc = st_fsdp_create(&t->fsdp, &t->shard, &t->model, p, t->rows * t->T);
-	else if ((rc = st_shard_gather_params(&t->shard, &t->model, p)) == 0)
+	t->done = joiner ? -1 : t->step0;
+	if (resident && (rc = st_shard_gather_params(&t->shard, &t->model, p)) == 0)
 		rc = st_llama_weights_changed(&t->model);
-	if (rc < 0 ||
-	    (rc = st_llama_alloc_acts(&t->model, t->rows, t->T, c->remat_policy)) < 0 ||
-	    (rc = st_dataset_open(&t->data, c, t->G)) < 0)
+	if (rc < 0 || (rc = st_llama_alloc_acts(&t->model, t->rows, t->T, c->remat_policy)) < 0)
 		return rc;
 	t->tokens = malloc((size_t)(t->rows * (t->T + 1)) * sizeof(int32_t));
 	if (!t->tokens)
 		return st_fail(ST_ENOMEM, "out of memory for the batch");
-	if (t->accum > 1 && t->shard.alias &&
-	    !(t->gsum = malloc((size_t)t->model.nparams * sizeof(float))))
-		return st_fail(ST_ENOMEM, "out of memory for the gradient sum (%.1f MB)",
-			       4e-6 * (double)t->model.nparams);
-	/* under an elastic controller the file holds every generation's records
-	 * (and the controller's event lines between them): append */
-	const char *gen = getenv("SLICETRAIN_GENERATION");
-	if (t->lead && c->metrics_file[0] && !(t->metrics = fopen(c->metrics_file, gen && *gen ? "a" : "w"))) {
-		rc = st_fail(ST_EIO, "cannot open metrics_file '%s': %s", c->metrics_file, strerror(errno));
+	/* an elastic group: a joiner gets the state from a peer */
+	if ((t->ctl || joiner) && (rc = sync_state(t)) < 0)
 		return rc;
-	}
-	/* a record of the global sample indices this batch shard trains on, for
-	 * checking that no sample is skipped or repeated across restarts */
-	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
-	if (slog && *slog && p->coord[ST_AXIS_TENSOR] == 0) {
-		char path[ST_PATH_MAX + 16];
-		snprintf(path, sizeof(path), "%s.%d", slog, p->rank);
-		if (!(t->sample_log = fopen(path, "a"))) {
-			rc = st_fail(ST_EIO, "cannot open SLICETRAIN_SAMPLE_LOG file '%s': %s", path, strerror(errno));
-			return rc;
-		}
-	}
 	if (t->lead) {
 		st_info("activations %.1f MiB (remat %s; %lld bytes)", (double)st_llama_act_bytes(&t->model) / (1 << 20),
 			remat_name(c->remat_policy), (long long)st_llama_act_bytes(&t->model));
@@ -533,6 +737,16 @@ static int trainer_setup(trainer *t)
 				(long long)st_fsdp_buffer_bytes(t->fsdp));
 	}
 	return 0;
+}
+
+static void trainer_release(trainer *t, int failed)
+{
+	bound_release(t, failed);
+	st_llama_release(&t->model);
+	st_shard_release(&t->shard);
+	free(t->tokens);
+	group_release(t);
+	st_worker_ctl_close(t->ctl);
 }
 
 /* The stop signals (SIGINT, SIGTERM: a preemption notice, SIGUSR1: the
@@ -573,20 +787,52 @@ static void stop_handlers_restore(stop_handlers *h)
 	h->installed = 0;
 }
 
+/* A collective of the step failed (rc): with the agent's control channel,
+ * wait for its reform message and re-form in place. 1 when re-formed (the
+ * loop goes on from t->done), else rc, or the re-formation's error. */
+static int recover(trainer *t, int rc)
+{
+	if (!t->ctl || (rc != ST_EPEER && rc != ST_EINTR))
+		return rc;
+	char why[300];
+	snprintf(why, sizeof(why), "%s", st_errmsg());
+	t->have_pending = 0; /* a grow that was coming is overtaken by the failure */
+	st_reform r;
+	double t0 = st_mono_s();
+	int w = st_worker_ctl_wait(t->ctl, REFORM_WAIT_MS, &r);
+	if (w <= 0) {
+		st_warn("rank %d: %s; no re-formation came (%s): stopping", t->par.rank, why,
+			w == 0 ? "waited 60 s" : st_errmsg());
+		return st_fail(rc, "%s", why);
+	}
+	st_info("rank %d: %s; re-forming as rank %d of %d (generation %lld) after %.3f s", t->par.rank, why,
+		r.env.rank, r.env.world_size, r.gen, st_mono_s() - t0);
+	if ((rc = reform(t, &r, 1)) < 0)
+		return rc;
+	return 1;
+}
+
 /* The steps from t->step0 to c->steps, or until an agreed stop signal (then
- * with a save at the stop) or an error. */
+ * with a save at the stop) or an error. Under an elastic agent a failed step
+ * or an agreed grow re-forms the group in place and goes on. */
 static int run_steps(trainer *t, st_train_result *res)
 {
 	const st_config *c = t->c;
 	int rc = 0;
-	int64_t total_weights = t->G * t->T, saved_at = -1;
+	int64_t saved_at = -1;
 	if (t->step0 >= c->steps && t->lead)
 		st_info("the run already completed its %lld steps", (long long)c->steps);
 	for (int64_t step = t->step0; step < c->steps; step++) {
 		double t0 = st_mono_s(), loss = 0, gnorm = 0, lr = 0;
-		int sig = 0;
-		if ((rc = train_step(t, step, &loss, &gnorm, &lr)) < 0)
-			break;
+		int sig = 0, now = 0;
+		int64_t total_weights = t->G * t->T;
+		if ((rc = train_step(t, step, &loss, &gnorm, &lr)) < 0) {
+			if ((rc = recover(t, rc)) < 0)
+				break;
+			step = t->done - 1, saved_at = -1;
+			continue;
+		}
+		t->done = step + 1;
 		double secs = st_mono_s() - t0;
 		double tflops = t->flops.total / secs / 1e12;
 		double tokens = (double)(t->T * t->B * t->accum) / secs;
@@ -607,12 +853,29 @@ static int run_steps(trainer *t, st_train_result *res)
 			break;
 		if (rc == 1)
 			saved_at = step + 1;
-		if ((rc = agree_stop(t, &sig)) < 0)
-			break;
+		if ((rc = agree_stop(t, &sig, &now)) < 0) {
+			if ((rc = recover(t, rc)) < 0)
+				break;
+			step = t->done - 1, saved_at = -1;
+			continue;
+		}
 		if (sig && step + 1 < c->steps) {
 			res->stop_signal = sig;
 			rc = stop_with_save(t, step + 1, saved_at == step + 1, sig);
 			break;
+		}
+		if (now && step + 1 < c->steps) { /* every process re-forms after this step */
+			if (!t->have_pending) {
+				int w = st_worker_ctl_wait(t->ctl, REFORM_WAIT_MS, &t->pending);
+				if (w <= 0) {
+					rc = w < 0 ? w : st_fail(ST_EPEER, "the group agreed to re-form, but no reform came");
+					break;
+				}
+			}
+			t->have_pending = 0;
+			if ((rc = reform(t, &t->pending, 0)) < 0)
+				break;
+			step = t->done - 1, saved_at = -1;
 		}
 	}
 	return rc;

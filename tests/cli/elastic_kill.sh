@@ -7,15 +7,20 @@
 # fault-free 2-slice run of the same 60 steps, and in fact bit-identical; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
 # Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1).
+# With the DCN data axis the group re-forms in place (worker.h): the
+# survivor keeps its state, 0 steps lost, and the returning slice's worker
+# gets the state from its peer; no worker reads a checkpoint after the
+# start. The DCN FSDP axis changes every shard: the group restarts from the
+# newest checkpoint (at most the checkpoint period lost).
 # timeout: 200
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/../mesh_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 steps=$el_steps
 
-# scenario NAME DCN_KEYS...: the kill run and its fault-free reference
+# scenario NAME in-place|restart DCN_KEYS...: the kill run and its fault-free reference
 scenario() {
-	local n=$1; shift
+	local n=$1 how=$2; shift 2
 	local keys=("${el_keys[@]}" steps=$steps "$@")
 	echo "== $n: $*"
 	# the fault-free reference: the same 2 slices, straight through
@@ -34,10 +39,18 @@ scenario() {
 	[ "$(echo "$sum" | el_get failures)" = 1 ] || fail "$n: summary: want 1 failure"
 	[ "$(echo "$sum" | el_get resizes)" = 2 ] || fail "$n: summary: want 2 resizes (a shrink and a grow)"
 	lost=$(echo "$sum" | el_get steps_lost)
-	[ -n "$lost" ] && [ "$lost" -le 5 ] || fail "$n: summary: steps_lost '$lost', want at most the checkpoint period 5"
 	ev=$(el_events kill$n "$TMP/kill$n.jsonl")
 	echo "events: $ev"
-	[[ "$ev" == "failure shrink restore grow restore summary" ]] || fail "$n: events: '$ev'"
+	if [ "$how" = in-place ]; then
+		[ "$lost" = 0 ] || fail "$n: summary: steps_lost '$lost', want 0 (re-formed in place)"
+		[[ "$ev" == "failure shrink reform grow reform summary" ]] || fail "$n: events: '$ev'"
+		[ "$(grep -c 'restored step' "$TMP/kill$n.err")" = 0 ] || fail "$n: a worker read a checkpoint"
+		grep -q 'state of step [0-9]* received from rank 0, no checkpoint read: .* checksums match' "$TMP/kill$n.err" ||
+			fail "$n: the returning slice was not fed by a peer"
+	else
+		[ -n "$lost" ] && [ "$lost" -le 5 ] || fail "$n: summary: steps_lost '$lost', want at most the checkpoint period 5"
+		[[ "$ev" == "failure shrink restore grow restore summary" ]] || fail "$n: events: '$ev'"
+	fi
 	# the step records of the kept history: one per step, 0..steps-1, in the end
 	/usr/bin/python3 - "$TMP/kill$n.jsonl" $steps <<'PY' || fail "$n: metrics: the kept history's steps are not 0..$steps-1"
 import json, sys
@@ -81,6 +94,6 @@ sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps
 		fail "$n: samples skipped, repeated or trained at the wrong step"
 }
 
-scenario data dcn_data_parallelism=-1
-scenario fsdp dcn_data_parallelism=1 dcn_fsdp_parallelism=-1
+scenario data in-place dcn_data_parallelism=-1
+scenario fsdp restart dcn_data_parallelism=1 dcn_fsdp_parallelism=-1
 finish

@@ -22,7 +22,7 @@ echo "summary: $(echo $sum)"
 [ "$(echo "$sum" | el_get failures)" = 2 ] || fail "summary: want 2 failures"
 ev=$(el_events maxf "$TMP/maxf.jsonl")
 echo "events: $ev"
-[[ "$ev" == "failure shrink restore failure summary" ]] || fail "events: '$ev'"
+[[ "$ev" == "failure shrink reform failure summary" ]] || fail "events: '$ev'"
 grep -q 'RESTARTING -> ERRORED' "$TMP/maxf.err" || fail "no transition to ERRORED"
 
 # faults from outside: kill -9 of a worker, then of an agent

@@ -53,7 +53,7 @@ echo "summary: $(echo $sum)"
 [ "$(echo "$sum" | el_get steps_lost)" = 0 ] || fail "summary: want 0 steps lost"
 ev=$(el_events pre "$TMP/pre.jsonl")
 echo "events: $ev"
-[[ "$ev" == "preemption shrink restore grow restore summary" ]] || fail "events: '$ev'"
+[[ "$ev" == "preemption shrink restore grow reform summary" ]] || fail "events: '$ev'"
 cat "$TMP"/samples.* | /usr/bin/python3 -c '
 import sys
 pairs = {tuple(map(int, l.split())) for l in sys.stdin}
