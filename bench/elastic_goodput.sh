@@ -8,10 +8,12 @@
 # kept: 2 micro-batches on one), each fault's time from the kill to the next
 # generation's first step (measured from outside) and the controller's
 # recovery_s and growth times, steps lost, and the summary's goodput, side by
-# side with Ray 2.60's figures from issue 10.
+# side with Ray 2.60's figures from issue 10. Once per mode of MODES (default
+# "in-place restart": the launcher's default, re-forming in place, then
+# --restart-from-checkpoint), the same steps and fault times, one table.
 #
 # Usage: bench/elastic_goodput.sh   (make goodput)
-#   INTERVAL (seconds between faults, default 60), DURATION (about the run's
+#   MODES, INTERVAL (seconds between faults, default 60), DURATION (about the run's
 #   length, default 330), REPAIR (--repair-delay, default 10: a replacement
 #   machine arrives), BATCH / SEQ (default 64 / 512), PERIOD
 #   (checkpoint_period, default 10), SEED (default 1),
@@ -27,6 +29,7 @@ BATCH=${BATCH:-64}
 SEQ=${SEQ:-512}
 PERIOD=${PERIOD:-10}
 SEED=${SEED:-1}
+MODES=${MODES:-in-place restart}
 T=$(mktemp -d "${TMPDIR:-/tmp}/elastic-goodput.XXXXXX")
 lpid='' ipid=''
 cleanup() {
@@ -52,9 +55,15 @@ print(f"{statistics.median(r):.3f}")' "$T/measure.jsonl")
 steps=$(/usr/bin/python3 -c "print(int($DURATION * 0.8 / $t2))")
 echo "step time on 2 slices (fault-free): $t2 s; $steps steps"
 
+run_mode() { # MODE: one run, its report in $T/report.MODE
+mode=$1
+opt=()
+[ "$mode" = restart ] && opt=(--restart-from-checkpoint)
+rm -f "$T/faults.txt" "$T/goodput.jsonl"
+echo "== $mode"
 t0=$(date +%s.%N)
 OMP_NUM_THREADS=1 "$ST" launch --threads-per-device 1 --num-slices 2 --min-slices 1 --devices-per-slice 1 \
-	--repair-delay "$REPAIR" --max-failures -1 -- "${keys[@]}" steps="$steps" run_name=goodput \
+	--repair-delay "$REPAIR" --max-failures -1 "${opt[@]}" -- "${keys[@]}" steps="$steps" run_name="goodput-$mode" \
 	metrics_file="$T/goodput.jsonl" >"$T/goodput.out" 2>"$T/goodput.err" &
 lpid=$!
 # the injector: every INTERVAL s, SIGKILL of a random worker (argv[1]
@@ -99,25 +108,27 @@ lpid=''
 wait "$ipid"
 ipid=''
 echo "launcher exit status $rc, wall $(echo "$(date +%s.%N) - $t0" | bc | cut -c1-6) s"
-/usr/bin/python3 - "$T" "$INTERVAL" <<'PY'
+/usr/bin/python3 - "$T" "$INTERVAL" "$mode" "$BATCH" "$SEQ" <<'PY'
 import json, os, re, statistics, sys
-T = sys.argv[1]
+T, mode, tokens_per_row = sys.argv[1], sys.argv[3], int(sys.argv[4]) * int(sys.argv[5])
 recs = []
 for l in open(f"{T}/goodput.jsonl"):
     try:
         recs.append(json.loads(l))
     except ValueError:
         pass  # a line cut short by a SIGKILLed worker
-# a generation's step records come before its "restore" event (the
-# controller writes events when a generation ends); generation 1 has none
-t, pending = {1: [], 2: []}, []
+# a step's micro-batches per device (tokens/s x seconds / tokens of one
+# micro-batch): 1 on 2 slices, 2 on 1 (the global batch kept); a
+# generation's first step (restore, warm-up) left out
+t, last = {1: [], 2: []}, None
 for r in recs:
     if "event" in r:
-        size = len(r["slices"]) if r["event"] == "restore" else 2
-        t[size] += [x["perf/step_time_seconds"] for x in pending[1:]]  # the first: restore and warm-up
-        pending = []
+        last = None
     elif "step" in r:
-        pending.append(r)
+        accum = round(r["perf/per_device_tokens_per_sec"] * r["perf/step_time_seconds"] / tokens_per_row)
+        if last is not None and r["step"] == last + 1 and accum in (1, 2):
+            t[3 - accum].append(r["perf/step_time_seconds"])
+        last = r["step"]
 summ = ([r for r in recs if r.get("event") == "summary"] or [None])[-1]
 if summ is None:
     sys.exit("no summary line in the metrics file")
@@ -132,10 +143,25 @@ print("growth (slice healthy -> first step on 2 slices): " + ", ".join(f"{x:.2f}
 print(f"failures {summ['failures']}, resizes {summ['resizes']}, steps lost {summ['steps_lost']}, "
       f"good {summ['good_s']:.1f} s of wall {summ['wall_s']:.1f} s: goodput {summ['goodput']:.3f}")
 rec = [float(f[2]) for f in faults if float(f[2]) >= 0]
+with open(f"{T}/report.{mode}", "w") as f:
+    f.write(f"{max(rec) if rec else float('nan'):.2f} s\n{max(grow) if grow else float('nan'):.2f} s\n"
+            f"{summ['steps_lost'] / max(summ['failures'], 1):.1f} / 0\n{summ['goodput']:.3f}\n"
+            f"{med(t[2]).split(' (')[0]} / {med(t[1]).split(' (')[0]}\n")
+PY
+}
+for m in $MODES; do
+	case $m in in-place | restart) run_mode "$m" ;; *) echo "MODES: '$m' is not in-place or restart" >&2; exit 2 ;; esac
+done
+/usr/bin/python3 - "$T" "$INTERVAL" $MODES <<'PY'
+import sys
+T, modes = sys.argv[1], sys.argv[3:]
+rep = {m: open(f"{T}/report.{m}").read().splitlines() for m in modes}
+rows = ["hard loss of a worker -> training continues (worst)", "slice back -> grown (worst)",
+        "steps lost: per kill / per grow", f"goodput, a kill every {int(float(sys.argv[2]))} s",
+        "step time: 2 slices / 1 slice"]
+ray = ["about 66 s", "about 22 s", "since the last ckpt / same", "n/a (66 s stall a fault)", ""]
 print()
-print(f"{'':44} {'slicetrain':>14} {'Ray 2.60 (issue 10)':>22}")
-print(f"{'hard loss of a worker -> training continues':44} {max(rec) if rec else float('nan'):>12.2f} s {'about 66 s':>22}")
-print(f"{'slice back -> grown':44} {max(grow) if grow else float('nan'):>12.2f} s {'about 22 s':>22}")
-print(f"{'steps lost: per kill / per grow':44} {summ['steps_lost'] / max(summ['failures'], 1):>12.1f} / 0 {'since the last ckpt / same':>22}")
-print(f"{'goodput, a kill every ' + str(int(float(sys.argv[2]))) + ' s':44} {summ['goodput']:>14.3f} {'n/a (66 s stall a fault)':>22}")
+print(f"{'':52}" + "".join(f"{m:>22}" for m in modes) + f"{'Ray 2.60 (issue 10)':>28}")
+for i, r in enumerate(rows):
+    print(f"{r:52}" + "".join(f"{rep[m][i]:>22}" for m in modes) + f"{ray[i]:>28}")
 PY
