@@ -4,6 +4,7 @@
 #   make san        the same suite built with ASan+UBSan, in build-san/
 #   make check      both: the optimized build's suite and the sanitized one
 #   make run        the main job: the embedded default as an elastic run on 2 slices, one preempted
+#   make data       the default job's token files (data/default/*.bin; install-deps.sh made the rest)
 #   make bench      build the benchmark programs (bench/README.md; needs openmpi for mpi_allreduce)
 #   make tokenizer-parity  the tokenizer against Hugging Face's on 10 MB of text (docs/data.md)
 #   make clean
@@ -47,7 +48,7 @@ $(BUILD)/slicetrain: $(CLI_OBJ) $(BUILD)/libslicetrain.a
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libslicetrain.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-test: all
+test: all data
 	BUILDS=$(BUILD) tests/run.sh
 
 san:
@@ -56,18 +57,25 @@ san:
 check:
 	$(MAKE) all
 	$(MAKE) SAN=1 all
+	$(MAKE) data
 	BUILDS="build build-san" tests/run.sh
+
+# The default job's data (data/default/, docs/data.md): made by
+# scripts/install-deps.sh (Debian's fortunes, a held-out split, a tokenizer
+# trained on them); the token files on first use, by slicetrain tokenize.
+data: $(BUILD)/slicetrain
+	bash scripts/default-data.sh $(BUILD)/slicetrain
 
 # The main job: the embedded default (configs/default.yml) as an elastic run
 # on 2 slices of 1 device; slice 1 gets a preemption notice after step 10 and
 # comes back 5 s later; the run ends with the elastic summary line. It starts
 # afresh each time (its own output directory, slicetrain_output/default, is
 # removed first: a kept one would resume and find its steps done).
-run: $(BUILD)/slicetrain
+run: data
 	@echo "make run: starting the default job afresh (removing slicetrain_output/default)"
 	rm -rf slicetrain_output/default
 	OMP_NUM_THREADS=1 $(BUILD)/slicetrain launch --num-slices 2 --min-slices 1 --devices-per-slice 1 \
-		--preempt 1@10:5 --
+		--preempt 1@30:5 --
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libslicetrain.a
 	@mkdir -p $(dir $@)
@@ -145,5 +153,5 @@ tokenizer-parity: $(BUILD)/slicetrain $(BUILD)/tests/test_tokenizer
 clean:
 	rm -rf build build-san
 
-.PHONY: all test san check run bench clean soak goodput
+.PHONY: all test san check run data bench clean soak goodput
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d) $(BENCH:=.d)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what slicetrain needs on Debian (bookworm), as root; installs only
 # what is missing and runs `apt-get update` only when something is.
-#   scripts/install-deps.sh          build dependencies
+#   scripts/install-deps.sh          build dependencies, and the default job's data (data/default/)
 #   scripts/install-deps.sh --test   plus what the test suite needs, and
 #                                    .venv-test/ (Hugging Face transformers from PyPI)
 #   scripts/install-deps.sh --bench  plus OpenMPI (the collectives peer) and perf tools
 set -euo pipefail
 pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libdeflate-dev libssl-dev libpcre2-dev)
+pkgs+=(fortunes python3 python3-venv) # the default job's text, and a venv to train its tokenizer
 if [ "${1:-}" = "--test" ]; then
 	pkgs+=(python3 python3-numpy python3-torch python3-venv)
 	pkgs+=(clang libclang-rt-14-dev libomp-14-dev) # fuzz targets: clang, libFuzzer, clang's OpenMP
@@ -53,3 +54,8 @@ if [ "${1:-}" = "--test" ]; then
 			echo "install-deps: warning: no Llama 3 tokenizer for the parity test (a trained one is used)" >&2
 	fi
 fi
+
+# The default job's data (every mode: the main job and tests train on it):
+# Debian's fortunes as documents, a held-out split and a tokenizer trained on
+# them, under data/default/ (scripts/default-data.sh; token files on first use)
+bash "$(dirname "$0")/default-data.sh"
