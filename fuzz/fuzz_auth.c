@@ -18,7 +18,8 @@
  *      when P[0] < 68;
  *   4  st_token_load from SLICETRAIN_TOKEN_FILE holding P[1..), with the
  *      file mode P[0] picks (0600, 0400, 0640, 0604, 0644, 0660);
- *   5  st_token_load from SLICETRAIN_TOKEN = P (up to its first NUL);
+ *   5  st_token_load from SLICETRAIN_TOKEN = P (up to its first NUL, at
+ *      most 4160 bytes: past the longest token allowed);
  *   6  st_auth_check_bind and st_auth_host_is_loopback on a numeric host
  *      made from P (IPv4, 127.x, IPv6, v4-mapped, ::1, short IPv4 forms,
  *      "localhost", "*", ""; never a name, which would go to DNS), without
@@ -67,6 +68,50 @@ static void cleanup(void)
 	rmdir(tmpdir);
 }
 
+/* The scripted peer of modes 2 and 3 runs on one helper thread made once:
+ * a thread per input would make ASan keep millions of dead threads'
+ * records (the process grew past 1 GiB in ten minutes). */
+static pthread_t helper;
+static pthread_mutex_t helper_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t helper_cv = PTHREAD_COND_INITIALIZER;
+static void *(*helper_job)(void *);
+static void *helper_arg;
+static int helper_busy;
+
+static void *helper_main(void *unused)
+{
+	pthread_mutex_lock(&helper_mu);
+	for (;;) {
+		while (!helper_busy)
+			pthread_cond_wait(&helper_cv, &helper_mu);
+		pthread_mutex_unlock(&helper_mu);
+		helper_job(helper_arg);
+		pthread_mutex_lock(&helper_mu);
+		helper_busy = 0;
+		pthread_cond_broadcast(&helper_cv);
+	}
+	return NULL;
+}
+
+/* Start job(arg) on the helper thread; helper_wait() waits for its end. */
+static void helper_start(void *(*job)(void *), void *arg)
+{
+	pthread_mutex_lock(&helper_mu);
+	helper_job = job;
+	helper_arg = arg;
+	helper_busy = 1;
+	pthread_cond_broadcast(&helper_cv);
+	pthread_mutex_unlock(&helper_mu);
+}
+
+static void helper_wait(void)
+{
+	pthread_mutex_lock(&helper_mu);
+	while (helper_busy)
+		pthread_cond_wait(&helper_cv, &helper_mu);
+	pthread_mutex_unlock(&helper_mu);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	oracle_token(&tok);
@@ -79,6 +124,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	}
 	snprintf(tokpath, sizeof(tokpath), "%s/token", tmpdir);
 	atexit(cleanup);
+	if (pthread_create(&helper, NULL, helper_main, NULL) != 0) {
+		perror("fuzz_auth: pthread_create");
+		exit(1);
+	}
 	return 0;
 }
 
@@ -200,11 +249,10 @@ static void client(const uint8_t *p, size_t size)
 	int sv[2];
 	FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 	s.fd = sv[1];
-	pthread_t th;
-	FUZZ_ASSERT(pthread_create(&th, NULL, scripted_server, &s) == 0);
+	helper_start(scripted_server, &s);
 	int rc = st_auth_client(sv[0], &tok, st_mono_ns() + 5000000000LL);
 	close(sv[0]); /* a server still waiting for a proof sees the end */
-	pthread_join(th, NULL);
+	helper_wait();
 	close(sv[1]);
 	int hello_ok = !memcmp(s.hello, "STA1", 4);
 	FUZZ_ASSERT(rc == 0 || rc == ST_EAUTH || rc == ST_EPEER);
@@ -254,11 +302,10 @@ static void server(const uint8_t *p, size_t size)
 	int sv[2];
 	FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 	s.fd = sv[1];
-	pthread_t th;
-	FUZZ_ASSERT(pthread_create(&th, NULL, client_thread, &s) == 0);
+	helper_start(client_thread, &s);
 	int rc = st_auth_server(sv[0], &tok, st_mono_ns() + 5000000000LL);
 	close(sv[0]);
-	pthread_join(th, NULL);
+	helper_wait();
 	close(sv[1]);
 	FUZZ_ASSERT(s.hello_ok);
 	FUZZ_ASSERT(rc == 0 || rc == ST_EAUTH || rc == ST_EPEER);
@@ -316,19 +363,23 @@ static void token_file(const uint8_t *p, size_t size)
 
 static void token_env(const uint8_t *p, size_t size)
 {
-	char *s = malloc(size + 1);
-	FUZZ_ASSERT(s);
-	memcpy(s, p, size);
-	s[size] = 0;
+	/* putenv of one buffer, rewritten each time: setenv keeps every value
+	 * it was ever given (glibc), so a new token per input would grow the
+	 * process without bound */
+	static char var[sizeof("SLICETRAIN_TOKEN=") + ST_AUTH_MAX_TOKEN + 64];
+	const size_t pre = sizeof("SLICETRAIN_TOKEN=") - 1;
+	size_t n = size < sizeof(var) - pre - 1 ? size : sizeof(var) - pre - 1;
+	memcpy(var, "SLICETRAIN_TOKEN=", pre);
+	memcpy(var + pre, p, n);
+	var[pre + n] = 0;
 	unsetenv("SLICETRAIN_TOKEN_FILE");
-	setenv("SLICETRAIN_TOKEN", s, 1);
+	FUZZ_ASSERT(putenv(var) == 0);
 	st_token t;
 	int rc = st_token_load(&t);
 	unsetenv("SLICETRAIN_TOKEN");
 	FUZZ_ASSERT(rc == 0 || rc == ST_EINVAL);
 	if (rc == 0)
-		check_loaded(&t, (const uint8_t *)s, strlen(s));
-	free(s);
+		check_loaded(&t, (const uint8_t *)var + pre, strlen(var + pre));
 }
 
 /* ---- mode 6: where a group may listen ---- */
