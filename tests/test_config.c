@@ -125,19 +125,20 @@ static void test_default_job(void)
 	int rc = LOAD(&c, rpath("configs/default.yml"), "log_period=10");
 
 	CHECK_MSG(rc == 0, "%s", st_errmsg());
-	CHECK(strcmp(c.model_name, "llama3-125m") == 0);
-	CHECK(c.emb_dim == 768 && c.num_decoder_layers == 12 && c.num_query_heads == 12 && c.num_kv_heads == 4);
-	CHECK(c.head_dim == 64 && c.mlp_dim == 2048 && c.vocab_size == 32000);
+	CHECK(strcmp(c.model_name, "llama3-16m") == 0);
+	CHECK(c.emb_dim == 384 && c.num_decoder_layers == 6 && c.num_query_heads == 6 && c.num_kv_heads == 2);
+	CHECK(c.head_dim == 64 && c.mlp_dim == 1024 && c.vocab_size == 8192);
 	CHECK_NEAR(c.rope_theta, 500000, 1e-12);
 	CHECK_NEAR(c.norm_eps, 1e-5, 1e-12);
 	CHECK(!c.rope_llama31);
 	CHECK(strcmp(c.run_name, "default") == 0);
 	CHECK(strcmp(c.base_output_directory, "slicetrain_output") == 0);
-	CHECK(c.steps == 40 && c.learning_rate_schedule_steps == 40);
-	CHECK(c.max_target_length == 256 && c.per_device_batch_size == 1.0);
-	CHECK(c.dataset_type == ST_DATA_SYNTHETIC && c.enable_data_shuffling);
+	CHECK(c.steps == 100 && c.learning_rate_schedule_steps == 100);
+	CHECK(c.max_target_length == 256 && c.per_device_batch_size == 4.0);
+	CHECK(c.dataset_type == ST_DATA_TOKENS && c.enable_data_shuffling && !strcmp(c.dataset_path, "data/default/train.bin"));
+	CHECK(!strcmp(c.tokenizer_path, "data/default/tokenizer.json"));
 	CHECK(c.metrics_file[0] == '\0');
-	CHECK_NEAR(c.learning_rate, 1e-3, 1e-12);
+	CHECK_NEAR(c.learning_rate, 3e-3, 1e-12);
 	CHECK_NEAR(c.warmup_steps_fraction, 0.1, 1e-12);
 	CHECK_NEAR(c.learning_rate_final_fraction, 0.1, 1e-12);
 	CHECK_NEAR(c.adam_b1, 0.9, 1e-12);
@@ -149,7 +150,7 @@ static void test_default_job(void)
 	CHECK(c.log_period == 10 && c.gradient_accumulation_steps == 1 && c.init_weights_seed == 0);
 	CHECK(c.ici_fsdp_parallelism == -1 && c.ici_data_parallelism == 1 && c.dcn_data_parallelism == -1);
 	CHECK(c.num_slices == -1);
-	CHECK(st_llama_check_config(&c, &n) == 0 && n == 124668672);
+	CHECK(st_llama_check_config(&c, &n) == 0 && n == 15733632);
 }
 
 static int load_default_job(void *arg)
@@ -370,8 +371,8 @@ static void test_derived(void)
 	unsetenv("JOBSET_NAME");
 	rc = LOAD(&c, rpath("configs/default.yml"), "run_name=", "base_output_directory=");
 	CHECK_MSG(rc == 0, "%s", st_errmsg());
-	/* llama3-125m_YYYY-MM-DD-HH-MM */
-	CHECK_MSG(strncmp(c.run_name, "llama3-125m_", 12) == 0 && strlen(c.run_name) == 12 + 16, "%s", c.run_name);
+	/* llama3-16m_YYYY-MM-DD-HH-MM */
+	CHECK_MSG(strncmp(c.run_name, "llama3-16m_", 11) == 0 && strlen(c.run_name) == 11 + 16, "%s", c.run_name);
 	CHECK(c.base_output_directory[0] == '/');
 	CHECK(strstr(c.base_output_directory, "/slicetrain_output") != NULL);
 
