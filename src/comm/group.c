@@ -263,33 +263,45 @@ int st_group_send_fd(st_group *g, int to, uint64_t key, int fd)
 	}
 }
 
+/* A TCP connection to rank to's listener, past the token's handshake, with
+ * hello sent. A failed handshake is tried again, DIAL_TRIES times in all: a
+ * listener under a flood of connections may have evicted ours, before or
+ * after our proof (a wrong token fails every time). 0, or a negative code
+ * with a message. */
+enum { DIAL_TRIES = 3 };
+static int dial(st_group *g, int to, const st_frame *hello, int64_t deadline, int *fdp)
+{
+	const st_peer *q = &g->peers[to];
+	char why[600] = "the group failed meanwhile";
+	int r = ST_EPEER;
+	for (int t = 0; t < DIAL_TRIES && !atomic_load(&g->fail); t++) {
+		int fd, e = st_tcp_connect(q->addr, q->port, deadline, &fd);
+		if (e < 0)
+			return st_fail(ST_EPEER, "worker group: cannot connect to rank %d at %s:%d: %s", to, q->addr, q->port,
+				       strerror(-e));
+		if ((r = st_auth_client(fd, &g->tok, deadline)) == 0) {
+			if ((e = st_send_full(fd, hello, sizeof(*hello), deadline)) == 0) {
+				*fdp = fd;
+				return 0;
+			}
+			close(fd);
+			return st_fail(ST_EPEER, "worker group: cannot send a hello to rank %d at %s:%d: %s", to, q->addr,
+				       q->port, strerror(-e));
+		}
+		snprintf(why, sizeof(why), "%s", st_errmsg());
+		close(fd);
+	}
+	return st_fail(r == ST_EAUTH ? ST_EAUTH : ST_EPEER, "worker group: rank %d at %s:%d: %s", to, q->addr, q->port,
+		       why);
+}
+
 int st_group_connect_data(st_group *g, int to, uint64_t key, int *fdp)
 {
-	st_peer *q = &g->peers[to];
 	int64_t deadline = st_mono_ns() + (int64_t)g->timeout_ms * 1000000;
-	int fd, r = st_tcp_connect(q->addr, q->port, deadline, &fd);
-	if (r == 0) {
-		st_frame f = frame(g, F_HELLO_DATA, (uint32_t)getpid(), key);
-		if ((r = st_auth_client(fd, &g->tok, deadline)) < 0) {
-			char why[600];
-			snprintf(why, sizeof(why), "%s", st_errmsg());
-			close(fd);
-			if (atomic_load(&g->fail))
-				return st_group_check(g);
-			return st_fail(r == ST_EAUTH ? ST_EAUTH : ST_EPEER, "worker group: rank %d at %s:%d: %s", to,
-				       q->addr, q->port, why);
-		}
-		r = st_send_full(fd, &f, sizeof(f), deadline);
-		if (r) {
-			close(fd);
-		}
-	}
-	if (r) {
-		if (atomic_load(&g->fail))
-			return st_group_check(g);
-		return st_fail(ST_EPEER, "worker group: cannot connect to rank %d at %s:%d: %s", to, q->addr, q->port,
-			       strerror(-r));
-	}
+	st_frame f = frame(g, F_HELLO_DATA, (uint32_t)getpid(), key);
+	int fd, r = dial(g, to, &f, deadline, &fd);
+	if (r < 0)
+		return atomic_load(&g->fail) ? st_group_check(g) : r;
 	st_sock_tune(fd);
 	st_set_nonblock(fd, 1);
 	*fdp = fd;
@@ -1285,25 +1297,18 @@ static int start_monitor(st_group *g)
 static int connect_ctrl(st_group *g, int p, int64_t deadline)
 {
 	st_peer *q = &g->peers[p];
-	int fd, same_host = q->host == g->peers[g->rank].host;
-	int r = same_host ? unix_connect(q->uname, &fd) : st_tcp_connect(q->addr, q->port, deadline, &fd);
-	if (r == 0 && !same_host && (r = st_auth_client(fd, &g->tok, deadline)) < 0) {
-		char why[600];
-		snprintf(why, sizeof(why), "%s", st_errmsg());
-		close(fd);
-		return st_fail(r == ST_EAUTH ? ST_EAUTH : ST_EPEER, "worker group: rank %d at %s:%d: %s", p, q->addr,
-			       q->port, why);
-	}
-	if (r == 0) {
-		st_frame f = frame(g, F_HELLO_CTRL, (uint32_t)getpid(), 0);
-		r = st_send_full(fd, &f, sizeof(f), deadline);
-		if (r)
+	st_frame f = frame(g, F_HELLO_CTRL, (uint32_t)getpid(), 0);
+	int fd = -1, r, same_host = q->host == g->peers[g->rank].host;
+	if (!same_host) {
+		if ((r = dial(g, p, &f, deadline, &fd)) < 0)
+			return r;
+	} else {
+		if ((r = unix_connect(q->uname, &fd)) == 0 && (r = st_send_full(fd, &f, sizeof(f), deadline)) < 0)
 			close(fd);
+		if (r < 0)
+			return st_fail(ST_EPEER, "worker group: cannot connect to rank %d (same host, unix socket): %s", p,
+				       r == -EACCES ? "its socket belongs to another user" : strerror(-r));
 	}
-	if (r)
-		return st_fail(ST_EPEER, "worker group: cannot connect to rank %d (%s): %s", p,
-			       same_host ? "same host, unix socket" : q->addr,
-			       r == -EACCES ? "its socket belongs to another user" : strerror(-r));
 	st_set_nonblock(fd, 1);
 	pthread_mutex_lock(&g->mu);
 	q->ctrl_fd = fd;
