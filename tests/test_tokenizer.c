@@ -21,6 +21,7 @@
 
 #include "base/err.h"
 #include "base/file.h"
+#include "base/rng.h"
 #include "check.h"
 #include "data/tokfile.h"
 #include "text/tokenizer.h"
@@ -495,6 +496,74 @@ static void test_decode_cases(const char *tok_path, const char *cases_path)
 	st_tokenizer_free(t);
 }
 
+/*
+ * Streaming decode (st_utf8_stream, what slicetrain generate prints): the
+ * outputs token by token, concatenated, are st_tokenizer_decode's text of
+ * all of them, for random id sequences over the small tokenizer's byte
+ * tokens (characters cut between tokens, invalid bytes, a cut character at
+ * the end), merges and added tokens; and cut characters are held back.
+ */
+static void test_stream(void)
+{
+	int rc;
+	json_t *root = small_tokenizer(0);
+	st_tokenizer *t = load_tree(root, &rc);
+	json_decref(root);
+	CHECK(rc == 0);
+	if (!t)
+		return;
+	/* "é" (c3 a9) in two tokens: nothing after the first */
+	st_utf8_stream s = ST_UTF8_STREAM_INIT;
+	const char *out;
+	size_t n;
+	CHECK(st_utf8_stream_add(&s, "a\xc3", 2, &out, &n) == 0 && n == 1 && out[0] == 'a');
+	CHECK(st_utf8_stream_add(&s, "\xa9", 1, &out, &n) == 0 && n == 2 && !memcmp(out, "\xc3\xa9", 2));
+	/* a cut 4-byte character given byte by byte, then a bad continuation: U+FFFD, then the byte */
+	CHECK(st_utf8_stream_add(&s, "\xf0", 1, &out, &n) == 0 && n == 0);
+	CHECK(st_utf8_stream_add(&s, "\x9f", 1, &out, &n) == 0 && n == 0);
+	CHECK(st_utf8_stream_add(&s, "x", 1, &out, &n) == 0 && n == 4 && !memcmp(out, "\xef\xbf\xbdx", 4));
+	/* a cut character at the end: one U+FFFD */
+	CHECK(st_utf8_stream_add(&s, "\xe4\xbd", 2, &out, &n) == 0 && n == 0);
+	CHECK(st_utf8_stream_end(&s, &out, &n) == 0 && n == 3 && !memcmp(out, "\xef\xbf\xbd", 3));
+	st_utf8_stream_release(&s);
+
+	int32_t ids[40];
+	int cases = 3000, bad = 0;
+	for (int c = 0; c < cases; c++) {
+		int len = 1 + (int)st_rng_below(9, 1, (uint64_t)c, 39);
+		for (int i = 0; i < len; i++) {
+			uint64_t r = st_rng_u64(9, 2 + (uint64_t)c, (uint64_t)i);
+			/* mostly UTF-8 lead and continuation bytes, some ASCII, merges and specials */
+			ids[i] = r % 8 == 0 ? (int32_t)(r / 8 % 128) : r % 8 == 1 ? (int32_t)(256 + r / 8 % (NMERGES + 3))
+									  : (int32_t)(0x80 + r / 8 % 0x78);
+		}
+		char *want, *got = NULL;
+		size_t nwant, ngot = 0;
+		CHECK(st_tokenizer_decode(t, ids, (size_t)len, 0, &want, &nwant) == 0);
+		s = (st_utf8_stream)ST_UTF8_STREAM_INIT;
+		for (int i = 0; i <= len; i++) {
+			const char *b;
+			size_t nb;
+			if (i < len)
+				CHECK(st_tokenizer_token_bytes(t, ids[i], &b, &nb) == 0 &&
+				      st_utf8_stream_add(&s, b, nb, &out, &n) == 0);
+			else
+				CHECK(st_utf8_stream_end(&s, &out, &n) == 0);
+			got = realloc(got, ngot + n + 1);
+			memcpy(got + ngot, out, n);
+			ngot += n;
+		}
+		if (ngot != nwant || memcmp(got, want, nwant))
+			bad++;
+		st_utf8_stream_release(&s);
+		free(want);
+		free(got);
+	}
+	printf("streaming decode: %d of %d random id sequences differ from st_tokenizer_decode\n", bad, cases);
+	CHECK(bad == 0);
+	st_tokenizer_free(t);
+}
+
 int main(void)
 {
 	const char *tok = getenv("ST_TOKENIZER_JSON"), *cases = getenv("ST_TOKENIZER_DECODE_CASES");
@@ -506,5 +575,6 @@ int main(void)
 	test_options();
 	test_malformed();
 	test_writer();
+	test_stream();
 	return check_result();
 }

@@ -533,29 +533,16 @@ static int usage_error(const char *msg)
 	return 2;
 }
 
-static int32_t pick_token(const st_tokenizer *t, const char *given, const char *const *names, const char **chosen)
+/* The token named by an option, else the one slicetrain knows by name (dflt). */
+static int32_t pick_token(const st_tokenizer *t, const char *given, int32_t (*dflt)(const st_tokenizer *))
 {
-	if (given) {
-		*chosen = given;
-		return st_tokenizer_id(t, given, strlen(given));
-	}
-	for (; *names; names++) {
-		int32_t id = st_tokenizer_id(t, *names, strlen(*names));
-		if (id >= 0) {
-			*chosen = *names;
-			return id;
-		}
-	}
-	return -1;
+	return given ? st_tokenizer_id(t, given, strlen(given)) : dflt(t);
 }
 
 static int resolve_bos_eos(struct job *j, const struct opts *o, const char *tok_path)
 {
-	static const char *const bos_names[] = {"<|begin_of_text|>", "<s>", "<|startoftext|>", "<|endoftext|>", NULL};
-	static const char *const eos_names[] = {"<|end_of_text|>", "</s>", "<|endoftext|>", NULL};
-	const char *name = NULL;
 	if (j->add_bos) {
-		j->bos = pick_token(j->tok, o->bos, bos_names, &name);
+		j->bos = pick_token(j->tok, o->bos, st_tokenizer_bos);
 		if (j->bos < 0)
 			return o->bos ? st_fail(ST_EINVAL, "%s has no token '%s' (--bos)", tok_path, o->bos)
 				      : st_fail(ST_EINVAL, "%s has none of the BOS tokens slicetrain knows (<|begin_of_text|>, "
@@ -563,7 +550,7 @@ static int resolve_bos_eos(struct job *j, const struct opts *o, const char *tok_
 							"set add_bos=false", tok_path);
 	}
 	if (j->add_eos) {
-		j->eos = pick_token(j->tok, o->eos, eos_names, &name);
+		j->eos = pick_token(j->tok, o->eos, st_tokenizer_eos);
 		if (j->eos < 0)
 			return o->eos ? st_fail(ST_EINVAL, "%s has no token '%s' (--eos)", tok_path, o->eos)
 				      : st_fail(ST_EINVAL, "%s has none of the EOS tokens slicetrain knows (<|end_of_text|>, "

@@ -790,7 +790,107 @@ int st_tokenizer_decode(const st_tokenizer *t, const int32_t *ids, size_t n, int
 	return 0;
 }
 
+/* ---- ids -> text, one token at a time ---- */
+
+/* p[0..n) is the start of a character that more bytes may complete. */
+static int utf8_incomplete(const unsigned char *p, size_t n)
+{
+	int ok;
+	return n > 0 && p[0] >= 0xc2 && p[0] <= 0xf4 && utf8_prefix(p, n, &ok) == n && !ok;
+}
+
+/* Append the text of c[0..k) (ok: a whole character, else U+FFFD) to s->out at *o. */
+static void utf8_emit(st_utf8_stream *s, size_t *o, const unsigned char *c, size_t k, int ok)
+{
+	memcpy(s->out + *o, ok ? (const void *)c : "\xef\xbf\xbd", ok ? k : 3);
+	*o += ok ? k : 3;
+}
+
+/* Decode the held bytes and p[0..n) into s->out; hold a character cut at
+ * the end, unless final. */
+static int utf8_stream(st_utf8_stream *s, const unsigned char *p, size_t n, int final, const char **text,
+		       size_t *len)
+{
+	size_t need = 3 * (s->nheld + n) + 1, o = 0, i = 0, k;
+	int ok;
+	if (need > s->cap) {
+		char *b = realloc(s->out, need);
+		if (!b)
+			return st_fail(ST_ENOMEM, "out of memory");
+		s->out = b;
+		s->cap = need;
+	}
+	if (s->nheld) { /* the cut character first: its bytes so far and up to 4 more */
+		unsigned char w[8];
+		size_t more = n < 4 ? n : 4;
+		memcpy(w, s->held, s->nheld);
+		memcpy(w + s->nheld, p, more);
+		k = utf8_prefix(w, s->nheld + more, &ok);
+		if (!ok && !final && k == s->nheld + more && more == n) { /* still cut */
+			memcpy(s->held, w, k);
+			s->nheld = k;
+			i = n;
+		} else {
+			utf8_emit(s, &o, w, k, ok);
+			i = k - s->nheld; /* the held bytes were a valid start: k >= nheld */
+			s->nheld = 0;
+		}
+	}
+	while (i < n) {
+		k = utf8_prefix(p + i, n - i, &ok);
+		if (!ok && !final && i + k == n && utf8_incomplete(p + i, k)) {
+			memcpy(s->held, p + i, k);
+			s->nheld = k;
+			break;
+		}
+		utf8_emit(s, &o, p + i, k, ok);
+		i += k;
+	}
+	s->out[o] = 0;
+	*text = s->out;
+	*len = o;
+	return 0;
+}
+
+int st_utf8_stream_add(st_utf8_stream *s, const char *bytes, size_t n, const char **text, size_t *len)
+{
+	return utf8_stream(s, (const unsigned char *)bytes, n, 0, text, len);
+}
+
+int st_utf8_stream_end(st_utf8_stream *s, const char **text, size_t *len)
+{
+	return utf8_stream(s, (const unsigned char *)"", 0, 1, text, len);
+}
+
+void st_utf8_stream_release(st_utf8_stream *s)
+{
+	free(s->out);
+	*s = (st_utf8_stream)ST_UTF8_STREAM_INIT;
+}
+
 /* ---- lookups ---- */
+
+static int32_t first_known(const st_tokenizer *t, const char *const *names)
+{
+	for (; *names; names++) {
+		int32_t id = st_tokenizer_id(t, *names, strlen(*names));
+		if (id >= 0)
+			return id;
+	}
+	return -1;
+}
+
+int32_t st_tokenizer_bos(const st_tokenizer *t)
+{
+	static const char *const names[] = {"<|begin_of_text|>", "<s>", "<|startoftext|>", "<|endoftext|>", NULL};
+	return first_known(t, names);
+}
+
+int32_t st_tokenizer_eos(const st_tokenizer *t)
+{
+	static const char *const names[] = {"<|end_of_text|>", "</s>", "<|endoftext|>", NULL};
+	return first_known(t, names);
+}
 
 int32_t st_tokenizer_vocab_size(const st_tokenizer *t) { return t->nids; }
 

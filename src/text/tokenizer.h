@@ -135,4 +135,35 @@ int st_tokenizer_decode(const st_tokenizer *t, const int32_t *ids, size_t n, int
  * (if not NULL). */
 int st_utf8_check(const char *s, size_t n, size_t *bad);
 
+/*
+ * Decoding as tokens come (slicetrain generate streams its output): give
+ * each token's bytes (st_tokenizer_token_bytes) to st_utf8_stream_add and
+ * write out what it returns; st_utf8_stream_end returns the rest. The
+ * outputs, concatenated, are the text st_tokenizer_decode(ids, n, 0) gives
+ * for all the tokens at once (ByteLevel decoder): a character cut between
+ * tokens is held until its last byte comes; bytes that cannot become a
+ * character give one U+FFFD per maximal invalid part (from_utf8_lossy's
+ * rule) as soon as that is known, and a cut character at the end one
+ * U+FFFD. *text points into s, valid until the next call (*len may be 0).
+ * 0 or ST_ENOMEM.
+ */
+typedef struct st_utf8_stream {
+	unsigned char held[4]; /* the first bytes of a character cut between tokens */
+	size_t nheld;
+	char *out;             /* the last output */
+	size_t cap;
+} st_utf8_stream;
+#define ST_UTF8_STREAM_INIT {{0}, 0, NULL, 0}
+int st_utf8_stream_add(st_utf8_stream *s, const char *bytes, size_t n, const char **text, size_t *len);
+int st_utf8_stream_end(st_utf8_stream *s, const char **text, size_t *len);
+void st_utf8_stream_release(st_utf8_stream *s);
+
+/*
+ * The BOS and EOS tokens slicetrain knows by name, the first that t has:
+ * BOS <|begin_of_text|> (Llama 3), <s>, <|startoftext|>, <|endoftext|>;
+ * EOS <|end_of_text|>, </s>, <|endoftext|>. -1 when t has none.
+ */
+int32_t st_tokenizer_bos(const st_tokenizer *t);
+int32_t st_tokenizer_eos(const st_tokenizer *t);
+
 #endif
