@@ -230,6 +230,25 @@ int st_ckpt_restore_step(const char *step_dir, st_comm *comm, st_ckpt_meta *meta
  */
 int st_ckpt_load_params(const char *path, const st_config *c, st_comm *comm, int n, st_ckpt_piece *pieces);
 
+/*
+ * The model a directory holds, as a config, for reading its parameters
+ * outside a training run (slicetrain generate; model_dir.c). dir is
+ * - a committed step directory, or a checkpoints or run directory (then
+ *   its newest committed step): *c is the config the checkpoint was saved
+ *   with (max_target_length its context, tokenizer_path, add_bos ...);
+ * - a Hugging Face model directory (config.json, no manifest): *c holds the
+ *   shape, rms_norm_eps, rope_theta and Llama 3.1 rope_scaling of
+ *   config.json, max_target_length its max_position_embeddings (default
+ *   2048, as transformers), every other key its default. model_type,
+ *   hidden_act, attention_bias and mlp_bias other than a Llama's, other
+ *   RoPE scalings, and missing or ill-typed keys are ST_EINVAL naming the
+ *   file and key.
+ * path (cap bytes) receives the directory to pass to st_ckpt_load_params
+ * (the step directory, or dir); *hf is 1 for Hugging Face. ST_EINVAL when
+ * dir holds neither; ST_EIO for a manifest that cannot be read.
+ */
+int st_ckpt_model_config(const char *dir, st_config *c, char *path, size_t cap, int *hf);
+
 /* ------------------------------------------------------------- maintenance */
 
 /* Remove uncommitted step directories under dir (process 0 only; see st_ckpt_saver_create). */
