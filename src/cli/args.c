@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,18 @@ static int parse_value(const st_cli_opt *o, const char *v)
 		if (parse_size(v, (int64_t *)o->value) < 0)
 			return st_fail(ST_EINVAL, "%s '%s' is not a size (e.g. 5GB)", o->name, v);
 		return 0;
+	case ST_CLI_REAL: {
+		double x = v ? strtod(v, &end) : 0;
+		if (!v || !*v || *end || !isfinite(x))
+			return st_fail(ST_EINVAL, "%s needs a number, got '%s'", o->name, shown);
+		*(double *)o->value = x;
+		return 0;
+	}
+	case ST_CLI_STRING:
+		if (!v)
+			return st_fail(ST_EINVAL, "%s needs a value", o->name);
+		*(const char **)o->value = v;
+		return 0;
 	}
 	ST_BUG("option %s: unknown kind %d", o->name, (int)o->kind);
 }
@@ -136,7 +149,9 @@ int st_cli_option(const st_cli_opt *opts, int argc, char **argv, int *i)
 	const char *arg = argv[*i];
 	for (const st_cli_opt *o = opts; o && o->name; o++) {
 		size_t n = strlen(o->name);
-		if (strncmp(arg, o->name, n) || (arg[n] && !(arg[n] == '=' && o->joined)))
+		if (o->alias && !strcmp(arg, o->alias))
+			n = strlen(arg);
+		else if (strncmp(arg, o->name, n) || (arg[n] && !(arg[n] == '=' && o->joined)))
 			continue;
 		const char *v = NULL;
 		if (arg[n])

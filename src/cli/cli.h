@@ -71,6 +71,16 @@ int st_cmd_ckpt(int argc, char **argv);
  */
 int st_cmd_tokenize(int argc, char **argv);
 
+/*
+ * slicetrain generate MODEL_DIR [CONFIG.yml] [key=value ...] [--prompt TEXT]
+ *                     [--prompt-ids IDS] [--max-tokens N] [--temperature T]
+ *                     [--top-p P] [--seed S] [--ignore-eos] [--ids] [--json]:
+ * generate.c. Text from a checkpoint or a Hugging Face directory with a KV
+ * cache (docs/generate.md), streamed to stdout, tokens/s on stderr; 2 for
+ * bad input (model, tokenizer, prompt, options).
+ */
+int st_cmd_generate(int argc, char **argv);
+
 /* ---- shared argument parsing: args.c ---- */
 
 /* "--help" or "-h". */
@@ -100,16 +110,22 @@ const char *st_cli_use_config_dir(void);
  *   ST_CLI_SIZE   int64_t, bytes: "5GB", "200MB", "1000" (powers of 1000,
  *                 as transformers' max_shard_size)
  *                 "--x needs a value", "--x 'V' is not a size (e.g. 5GB)"
+ *   ST_CLI_REAL   double, any finite number (the caller checks its range)
+ *                 "--x needs a number, got 'V'"
+ *   ST_CLI_STRING const char *, the value as given (may be empty)
+ *                 "--x needs a value"
+ * .alias: another spelling of the option ("-p"), never joined.
  */
 #define ST_CLI_COUNT_MAX (1 << 20)
-enum st_cli_kind { ST_CLI_FLAG = 1, ST_CLI_COUNT, ST_CLI_INT, ST_CLI_GIB, ST_CLI_SIZE };
+enum st_cli_kind { ST_CLI_FLAG = 1, ST_CLI_COUNT, ST_CLI_INT, ST_CLI_GIB, ST_CLI_SIZE, ST_CLI_REAL, ST_CLI_STRING };
 
 typedef struct st_cli_opt {
 	const char *name; /* "--num-slices" */
 	enum st_cli_kind kind;
-	void *value;      /* int, int64_t or double, as the kind says */
+	void *value;      /* int, int64_t, double or const char *, as the kind says */
 	int min, max;     /* ST_CLI_INT's range */
 	int joined;       /* "--name=VALUE" accepted too */
+	const char *alias;
 } st_cli_opt;
 
 /*

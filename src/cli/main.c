@@ -33,6 +33,8 @@ static const char usage[] =
 	"                                       per-device memory and FLOPs of a run, and whether it fits\n"
 	"  tokenize tokenizer_path=T -o OUT.bin INPUT...\n"
 	"                                       text / JSON lines -> a token file (docs/data.md)\n"
+	"  generate MODEL_DIR [key=value ...] --prompt TEXT\n"
+	"                                       text from a checkpoint or Hugging Face model (docs/generate.md)\n"
 	"  help [command]                       this text, or a command's help\n"
 	"  version                              print the version\n"
 	"\n"
@@ -55,6 +57,7 @@ static const struct {
 	{"ckpt", st_cmd_ckpt},
 	{"plan", st_cmd_plan},
 	{"tokenize", st_cmd_tokenize},
+	{"generate", st_cmd_generate},
 };
 
 int main(int argc, char **argv)
