@@ -1,5 +1,6 @@
 /*
- * crc.h - CRC-32 checksums.
+ * crc.h - CRC-32 checksums: zlib's (checkpoints, state sync) and
+ * Castagnoli's (TFRecord framing of TensorBoard event files).
  *
  * The gzip/zlib polynomial (IEEE 802.3, reflected), with zlib's values:
  * st_crc32(0, buf, n) equals zlib's crc32(0, buf, n) and Python's
@@ -18,5 +19,13 @@
 #include <stdint.h>
 
 uint32_t st_crc32(uint32_t crc, const void *data, size_t n);
+
+/*
+ * CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of
+ * TFRecord files and iSCSI: st_crc32c(0, "123456789", 9) == 0xE3069283.
+ * Chained like st_crc32. A byte-wise table (built once, thread-safe): meant
+ * for small records, not bulk data.
+ */
+uint32_t st_crc32c(uint32_t crc, const void *data, size_t n);
 
 #endif
