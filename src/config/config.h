@@ -70,6 +70,11 @@ typedef struct st_config {
 	int64_t init_weights_seed;
 	int64_t log_period;
 	char metrics_file[ST_PATH_MAX]; /* "" = none */
+	/* eval and TensorBoard (MaxText's keys; docs/observability.md) */
+	int64_t eval_interval; /* -1 (<= 0): no eval; else after step s when (s + 1) % eval_interval == 0 */
+	int64_t eval_steps;    /* eval batches per eval; -1 (<= 0): one pass over the eval data, full batches */
+	char grain_eval_files[ST_PATH_MAX]; /* dataset_type tokens: the held-out token files (file or glob) */
+	int enable_tensorboard; /* true: rank 0 writes <base_output_directory>/<run_name>/tensorboard/ */
 
 	/* data */
 	enum st_dataset_type dataset_type;

@@ -222,6 +222,10 @@ static int check_misc(const struct checker *ck)
 	if (c->dataset_type == ST_DATA_TOKENS && !c->dataset_path[0])
 		return st_fail(ST_EINVAL, "%s: dataset_type tokens needs dataset_path (a token file or glob)",
 			       where(ck, "dataset_type"));
+	if (c->eval_interval > 0 && c->dataset_type == ST_DATA_TOKENS && !c->grain_eval_files[0])
+		return st_fail(ST_EINVAL, "%s: eval_interval %" PRId64 " with dataset_type tokens needs grain_eval_files "
+			       "(the held-out token files: a file or a glob), or eval_interval -1",
+			       where(ck, "eval_interval"), c->eval_interval);
 	if (c->log_period < 1)
 		return st_fail(ST_EINVAL, "%s: log_period must be positive, got %" PRId64, where(ck, "log_period"),
 			       c->log_period);

@@ -78,6 +78,10 @@ static const struct st_ckey keys[] = {
 	I("init_weights_seed", c.init_weights_seed, "0"),
 	I("log_period", c.log_period, "100"),
 	S("metrics_file", c.metrics_file, "\"\""),
+	I("eval_interval", c.eval_interval, "-1"),
+	I("eval_steps", c.eval_steps, "-1"),
+	S("grain_eval_files", c.grain_eval_files, "''"),
+	B("enable_tensorboard", c.enable_tensorboard, "True"),
 	B("enable_dropout", enable_dropout, "true"),
 	F("dropout_rate", dropout_rate, "0.0"),
 

@@ -18,6 +18,7 @@ struct st_dataset {
 	int64_t vocab;
 	uint64_t seed;    /* data_shuffle_seed */
 	int shuffle;
+	uint64_t synthetic_stream; /* ST_DATA_SYNTHETIC_STREAM, or _EVAL_STREAM for the eval data */
 	int64_t nsamples; /* per epoch */
 
 	/* tokens */
@@ -33,32 +34,33 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Expand dataset_path into a byte-order sorted list (locale-independent). */
-static int expand_paths(const char *pattern, char ***out, int *count)
+/* Expand the pattern of key (dataset_path, grain_eval_files) into a
+ * byte-order sorted list (locale-independent). */
+static int expand_paths(const char *key, const char *pattern, char ***out, int *count)
 {
 	glob_t g;
 	memset(&g, 0, sizeof(g));
 	int grc = glob(pattern, 0, NULL, &g);
 	if (grc == GLOB_NOMATCH) {
 		globfree(&g);
-		return st_fail(ST_EINVAL, "dataset_path '%s' matches no file", pattern);
+		return st_fail(ST_EINVAL, "%s '%s' matches no file", key, pattern);
 	}
 	if (grc == GLOB_NOSPACE) {
 		globfree(&g);
-		return st_fail(ST_ENOMEM, "dataset_path '%s': out of memory expanding the glob", pattern);
+		return st_fail(ST_ENOMEM, "%s '%s': out of memory expanding the glob", key, pattern);
 	}
 	if (grc != 0 || g.gl_pathc == 0) {
 		globfree(&g);
-		return st_fail(ST_EINVAL, "dataset_path '%s': cannot expand the glob (read error)", pattern);
+		return st_fail(ST_EINVAL, "%s '%s': cannot expand the glob (read error)", key, pattern);
 	}
 	if (g.gl_pathc > INT32_MAX) {
 		globfree(&g);
-		return st_fail(ST_EINVAL, "dataset_path '%s' matches too many files", pattern);
+		return st_fail(ST_EINVAL, "%s '%s' matches too many files", key, pattern);
 	}
 	char **paths = calloc(g.gl_pathc, sizeof(*paths));
 	if (!paths) {
 		globfree(&g);
-		return st_fail(ST_ENOMEM, "dataset_path '%s': out of memory", pattern);
+		return st_fail(ST_ENOMEM, "%s '%s': out of memory", key, pattern);
 	}
 	for (size_t i = 0; i < g.gl_pathc; i++) {
 		paths[i] = strdup(g.gl_pathv[i]);
@@ -67,7 +69,7 @@ static int expand_paths(const char *pattern, char ***out, int *count)
 				free(paths[j]);
 			free(paths);
 			globfree(&g);
-			return st_fail(ST_ENOMEM, "dataset_path '%s': out of memory", pattern);
+			return st_fail(ST_ENOMEM, "%s '%s': out of memory", key, pattern);
 		}
 	}
 	int n = (int)g.gl_pathc;
@@ -78,20 +80,20 @@ static int expand_paths(const char *pattern, char ***out, int *count)
 	return 0;
 }
 
-static int open_tokens(st_dataset *ds, const st_config *c)
+static int open_tokens(st_dataset *ds, const char *key, const char *path)
 {
 	char **paths = NULL;
 	int npaths = 0, rc;
 
-	if (!c->dataset_path[0])
-		return st_fail(ST_EINVAL, "dataset_path is empty (dataset_type=tokens needs a file or a glob)");
-	rc = expand_paths(c->dataset_path, &paths, &npaths);
+	if (!path[0])
+		return st_fail(ST_EINVAL, "%s is empty (dataset_type=tokens needs a file or a glob)", key);
+	rc = expand_paths(key, path, &paths, &npaths);
 	if (rc < 0)
 		return rc;
 	ds->files = calloc((size_t)npaths, sizeof(*ds->files));
 	ds->file_end = calloc((size_t)npaths, sizeof(*ds->file_end));
 	if (!ds->files || !ds->file_end) {
-		rc = st_fail(ST_ENOMEM, "dataset_path '%s': out of memory", c->dataset_path);
+		rc = st_fail(ST_ENOMEM, "%s '%s': out of memory", key, path);
 		goto out;
 	}
 
@@ -121,8 +123,8 @@ static int open_tokens(st_dataset *ds, const st_config *c)
 		ds->file_end[i] = total;
 	}
 	if (total == 0) {
-		rc = st_fail(ST_EINVAL, "dataset_path '%s': no full sample of max_target_length+1 = %" PRId64
-			     " tokens (%" PRId64 " tokens in %d file%s)", c->dataset_path, ds->seq,
+		rc = st_fail(ST_EINVAL, "%s '%s': no full sample of max_target_length+1 = %" PRId64
+			     " tokens (%" PRId64 " tokens in %d file%s)", key, path, ds->seq,
 			     total_tokens, npaths, npaths == 1 ? "" : "s");
 		goto out;
 	}
@@ -130,8 +132,8 @@ static int open_tokens(st_dataset *ds, const st_config *c)
 	if (ds->shuffle) {
 		if ((uint64_t)total > SIZE_MAX / sizeof(*ds->perm) ||
 		    !(ds->perm = malloc((size_t)total * sizeof(*ds->perm)))) {
-			rc = st_fail(ST_ENOMEM, "dataset_path '%s': out of memory for the shuffle of %" PRId64
-				     " samples", c->dataset_path, total);
+			rc = st_fail(ST_ENOMEM, "%s '%s': out of memory for the shuffle of %" PRId64
+				     " samples", key, path, total);
 			goto out;
 		}
 	}
@@ -143,7 +145,9 @@ out:
 	return rc;
 }
 
-int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_rows)
+/* The training data, or the eval data (eval: grain_eval_files, never
+ * shuffled, synthetic rows from a stream of their own). */
+static int open_split(st_dataset **out, const st_config *c, int64_t global_batch_rows, int eval)
 {
 	*out = NULL;
 	if (c->max_target_length < 1 || c->max_target_length >= MAX_SEQ)
@@ -160,7 +164,8 @@ int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_r
 	ds->seq = c->max_target_length + 1;
 	ds->vocab = c->vocab_size;
 	ds->seed = (uint64_t)c->data_shuffle_seed;
-	ds->shuffle = c->enable_data_shuffling != 0;
+	ds->shuffle = !eval && c->enable_data_shuffling;
+	ds->synthetic_stream = eval ? ST_DATA_SYNTHETIC_EVAL_STREAM : ST_DATA_SYNTHETIC_STREAM;
 	ds->perm_epoch = -1;
 
 	int rc;
@@ -175,7 +180,8 @@ int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_r
 		rc = 0;
 		break;
 	case ST_DATA_TOKENS:
-		rc = open_tokens(ds, c);
+		rc = eval ? open_tokens(ds, "grain_eval_files", c->grain_eval_files)
+			  : open_tokens(ds, "dataset_path", c->dataset_path);
 		break;
 	default:
 		rc = st_fail(ST_EINVAL, "unknown dataset_type %d", (int)c->dataset_type);
@@ -187,6 +193,16 @@ int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_r
 	}
 	*out = ds;
 	return 0;
+}
+
+int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_rows)
+{
+	return open_split(out, c, global_batch_rows, 0);
+}
+
+int st_dataset_open_eval(st_dataset **out, const st_config *c, int64_t global_batch_rows)
+{
+	return open_split(out, c, global_batch_rows, 1);
 }
 
 int64_t st_dataset_num_samples(const st_dataset *ds) { return ds->nsamples; }
@@ -247,7 +263,7 @@ static void synth_sample(const st_dataset *ds, int64_t row, int32_t *out)
 {
 	uint64_t base = (uint64_t)row * (uint64_t)ds->seq;
 	for (int64_t t = 0; t < ds->seq; t++)
-		out[t] = (int32_t)st_rng_below(ds->seed, ST_DATA_SYNTHETIC_STREAM, base + (uint64_t)t,
+		out[t] = (int32_t)st_rng_below(ds->seed, ds->synthetic_stream, base + (uint64_t)t,
 					       (uint64_t)ds->vocab);
 }
 

@@ -54,15 +54,25 @@
 
 #include "config/config.h"
 
-/* st_rng streams of the data module ("SYNT", "SHUF" in the high bytes). */
+/* st_rng streams of the data module ("SYNT", "SHUF", "SYNE" in the high bytes). */
 #define ST_DATA_SYNTHETIC_STREAM 0x53594e5400000000ull
 #define ST_DATA_SHUFFLE_STREAM 0x5348554600000000ull
+#define ST_DATA_SYNTHETIC_EVAL_STREAM 0x53594e4500000000ull
 
 typedef struct st_dataset st_dataset;
 
 /* global_batch_rows: rows per step over all devices (synthetic batch height;
  * unused for tokens). Reads c during the call only. */
 int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_rows);
+/*
+ * The eval data (eval_interval, docs/observability.md), read like the
+ * training data but never shuffled (sample i is i mod N, in file order):
+ * dataset_type=tokens reads grain_eval_files (errors name that key);
+ * synthetic is a batch of global_batch_rows rows of its own, token t of row
+ * r st_rng_below(data_shuffle_seed, ST_DATA_SYNTHETIC_EVAL_STREAM, r*(T+1)
+ * + t, vocab_size): random text the training batch never shows.
+ */
+int st_dataset_open_eval(st_dataset **out, const st_config *c, int64_t global_batch_rows);
 /* Number of samples in one epoch (synthetic: global_batch_rows). */
 int64_t st_dataset_num_samples(const st_dataset *ds);
 /* Fill tokens[nrows][T+1] with samples first..first+nrows-1 in the run's order.
