@@ -69,14 +69,17 @@ expect_error() {
 # A TCP port free right now on loopback.
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# The losses of a metrics file, one per line, full precision.
-metric_losses() { /usr/bin/python3 -c 'import json,sys; [print(repr(json.loads(l)["learning/loss"])) for l in open(sys.argv[1])]' "$1"; }
+# The losses of a metrics file's training records (not its eval records or
+# the controller's event lines), one per line, full precision.
+metric_losses() {
+	/usr/bin/python3 -c 'import json,sys; [print(repr(r["learning/loss"])) for r in map(json.loads, open(sys.argv[1])) if "learning/loss" in r]' "$1"
+}
 # The same as "STEP LOSS" lines.
 metric_step_losses() {
-	/usr/bin/python3 -c 'import json,sys; [print(r["step"], repr(r["learning/loss"])) for r in map(json.loads, open(sys.argv[1]))]' "$1"
+	/usr/bin/python3 -c 'import json,sys; [print(r["step"], repr(r["learning/loss"])) for r in map(json.loads, open(sys.argv[1])) if "learning/loss" in r]' "$1"
 }
 
-# same_losses NAME A B N [REL]: metrics files A and B hold N records each, for
+# same_losses NAME A B N [REL]: metrics files A and B hold N training records each, for
 # the same steps, with the same losses: bit for bit, or within REL relative.
 same_losses() {
 	/usr/bin/python3 - "$@" <<'PY' && return 0
@@ -85,7 +88,7 @@ name, a, b, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 rel = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 def load(p):
     try:
-        return [(r["step"], r["learning/loss"]) for r in map(json.loads, open(p))]
+        return [(r["step"], r["learning/loss"]) for r in map(json.loads, open(p)) if "learning/loss" in r]
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"{name}: {p}: {e}")
 x, y = load(a), load(b)

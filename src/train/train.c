@@ -24,7 +24,9 @@
 #include "comm/mesh.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "train/eval.h"
 #include "train/flops.h"
+#include "train/summary.h"
 #include "shard/fsdp.h"
 
 static volatile sig_atomic_t stop_signal;
@@ -50,6 +52,13 @@ typedef struct trainer {
 	int64_t max_devices; /* SLICETRAIN_ELASTIC_MAX_DEVICES, 0 when not elastic */
 	int lead;         /* this process prints the log line and writes metrics */
 	FILE *metrics;
+	st_eval eval;     /* the eval data (eval_interval > 0) */
+	/* TensorBoard (rank 0, enable_tensorboard): one event file per group this process leads */
+	st_tfevents *tb;
+	int tb_started;      /* the file holds the start summaries */
+	int64_t tb_events;   /* metrics_file bytes read for the controller's events; -1: none yet */
+	int64_t generation;  /* elastic generation (SLICETRAIN_GENERATION, then reforms), -1: none */
+	char origin[200];    /* where this group's state came from, for the start summary */
 	st_flops flops;
 	int64_t step0;    /* first step of this run (after a restore) */
 	int64_t sample0;  /* global sample index of step0's first sample */
@@ -144,30 +153,133 @@ static int elastic_accum(const st_config *c, int world, int64_t *accum, int64_t 
 	return 0;
 }
 
-static int write_metrics(trainer *t, int64_t step, double loss, int64_t total_weights,
-			 double secs, double tflops, double tokens, double lr, double gnorm)
+/* One record of metrics_file (o is taken), 17 significant digits: a double
+ * read back is the same double (tests compare runs through this file, not
+ * through the 3-decimal log line). Flushed every record: a process killed
+ * later keeps the steps it reported (an elastic run's kept history reads them). */
+static int write_record(trainer *t, json_t *o)
 {
-	/* 17 significant digits: a double read back is the same double (tests
-	 * compare runs through this file, not through the 3-decimal log line) */
-	json_t *o = json_pack("{s:f, s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:s}", "learning/loss", loss,
-			      "learning/total_weights", (json_int_t)total_weights,
-			      "learning/current_learning_rate", lr, "learning/grad_norm", gnorm,
-			      "perf/step_time_seconds", secs, "perf/per_device_tflops_per_sec", tflops,
-			      "perf/per_device_tokens_per_sec", tokens, "step", (json_int_t)step,
-			      "run_name", t->c->run_name);
 	if (!o)
 		return st_fail(ST_EINTERNAL, "cannot build the metrics record");
 	char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
 	json_decref(o);
 	if (!line)
 		return st_fail(ST_ENOMEM, "out of memory (metrics)");
-	/* flushed every record: a process killed later keeps the steps it reported
-	 * (an elastic run's kept history reads them) */
 	int bad = fprintf(t->metrics, "%s\n", line) < 0 || fflush(t->metrics);
 	free(line);
 	if (bad)
 		return st_fail(ST_EIO, "cannot write metrics_file '%s'", t->c->metrics_file);
 	return 0;
+}
+
+static int write_metrics(trainer *t, int64_t step, double loss, int64_t total_weights,
+			 double secs, double tflops, double tokens, double lr, double gnorm)
+{
+	return write_record(t, json_pack("{s:f, s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:s}", "learning/loss", loss,
+					 "learning/total_weights", (json_int_t)total_weights,
+					 "learning/current_learning_rate", lr, "learning/grad_norm", gnorm,
+					 "perf/step_time_seconds", secs, "perf/per_device_tflops_per_sec", tflops,
+					 "perf/per_device_tokens_per_sec", tokens, "step", (json_int_t)step,
+					 "run_name", t->c->run_name));
+}
+
+/* MaxText's eval record: its own line, with the step it follows. */
+static int write_eval_metrics(trainer *t, int64_t step, const st_eval_result *e)
+{
+	return write_record(t, json_pack("{s:f, s:I, s:f, s:I, s:s}", "eval/total_loss", e->total_loss,
+					 "eval/total_weights", (json_int_t)e->total_weights, "eval/avg_loss",
+					 e->avg_loss, "step", (json_int_t)step, "run_name", t->c->run_name));
+}
+
+/*
+ * The TensorBoard start of this event file, at the first step it records:
+ * where the state came from (run/start), and as MaxText writes them the
+ * model's parameter count and the config (text).
+ */
+static int tb_start(trainer *t, int64_t step)
+{
+	char text[1024], gen[48] = "";
+	int rc;
+	if (t->generation >= 0)
+		snprintf(gen, sizeof(gen), ", elastic generation %lld", (long long)t->generation);
+	snprintf(text, sizeof(text), "step %lld: %d process%s (%s), global batch %lld x %lld tokens%s; %s",
+		 (long long)step, t->par.world, t->par.world == 1 ? "" : "es", t->mesh_desc, (long long)t->G,
+		 (long long)t->T, gen, t->origin);
+	if ((rc = st_tfevents_text(t->tb, step, "run/start", text)) < 0)
+		return rc;
+	snprintf(text, sizeof(text), "%lld", (long long)st_llama_count_params(&t->model.s));
+	if ((rc = st_tfevents_text(t->tb, step, "num_model_parameters", text)) < 0)
+		return rc;
+	char *json = NULL;
+	if ((rc = st_config_to_json(t->c, &json)) < 0)
+		return rc;
+	size_t n = strlen(json);
+	char *md = malloc(n + 16);
+	if (md) { /* a code block: markdown would eat its underscores */
+		snprintf(md, n + 16, "```\n%s\n```", json);
+		rc = st_tfevents_text(t->tb, step, "config", md);
+	} else {
+		rc = st_fail(ST_ENOMEM, "out of memory (TensorBoard text)");
+	}
+	free(md);
+	free(json);
+	t->tb_started = rc == 0;
+	return rc;
+}
+
+/* The step's scalars under the metrics file's names, the controller's new
+ * events, one write. */
+static int tb_step(trainer *t, int64_t step, double loss, int64_t total_weights, double secs, double tflops,
+		   double tokens, double lr, double gnorm)
+{
+	st_tfevents *w = t->tb;
+	int rc = 0;
+	if (!t->tb_started)
+		rc = tb_start(t, step);
+	if (rc == 0)
+		rc = st_tfevents_scalar(w, step, "learning/loss", loss);
+	if (rc == 0)
+		rc = st_tfevents_scalar(w, step, "learning/total_weights", (double)total_weights);
+	if (rc == 0)
+		rc = st_tfevents_scalar(w, step, "learning/current_learning_rate", lr);
+	if (rc == 0)
+		rc = st_tfevents_scalar(w, step, "learning/grad_norm", gnorm);
+	if (rc == 0)
+		rc = st_tfevents_scalar(w, step, "perf/step_time_seconds", secs);
+	if (rc == 0)
+		rc = st_tfevents_scalar(w, step, "perf/per_device_tflops_per_sec", tflops);
+	if (rc == 0)
+		rc = st_tfevents_scalar(w, step, "perf/per_device_tokens_per_sec", tokens);
+	if (rc == 0 && t->generation >= 0) /* under the elastic launcher */
+		rc = st_summary_controller_events(w, t->c->metrics_file, &t->tb_events, step);
+	return rc < 0 ? rc : st_tfevents_flush(w);
+}
+
+/* After step `step`, when eval_interval says so: the eval loss over the
+ * eval data, MaxText's eval line, the eval record and scalars. */
+static int maybe_eval(trainer *t, int64_t step)
+{
+	if (!t->eval.data || !st_eval_due(t->c, step))
+		return 0;
+	st_eval_job job = {.model = &t->model, .fsdp = t->fsdp, .par = &t->par, .tokens = t->tokens,
+			   .rows = t->rows, .accum = t->accum, .T = t->T};
+	st_eval_result e;
+	int rc = st_eval_run(&t->eval, &job, &e);
+	if (rc < 0 || !t->lead)
+		return rc;
+	/* MaxText's line; its total_weights is a float there ("75264.0") */
+	printf("eval metrics after step: %lld, loss=%.3f, total_weights=%lld.0\n", (long long)step, e.avg_loss,
+	       (long long)e.total_weights);
+	fflush(stdout);
+	if (t->metrics && (rc = write_eval_metrics(t, step, &e)) < 0)
+		return rc;
+	if (!t->tb)
+		return 0;
+	if ((rc = st_tfevents_scalar(t->tb, step, "eval/total_loss", e.total_loss)) < 0 ||
+	    (rc = st_tfevents_scalar(t->tb, step, "eval/total_weights", (double)e.total_weights)) < 0 ||
+	    (rc = st_tfevents_scalar(t->tb, step, "eval/avg_loss", e.avg_loss)) < 0)
+		return rc;
+	return st_tfevents_flush(t->tb);
 }
 
 /*
@@ -503,6 +615,24 @@ static int bound_setup(trainer *t, int reformed)
 	if (t->lead && c->metrics_file[0] &&
 	    !(t->metrics = fopen(c->metrics_file, reformed || (gen && *gen) ? "a" : "w")))
 		return st_fail(ST_EIO, "cannot open metrics_file '%s': %s", c->metrics_file, strerror(errno));
+	if ((rc = st_eval_open(&t->eval, c, t->G, t->lead)) < 0)
+		return rc;
+	/* a new event file for every group this process leads; the controller's
+	 * events are read on from where this process left them */
+	t->tb_started = 0;
+	if (!t->lead)
+		t->tb_events = -1;
+	if (t->lead && c->enable_tensorboard &&
+	    ((rc = st_summary_open(&t->tb, c)) < 0 ||
+	     /* before this group's first record: what precedes it is an earlier writer's */
+	     (t->generation >= 0 &&
+	      (rc = st_summary_controller_events(t->tb, c->metrics_file, &t->tb_events, t->step0)) < 0)))
+		return rc;
+	if (t->tb && !reformed) {
+		char dir[ST_PATH_MAX];
+		if (st_summary_dir(c, dir, sizeof(dir)) == 0)
+			st_info("TensorBoard: tensorboard --logdir=%s", dir);
+	}
 	/* a record of the global sample indices this batch shard trains on, for
 	 * checking that no sample is skipped or repeated across restarts */
 	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
@@ -531,6 +661,9 @@ static void bound_release(trainer *t, int failed)
 	t->fsdp = NULL;
 	st_dataset_free(t->data);
 	t->data = NULL;
+	st_eval_close(&t->eval);
+	st_tfevents_close(t->tb); /* finish() reported a failed last write */
+	t->tb = NULL;
 	free(t->gsum);
 	t->gsum = NULL;
 	if (t->metrics)
@@ -670,6 +803,9 @@ static int reform(trainer *t, const st_reform *r, int failed)
 				       (long long)old.size[a], (long long)p->mesh.size[a]);
 	t->step0 = t->done;
 	t->sample0 = next;
+	t->generation = r->gen;
+	snprintf(t->origin, sizeof(t->origin), "re-formed in place %s, the state kept in memory",
+		 failed ? "after a failure" : "at a step boundary");
 	if ((rc = bound_setup(t, 1)) < 0)
 		return rc;
 	double t1 = st_mono_s();
@@ -695,6 +831,9 @@ static int trainer_setup(trainer *t)
 	const st_par *p = &t->par;
 	const char *join = getenv("SLICETRAIN_JOIN");
 	int joiner = join && !strcmp(join, "1");
+	const char *gen = getenv("SLICETRAIN_GENERATION");
+	if (gen && *gen)
+		t->generation = strtoll(gen, NULL, 10);
 	st_llama_shape shape;
 	st_llama_shape_from_config(&shape, c);
 	int64_t nparams;
@@ -717,6 +856,16 @@ static int trainer_setup(trainer *t)
 		return rc;
 	if (!joiner && !restored) /* a fresh start (or every checkpoint was unusable): initial weights */
 		st_shard_init_weights(&t->shard, &t->model, (uint64_t)c->init_weights_seed);
+	if (joiner)
+		snprintf(t->origin, sizeof(t->origin), "joined: the state received from a peer");
+	else if (restored && t->step0 > 0)
+		snprintf(t->origin, sizeof(t->origin), "restored from the checkpoint of step %lld", (long long)t->step0);
+	else if (restored)
+		snprintf(t->origin, sizeof(t->origin), "weights loaded from %.170s",
+			 c->load_full_state_path[0] ? c->load_full_state_path : c->load_parameters_path);
+	else
+		snprintf(t->origin, sizeof(t->origin), "fresh weights (init_weights_seed %lld)",
+			 (long long)c->init_weights_seed);
 	t->done = joiner ? -1 : t->step0;
 	if (resident && (rc = st_shard_gather_params(&t->shard, &t->model, p)) == 0)
 		rc = st_llama_weights_changed(&t->model);
@@ -845,6 +994,8 @@ static int run_steps(trainer *t, st_train_result *res)
 		if (t->metrics &&
 		    (rc = write_metrics(t, step, loss, total_weights, secs, tflops, tokens, lr, gnorm)) < 0)
 			break;
+		if (t->tb && (rc = tb_step(t, step, loss, total_weights, secs, tflops, tokens, lr, gnorm)) < 0)
+			break;
 		if (step == t->step0)
 			res->first_loss = loss;
 		res->last_loss = loss;
@@ -853,6 +1004,13 @@ static int run_steps(trainer *t, st_train_result *res)
 			break;
 		if (rc == 1)
 			saved_at = step + 1;
+		/* after the save: its copy is taken, the write overlaps the eval */
+		if ((rc = maybe_eval(t, step)) < 0) {
+			if ((rc = recover(t, rc)) < 0)
+				break;
+			step = t->done - 1, saved_at = -1;
+			continue;
+		}
 		if ((rc = agree_stop(t, &sig, &now)) < 0) {
 			if ((rc = recover(t, rc)) < 0)
 				break;
@@ -888,6 +1046,8 @@ static int finish(trainer *t)
 	int rc = 0;
 	if (rc == 0 && t->metrics && fflush(t->metrics))
 		rc = st_fail(ST_EIO, "cannot write metrics_file '%s'", c->metrics_file);
+	if (rc == 0 && t->tb)
+		rc = st_tfevents_flush(t->tb);
 	if (rc == 0 && t->saver)
 		rc = st_ckpt_wait(t->saver); /* the last save is committed before we report success */
 	if (rc == 0 && t->saver && t->lead) {
@@ -904,7 +1064,7 @@ static int finish(trainer *t)
 
 int st_train(const st_config *c, st_train_result *res)
 {
-	trainer t = {.c = c};
+	trainer t = {.c = c, .tb_events = -1, .generation = -1};
 	stop_handlers h = {0};
 	memset(res, 0, sizeof(*res));
 	int rc = trainer_setup(&t);

@@ -9,7 +9,13 @@
  * global-norm clipping and AdamW on MaxText's schedule. Each step prints
  * MaxText's line on stdout:
  *   completed step: N, seconds: X.XXX, TFLOP/s/device: X.XXX, Tokens/s/device: X.XXX, total_weights: N, loss: X.XXX
- * and, with metrics_file set, appends one JSON object with MaxText's keys.
+ * and, with metrics_file set, appends one JSON object with MaxText's keys;
+ * rank 0 writes the same scalars to TensorBoard (enable_tensorboard: an event
+ * file under <base_output_directory>/<run_name>/tensorboard/). With
+ * eval_interval > 0 the eval loss over the eval data follows every
+ * eval_interval-th step: MaxText's "eval metrics after step: N, loss=...,
+ * total_weights=..." line, an eval/... record and scalars (train/eval.h;
+ * docs/observability.md).
  * SIGINT, SIGTERM (a preemption notice) and SIGUSR1 (an elastic resize
  * request) stop the whole group after the same step (agreed by every rank);
  * with checkpointing on, the state after that step is saved and committed
