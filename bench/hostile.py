@@ -42,9 +42,12 @@ table of connections must drop an unproven one to make room, not refuse
 the newcomer: else anyone who reaches the port locks the run's own
 processes out).
 
---formation: the rendezvous store listens only while a group forms; wait
-for it (polling every 5 ms) and send it the same mix, up to MESSAGES, until
-it closes. --watch: send nothing; until the launcher exits, sample every
+--formation: the rendezvous store listens only while a group forms (a few
+milliseconds): take its address from the workers' SLICETRAIN_COORDINATOR
+(they exist before the store listens), connect until it answers, check
+where it is bound, and send it the same mix until MESSAGES or it closes
+(best effort: often none reach it, which is not a failure; fuzz_store and
+tests/test_auth.c cover the store's parser and limits). --watch: send nothing; until the launcher exits, sample every
 listener every 50 ms (the store's too) and check each TCP one is on
 loopback and no process of the run has the token on its command line.
 
@@ -113,6 +116,21 @@ def descendants(root):
         for k in kids.get(stack.pop(), []):
             out.append(k)
             stack.append(k)
+    return out
+
+
+def fast_descendants(root):
+    """The same through /proc/PID/task/TID/children: a few files, not all of /proc."""
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    stack += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
     return out
 
 
@@ -824,25 +842,60 @@ def flood(listeners, n, key, timeout):
     return failures
 
 
-def formation(a, key, wrong_key):
-    """The store listens only while a group forms: wait for it, then send it
-    messages until it closes (at most a.messages). Exit status as main's."""
-    t0, stores = time.monotonic(), []
-    while not stores and time.monotonic() - t0 < a.deadline and (proc_stat(a.pid) or ("Z",))[0] != "Z":
+def workers_of_run(root):
+    """{pid: (rank, (host, port) of SLICETRAIN_COORDINATOR)} of the run's workers."""
+    out = {}
+    for pid in fast_descendants(root):
+        if proc_kind(pid) != "train":
+            continue
         try:
-            stores = [l for l in find_listeners(a.pid)[0] if l.proto == "store"]
+            env = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
         except OSError:
-            pass
-        time.sleep(0.005)
-    if not stores:
-        print("hostile --formation: no store listener seen")
-        return 1
-    for l in stores:
-        probe(l, a.timeout)
-    seconds = barrage(stores, a, key, wrong_key)
-    print(f"hostile --formation: {len(stores)} store listener(s) seen {time.monotonic() - t0:.1f} s after the "
-          f"start; messages until it closed ({seconds:.1f} s):")
-    failures, entries = summarize(stores, a, key, True)
+            continue
+        host, _, port = env.get(b"SLICETRAIN_COORDINATOR", b"").decode(errors="replace").rpartition(":")
+        if port.isdigit() and env.get(b"SLICETRAIN_RANK", b"").isdigit():
+            out[pid] = (int(env[b"SLICETRAIN_RANK"]), (host.strip("[]"), int(port)))
+    return out
+
+
+def formation(a, key, wrong_key):
+    """The store listens only while a group forms, a few milliseconds: learn
+    its address from the workers' environment (they exist before the store
+    listens), connect until it answers, then send it messages until
+    a.messages or it closes. Best effort: the store often closes before the
+    first message (or is never caught), which is not a failure; what it
+    answers, and where it is bound, are checked. (Stopping a worker to hold
+    the group open would be surer, but one stopped after it joined fails the
+    generation.) Exit status as main's."""
+    t0, coord, up = time.monotonic(), None, False
+    alive = lambda: (proc_stat(a.pid) or ("Z",))[0] != "Z" and time.monotonic() - t0 < a.deadline
+    while alive() and not up:
+        for pid, (rank, c) in workers_of_run(a.pid).items():
+            coord = coord or c
+        if not coord:
+            time.sleep(0.002)
+            continue
+        try:
+            with socket.create_connection(coord, timeout=0.5):
+                up = True
+        except OSError:
+            time.sleep(0.001)
+    if not up:
+        print("hostile --formation: " + ("no worker with SLICETRAIN_COORDINATOR seen" if not coord else
+                                         f"the store at {coord[0]}:{coord[1]} was not caught listening") +
+              " (best effort: not a failure)")
+        return 0
+    host, port = coord
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    store = Listener(f"{host}:{port}", fam, (host, port), socket.SOCK_STREAM, a.pid, "train", "store")
+    bound = [addr for addr, p, _ in tcp_listeners().values() if p == port]
+    failures = [f"the store listens on {addr}:{port}, not loopback" for addr in bound if not is_loopback(addr)]
+    probe(store, a.timeout)
+    seconds = barrage([store], a, key, wrong_key)
+    print(f"hostile --formation: the store {host}:{port} (bound to {', '.join(bound) or '?'}): messages until "
+          f"{a.messages} or it closed, {seconds:.1f} s")
+    found, entries = summarize([store], a, key, True)
+    failures += found
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"pid": a.pid, "formation": entries, "failures": failures}, f, indent=1)
