@@ -730,8 +730,12 @@ int st_store_engine_take(st_store_server *s, int id, uint8_t **out, size_t *n)
 	if (!(*out = malloc(len ? len : 1)))
 		return st_fail(ST_ENOMEM, "out of memory");
 	size_t k = 0;
-	for (size_t i = c->sent; i < out_len(c); i++)
-		(*out)[k++] = i < c->smalln ? c->small[i] : c->body->data[i - c->smalln];
+	if (c->sent < c->smalln) {
+		k = c->smalln - c->sent;
+		memcpy(*out, c->small + c->sent, k);
+	}
+	if (c->body)
+		memcpy(*out + k, c->body->data + (c->sent > c->smalln ? c->sent - c->smalln : 0), len - k);
 	*n = len;
 	out_reset(s, c);
 	return 0;
