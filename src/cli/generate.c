@@ -193,6 +193,8 @@ static int prompt_text(const struct opts *o, char **buf, const char **text, size
 		*len = strlen(o->prompt);
 		return 0;
 	}
+	if (isatty(STDIN_FILENO))
+		st_info("generate: reading the prompt from standard input (end it with Ctrl-D), or give --prompt TEXT");
 	int rc = st_read_file("/dev/stdin", MAX_PROMPT_BYTES, buf, len);
 	if (rc < 0)
 		return rc == ST_EIO ? st_fail(ST_EINVAL, "cannot read the prompt from standard input: %s", st_errmsg()) : rc;
