@@ -37,11 +37,11 @@ fi
 # under CI=true) and checks the export with torch_oracle.py only.
 if [ "${1:-}" = "--test" ]; then
 	venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-test"
-	if ! "$venv/bin/python" -c "import transformers, safetensors" 2>/dev/null; then
-		echo "creating $venv (transformers for the Hugging Face export test)"
+	if ! "$venv/bin/python" -c "import transformers, safetensors, tensorboard" 2>/dev/null; then
+		echo "creating $venv (transformers for the Hugging Face export test, tensorboard's event reader)"
 		if ! { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
 			"$venv/bin/pip" install -q --disable-pip-version-check transformers==4.46.3 safetensors==0.8.0 \
-				tokenizers==0.20.3 huggingface_hub==0.36.2; }; then
+				tokenizers==0.20.3 huggingface_hub==0.36.2 tensorboard==2.21.0; }; then
 			echo "install-deps: warning: could not install transformers into $venv;" \
 				"the Hugging Face export test will be skipped (a failure under CI=true)" >&2
 		fi

@@ -600,7 +600,7 @@ static void test_bad_values(void)
 		  "dataset_type=tfds");
 	FAIL_CASE(cfg, "dataset_type 'hf'", "synthetic, tokens", "dataset_type=hf");
 	FAIL_CASE(cfg, "dataset_type 'grain'", "synthetic, tokens", "dataset_type=grain");
-	FAIL_CASE(cfg, "dataset_path", NULL, "dataset_type=tokens");
+	FAIL_CASE(cfg, "dataset_path", NULL, "dataset_type=tokens", "dataset_path=");
 	FAIL_CASE(cfg, "remat_policy 'minimal_with_context' is not supported", "full, minimal, none, save-all",
 		  "remat_policy=minimal_with_context");
 	FAIL_CASE(cfg, "remat_policy 'save_qkv_proj'", "full, minimal, none, save-all", "remat_policy=save_qkv_proj");
