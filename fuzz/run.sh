@@ -45,7 +45,7 @@ for name in "${names[@]}"; do
 	cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1)
 	units=$(find "$corpus" -type f | wc -l)
 	if [ $rc -eq 0 ]; then
-		printf '%-12s %10s executions in %s s (%s/s), corpus %s, %s\n' "$name" "${execs:-?}" "${secs:-?}" \
+		printf '%-16s %10s executions in %s s (%s/s), corpus %s, %s\n' "$name" "${execs:-?}" "${secs:-?}" \
 			"$(awk -v e="${execs:-0}" -v s="${secs:-0}" 'BEGIN{printf "%.0f", (s > 0 ? e / s : 0)}')" "$units" "${cov:-cov: ?}"
 	else
 		failed+=("$name")
