@@ -1277,9 +1277,16 @@ static void accept_all(st_ctl *c)
 		int fd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0)
 			return;
-		int i;
+		int i, oldest = -1;
 		for (i = 0; i < MAX_CONNS && c->conns[i].kind != C_FREE; i++)
-			;
+			if (c->conns[i].kind == C_NEW && (oldest < 0 || c->conns[i].opened < c->conns[oldest].opened))
+				oldest = i;
+		if (i == MAX_CONNS && oldest >= 0) {
+			/* full: the oldest connection that has not said hello makes room (a
+			 * flood of silent connections must not lock agents out) */
+			conn_drop(c, oldest, "evicted: the connection table is full");
+			i = oldest;
+		}
 		if (i == MAX_CONNS) {
 			logf_("too many connections: one refused");
 			close(fd);

@@ -29,7 +29,7 @@
 messages=${HOSTILE_MESSAGES:-1000}
 # HOSTILE_FLOOD=N (make hostile: 200): then N silent connections held on
 # each port in turn must not lock a correct handshake out
-flood=${HOSTILE_FLOOD:-0}
+flood=${HOSTILE_FLOOD:-150} # more than the controller's 128 connection slots
 # long enough for the barrage at 1 ms a message or so, with a wide margin
 steps=$((100 + messages / 50))
 umask 077

@@ -94,7 +94,7 @@ bad "blank lines only" "blank.jsonl: no JSON lines" "$tok" -o "$TMP/x.bin" "$TMP
 bad "invalid UTF-8" "bad.txt:2: invalid UTF-8 at byte 14" "$tok" -o "$TMP/x.bin" "$TMP/bad.txt"
 bad "empty input" "empty.txt: empty file" "$tok" -o "$TMP/x.bin" "$TMP/empty.txt"
 bad "no such input" "nothere.txt: cannot open" "$tok" -o "$TMP/x.bin" "$TMP/nothere.txt"
-bad "no tokenizer_path" "needs a tokenizer: tokenizer_path" -o "$TMP/x.bin" "$TMP/bad.txt"
+bad "no tokenizer_path" "needs a tokenizer: tokenizer_path" tokenizer_path= -o "$TMP/x.bin" "$TMP/bad.txt"
 bad "no tokenizer file" "nothere.json: cannot open" tokenizer_path="$TMP/nothere.json" -o "$TMP/x.bin" "$TMP/big.txt"
 bad "tokenizer without model" "nomodel.json: no model" tokenizer_path="$TMP/nomodel.json" -o "$TMP/x.bin" "$TMP/big.txt"
 bad "tokenizer bad merge" "badmerge.json: model.merges\[22\]: the merged token 'qz' is not in model.vocab" tokenizer_path="$TMP/badmerge.json" -o "$TMP/x.bin" "$TMP/big.txt"
