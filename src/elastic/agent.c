@@ -370,10 +370,14 @@ static int spawn(agent *a, long long gen, int rank, int threads, int pin, const 
 	return 0;
 }
 
+/* Worker `rank` of generation gen: by its tag, or by the tag it will have
+ * once it re-formed (told to, not done yet: the controller already counts
+ * it in gen, e.g. to stop it while it still joins the new group). */
 static worker *find(agent *a, long long gen, int rank)
 {
 	for (size_t i = 0; i < a->nw; i++)
-		if (a->w[i].gen == gen && a->w[i].rank == rank)
+		if ((a->w[i].gen == gen && a->w[i].rank == rank && !a->w[i].next_gen) ||
+		    (a->w[i].next_gen == gen && a->w[i].next_rank == rank))
 			return &a->w[i];
 	return NULL;
 }
@@ -381,7 +385,7 @@ static worker *find(agent *a, long long gen, int rank)
 static void signal_gen(agent *a, long long gen, int sig)
 {
 	for (size_t i = 0; i < a->nw; i++)
-		if (gen < 0 || a->w[i].gen == gen)
+		if (gen < 0 || a->w[i].gen == gen || a->w[i].next_gen == gen)
 			kill(a->w[i].pid, sig);
 }
 
