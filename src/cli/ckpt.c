@@ -5,7 +5,10 @@
 #include "cli/cli.h"
 
 #include "base/err.h"
+#include "base/file.h"
+#include "base/path.h"
 #include "ckpt/ckpt.h"
+#include "config/config.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -51,6 +54,38 @@ __attribute__((format(printf, 2, 3))) static int usage_error(const char *usage, 
 	return 2;
 }
 
+/* The tokenizer the checkpoint was trained with (its config's
+ * tokenizer_path), copied beside the exported model as tokenizer.json, as
+ * Hugging Face directories hold it; none known: nothing, and said so. */
+static int export_tokenizer(const char *ckpt, const char *out_dir)
+{
+	st_config *c = calloc(1, sizeof(*c));
+	char step[ST_PATH_MAX], path[ST_PATH_MAX + 32];
+	int hf = 0, rc;
+	if (!c)
+		return st_fail(ST_ENOMEM, "out of memory");
+	if ((rc = st_ckpt_model_config(ckpt, c, step, sizeof(step), &hf)) < 0) {
+		free(c);
+		return rc;
+	}
+	char *data = NULL;
+	size_t len = 0;
+	if (!c->tokenizer_path[0] || !st_file_exists(c->tokenizer_path)) {
+		if (c->tokenizer_path[0])
+			fprintf(stderr, "slicetrain: warning: the run's tokenizer %s is gone: no tokenizer.json exported\n",
+				c->tokenizer_path);
+		free(c);
+		return 0;
+	}
+	snprintf(path, sizeof(path), "%s/tokenizer.json", out_dir);
+	if ((rc = st_read_file(c->tokenizer_path, (size_t)1 << 30, &data, &len)) == 0 &&
+	    (rc = st_write_file_atomic(path, data, len)) == 0)
+		fprintf(stderr, "slicetrain: %s (the run's tokenizer, %s)\n", path, c->tokenizer_path);
+	free(data);
+	free(c);
+	return rc;
+}
+
 int st_cmd_export(int argc, char **argv)
 {
 	const char *pos[2];
@@ -79,7 +114,7 @@ int st_cmd_export(int argc, char **argv)
 	}
 	if (npos != 2)
 		return usage_error(export_usage, "export needs CHECKPOINT_DIR and OUT_DIR");
-	if ((rc = st_ckpt_export_hf(pos[0], pos[1], shard)) < 0)
+	if ((rc = st_ckpt_export_hf(pos[0], pos[1], shard)) < 0 || (rc = export_tokenizer(pos[0], pos[1])) < 0)
 		return error_exit(rc);
 	return 0;
 }

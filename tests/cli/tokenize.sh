@@ -64,11 +64,13 @@ echo "big.txt: $(read_bin "$TMP/big1.bin" | cut -d' ' -f3) tokens, the same at 1
 "$SLICETRAIN" tokenize "$tok" -o "$TMP/two.bin" --text-field content "$TMP/in.jsonl" "$TMP/big.txt" >/dev/null || fail "two inputs: exit $?"
 [ "$(read_bin "$TMP/two.bin" | cut -d' ' -f6)" = 7 ] || fail "two inputs: 7 documents expected"
 
-# the trainer reads the file
+# the trainer reads the file; export puts the run's tokenizer beside the model
 "$SLICETRAIN" train "$ST_ROOT/configs/base.yml" model_name=llama3-test vocab_size=280 override_model_config=true steps=2 max_target_length=32 \
-	per_device_batch_size=2 dataset_type=tokens dataset_path="$TMP/big1.bin" enable_checkpointing=false \
+	per_device_batch_size=2 dataset_type=tokens dataset_path="$TMP/big1.bin" "$tok" \
 	base_output_directory="$TMP/o" run_name=t >"$TMP/out" 2>"$TMP/err" || fail "train on the token file: exit $?: $(tail -2 "$TMP/err")"
 [ "$(grep -c '^completed step' "$TMP/out")" -eq 2 ] || fail "train on the token file: 2 steps expected"
+"$SLICETRAIN" export "$TMP/o/t/checkpoints" "$TMP/hf" >/dev/null 2>"$TMP/export.err" || fail "export: $(tail -1 "$TMP/export.err")"
+cmp -s "$TMP/hf/tokenizer.json" "$TMP/tok.json" || fail "export: no copy of the run's tokenizer.json beside the model"
 
 # bad input: exit 2, one error line, no OUT.bin and no temporary
 printf '{"content": "a"}\n{"content": "b"}\n{"text": "c"}\n' >"$TMP/missing.jsonl"
