@@ -4,15 +4,18 @@
 # 1 nat below its first eval and below the unigram entropy of the training
 # tokens (computed here from data/default/train.bin). One process with the
 # main job's global batch (8 x 256 tokens: per_device_batch_size 8), 2
-# threads. On a sanitized build: 3 steps and one eval (the same code path;
-# the learning criterion needs the 100 steps, about 1-2 minutes optimized).
+# threads. The 100 steps take 2-4 minutes here: that is `make
+# check-default-job` (ST_DEFAULT_JOB=full). The default suite runs 10
+# steps with an eval every 5 and checks that the eval loss fell; a
+# sanitized build 3 steps and one eval (the same code path).
 # timeout: 600
 . "$(dirname "$0")/../cli_lib.sh"
 need_python numpy
 data=$ST_ROOT/data/default
 [ -s "$data/train.bin" ] && [ -s "$data/eval.bin" ] ||
 	skip_dep "no data/default/*.bin: scripts/install-deps.sh, then make data"
-steps=100 interval=10
+steps=10 interval=5
+[ "${ST_DEFAULT_JOB:-}" = full ] && steps=100 interval=10
 grep -qa __asan_init "$SLICETRAIN" && steps=3 interval=3
 (cd "$ST_ROOT" && OMP_NUM_THREADS=2 "$SLICETRAIN" train per_device_batch_size=8 steps=$steps eval_interval=$interval \
 	base_output_directory="$TMP/o" metrics_file="$TMP/m.jsonl" enable_checkpointing=false) >"$TMP/out" 2>"$TMP/err" ||
@@ -33,8 +36,11 @@ if not ev:
 first, last = ev[0]["eval/avg_loss"], ev[-1]["eval/avg_loss"]
 print(f"eval loss: first {first:.3f} (after step {ev[0]['step']}), last {last:.3f} (after step {ev[-1]['step']}); "
       f"unigram entropy of the training tokens {h1:.3f} nats; ln(vocab) {math.log(8192):.3f}")
-if int(sys.argv[3]) < 100:
+n = int(sys.argv[3])
+if n < 10:
     sys.exit(0 if math.isfinite(last) else 1)  # a sanitized build: the path, not the learning
+if n < 100:
+    sys.exit(0 if last < first else 1)  # the short version: it learns
 sys.exit(0 if last <= first - 1.0 and last < h1 else 1)
 PY
 finish
