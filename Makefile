@@ -7,6 +7,7 @@
 #   make data       the default job's token files (data/default/*.bin; install-deps.sh made the rest)
 #   make bench      build the benchmark programs (bench/README.md; needs openmpi for mpi_allreduce)
 #   make tokenizer-parity  the tokenizer against Hugging Face's on 10 MB of text (docs/data.md)
+#   make test-ray   the Ray and Kubernetes tests on local Ray clusters (docs/ray.md; opt-in)
 #   make clean
 CC      ?= cc
 BUILD   ?= build
@@ -154,6 +155,15 @@ tokenizer-parity: $(BUILD)/slicetrain $(BUILD)/tests/test_tokenizer
 		PARITY_MB=$(PARITY_MB) bash tests/cli/tokenize_parity.sh
 
 .PHONY: tokenizer-parity
+
+# The Ray and Kubernetes tests (issue 12; docs/ray.md), opt-in: real local Ray
+# clusters (deploy/ray/local-cluster.sh: a head and 2 one-CPU nodes in a
+# network namespace of their own) and deploy/k8s's manifests validated
+# offline; they need .venv-ray (scripts/install-deps.sh --ray); ~10 minutes.
+test-ray: $(BUILD)/slicetrain
+	BUILD=$(BUILD) tests/ray/run.sh
+
+.PHONY: test-ray
 
 clean:
 	rm -rf build build-san
