@@ -308,17 +308,20 @@ cmd_add_node() {
 
 cmd_drain_node() {
 	load_state
-	local i=${1:?node number} grace=${2:-10} id
-	id=$( (cluster_env; in_ns ray list nodes --address=127.0.0.1:$GCS_PORT --filter "state=ALIVE" --format json) |
-		python3 -c 'import json,sys; port=int(sys.argv[1]); print(next(n["node_id"] for n in json.load(sys.stdin) if n.get("node_manager_port") == port))' "$(node_port "$i" 0)") ||
-		die "node $i is not alive"
+	local i=${1:?node number} grace=${2:-10} p id
+	p=$(raylet_pid "$i") || die "node $i has no raylet running"
+	id=$(tr '\0' '\n' 2>/dev/null <"/proc/$p/cmdline" | sed -n 's/^--node_id=//p')
+	[ -n "$id" ] || die "node $i: no --node_id in its raylet's command line"
 	(cluster_env; in_ns ray drain-node --address=127.0.0.1:$GCS_PORT --node-id "$id" \
 		--reason DRAIN_NODE_REASON_PREEMPTION --reason-message "local-cluster.sh drain-node $i" \
-		--deadline-remaining-seconds "$grace")
-	say "node $i ($id): drained (preemption) at $(date +%s.%N); stopping it in $grace s"
+		--deadline-remaining-seconds "$grace") >>"$DIR/logs/node$i.log" 2>&1 || die "ray drain-node failed (logs/node$i.log)"
+	say "node $i ($id): drained (preemption notice) at $(date +%s.%N); stopping it in $grace s"
 	sleep "$grace"
-	local p
-	p=$(raylet_pid "$i") && kill -TERM "$p" && say "node $i: raylet pid $p stopped (SIGTERM)"
+	if p=$(raylet_pid "$i"); then
+		kill -TERM "$p" && say "node $i: raylet pid $p stopped (SIGTERM) at $(date +%s.%N)"
+	else
+		say "node $i: its raylet had already exited (Ray stops a drained node)"
+	fi
 	return 0
 }
 

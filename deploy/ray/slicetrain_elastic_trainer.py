@@ -268,7 +268,8 @@ class RunControl:
                    first_step_time=None, last_step=None, last_step_time=None, latest=None, finished=False)
         self.attempts.append(rec)
         self.by_id[attempt] = rec
-        self.members.pop(attempt, None)
+        # (the members stay: other workers may still be reading them; a few
+        # hundred bytes a start)
         return rec["index"]
 
     def step(self, attempt, record):
@@ -490,7 +491,7 @@ def train_loop_per_worker(config):
                                    coordinator=plan["coordinator"], num_slices=plan["num_slices"], slice_id=s,
                                    max_devices=config["max_slices"] * H * D, generation=index, threads=threads)
                     for r in ranks]
-            exe = config["slicetrain"] or os.environ.get("SLICETRAIN_BIN") or shutil.which("slicetrain")
+            exe = os.environ.get("SLICETRAIN_BIN") or shutil.which("slicetrain")
             if not exe:
                 raise RuntimeError("no slicetrain binary on this node (set SLICETRAIN_BIN or put it on PATH)")
             procs.start(exe, config["args"], envs, ranks, lead_rank=0)
@@ -709,7 +710,6 @@ def main(argv):
             "max_slices": a.max_slices,
             "usable": usable,
             "report_interval": a.report_interval,
-            "slicetrain": None,  # each node's SLICETRAIN_BIN, else PATH
         },
         scaling_config=ScalingConfig(
             # Ray workers are hosts: whole slices from min to max
