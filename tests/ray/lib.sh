@@ -28,12 +28,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A TCP port free on this namespace's loopback: 8265 (the tutorial's) when it is.
+# A TCP port free on this namespace's loopback: 8265 (the tutorial's) when it
+# is (SO_REUSEADDR as the forwarder binds it: an earlier test's connections in
+# TIME_WAIT do not make it taken).
 host_port() {
 	"$PY" - <<'PY'
 import socket
 for p in (8265, 0):
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("127.0.0.1", p)); print(s.getsockname()[1]); break
     except OSError:
