@@ -22,6 +22,21 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 SKIP = {"ascii-art"}  # pictures, not text
 
 
+def train_bpe(texts, vocab):
+    """A byte-level BPE of vocab tokens trained on texts (an iterable of
+    strings), set up as Llama 3's (also tests/text/train_bpe.py's)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"] + ["<|reserved_special_token_%d|>" % i for i in range(8)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
 def fortunes(root):
     for name in sorted(os.listdir(root)):
         p = os.path.join(root, name)
@@ -52,15 +67,7 @@ def main():
             for d in part:
                 f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
         os.replace(tmp, os.path.join(out, name + ".jsonl"))
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|begin_of_text|>", "<|end_of_text|>"] + ["<|reserved_special_token_%d|>" % i for i in range(8)]
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(train, trainer=trainer)
+    tok = train_bpe(train, vocab)
     tmp = os.path.join(out, "tokenizer.json.tmp")
     tok.save(tmp)
     os.replace(tmp, os.path.join(out, "tokenizer.json"))
