@@ -73,15 +73,19 @@ static void test_finite_differences(void)
 
 /* Loss and gradients of one step under a remat policy (two micro-batches
  * accumulated, to cover gradient accumulation too), fp32 or bf16. */
-static void run_mode(const st_llama_shape *sh, int bf16, enum st_remat p, double *loss,
-		     float **grads, int64_t *n)
+static void run_plan(const st_llama_shape *sh, int bf16, const st_kplan *kp, int late,
+		     enum st_remat p, double *loss, float **grads, int64_t *n)
 {
 	st_llama m = ST_LLAMA_INIT;
 	CHECK(st_llama_init(&m, sh) == 0);
 	st_llama_init_weights(&m, 7);
 	m.bf16 = bf16;
+	if (kp && !late) /* as the trainer: the plan before the activations */
+		m.kplan = *kp;
 	CHECK(st_llama_weights_changed(&m) == 0);
 	CHECK(st_llama_alloc_acts(&m, B, T, p) == 0);
+	if (kp && late) /* as a joiner: the group's plan arrives later */
+		CHECK(st_llama_set_kernels(&m, kp) == 0);
 	int32_t tok[B * (T + 1)];
 	for (int i = 0; i < B * (T + 1); i++)
 		tok[i] = (int32_t)st_rng_below(77, 0, (uint64_t)i, (uint64_t)sh->V);
@@ -96,9 +100,37 @@ static void run_mode(const st_llama_shape *sh, int bf16, enum st_remat p, double
 	st_llama_release(&m);
 }
 
+static void run_mode(const st_llama_shape *sh, int bf16, enum st_remat p, double *loss,
+		     float **grads, int64_t *n)
+{
+	run_plan(sh, bf16, NULL, 0, p, loss, grads, n);
+}
+
 static void run_policy(enum st_remat p, double *loss, float **grads, int64_t *n)
 {
 	run_mode(&shape, 0, p, loss, grads, n);
+}
+
+/* Worst per-tensor relative L2 distance of gradients g from reference r;
+ * *worst_name (may be NULL): that tensor's name. */
+static double worst_rel(const st_llama_shape *sh, const float *g, const float *r, char *worst_name)
+{
+	st_llama m = ST_LLAMA_INIT;
+	CHECK(st_llama_init(&m, sh) == 0);
+	double worst = 0;
+	for (int ti = 0; ti < m.ntensors; ti++) {
+		const st_tensor *t = &m.tensors[ti];
+		double d = 0, q = 0;
+		for (int64_t i = t->offset; i < t->offset + t->numel; i++) {
+			d += ((double)g[i] - r[i]) * ((double)g[i] - r[i]);
+			q += (double)r[i] * r[i];
+		}
+		if (sqrt(d / q) > worst && worst_name)
+			memcpy(worst_name, t->name, sizeof(t->name));
+		worst = fmax(worst, sqrt(d / q));
+	}
+	st_llama_release(&m);
+	return worst;
 }
 
 /*
@@ -128,25 +160,71 @@ static void test_bf16(void)
 			  "bf16 remat policy %d differs from none", i);
 	CHECK_MSG(fabs(lb[0] - lf) / lf < 1e-2, "bf16 loss %.6f vs fp32 %.6f", lb[0], lf);
 	CHECK(memcmp(gb[0], gf, (size_t)n * sizeof(float)) != 0);
-	st_llama m = ST_LLAMA_INIT;
-	CHECK(st_llama_init(&m, &sh) == 0);
-	double worst = 0;
-	for (int ti = 0; ti < m.ntensors; ti++) {
-		const st_tensor *t = &m.tensors[ti];
-		double d = 0, r = 0;
-		for (int64_t i = t->offset; i < t->offset + t->numel; i++) {
-			d += ((double)gb[0][i] - gf[i]) * ((double)gb[0][i] - gf[i]);
-			r += (double)gf[i] * gf[i];
-		}
-		double rel = sqrt(d / r);
-		worst = fmax(worst, rel);
-		CHECK_MSG(rel < 3e-2, "%s: bf16 gradient relative error %.3g", t->name, rel);
-	}
+	char name[80] = "";
+	double worst = worst_rel(&sh, gb[0], gf, name);
+	CHECK_MSG(worst < 3e-2, "%s: bf16 gradient relative error %.3g", name, worst);
 	printf("bf16: loss %.6f vs fp32 %.6f, worst gradient relative L2 error %.3g\n", lb[0], lf, worst);
-	st_llama_release(&m);
 	free(gf);
 	for (int i = 0; i < 3; i++)
 		free(gb[i]);
+}
+
+/*
+ * bf16 by measured rate (model/kplan.h): in bf16 mode each product site and
+ * attention pass runs on the kernel its plan names. Moving any one site to
+ * the fp32 kernel changes the gradients' bits (the switch is in effect and
+ * every site's operand copies fit), keeps loss and gradients close to
+ * fp32's; the all-fp32 plan is closer to fp32 than the all-bf16 one, is the
+ * same under every remat policy, and a plan set after the activations (a
+ * joiner's) gives the same bits as one set before.
+ */
+static void test_bf16_kernels(void)
+{
+	if (!st_cpu_has_bf16()) {
+		check_skip_hw("bf16 kernel plans: %s", st_cpu_bf16_message());
+		return;
+	}
+	static const st_llama_shape sh = {
+		.V = 53, .E = 32, .L = 2, .H = 4, .K = 2, .D = 16, .M = 48, .eps = 1e-5f, .theta = 10000.0,
+	};
+	double lf, lb, l;
+	float *gf, *gb, *g;
+	int64_t n;
+	run_mode(&sh, 0, ST_REMAT_NONE, &lf, &gf, &n);
+	st_kplan kp = {{0}};
+	run_plan(&sh, 1, &kp, 0, ST_REMAT_NONE, &lb, &gb, &n);
+	for (int s = 0; s < ST_KS_COUNT; s++) {
+		memset(&kp, 0, sizeof(kp));
+		kp.f32[s] = 1;
+		run_plan(&sh, 1, &kp, 0, ST_REMAT_NONE, &l, &g, &n);
+		CHECK_MSG(memcmp(g, gb, (size_t)n * sizeof(float)) != 0,
+			  "site %s on fp32: the gradients equal the all-bf16 plan's", st_ksite_name(s));
+		CHECK_MSG(fabs(l - lf) / lf < 1e-2, "site %s on fp32: loss %.6f vs fp32 %.6f",
+			  st_ksite_name(s), l, lf);
+		double w = worst_rel(&sh, g, gf, NULL);
+		CHECK_MSG(w < 3e-2, "site %s on fp32: gradient relative error %.3g", st_ksite_name(s), w);
+		free(g);
+	}
+	memset(kp.f32, 1, sizeof(kp.f32));
+	float *g2;
+	double l2;
+	run_plan(&sh, 1, &kp, 0, ST_REMAT_NONE, &l, &g, &n);
+	run_plan(&sh, 1, &kp, 0, ST_REMAT_FULL, &l2, &g2, &n);
+	CHECK_MSG(l == l2 && memcmp(g, g2, (size_t)n * sizeof(float)) == 0,
+		  "the all-fp32 plan differs between remat none and full");
+	double w32 = worst_rel(&sh, g, gf, NULL), w16 = worst_rel(&sh, gb, gf, NULL);
+	CHECK_MSG(w32 < w16, "all-fp32 plan: gradient error %.3g not below the all-bf16 plan's %.3g", w32, w16);
+	printf("bf16 kernel plans: worst gradient relative error vs fp32: all-bf16 %.3g, all-fp32 %.3g\n",
+	       w16, w32);
+	free(g), free(g2);
+	/* a mixed plan, set before and after the activations */
+	for (int s = 0; s < ST_KS_COUNT; s++)
+		kp.f32[s] = (unsigned char)(s % 3 == 0);
+	run_plan(&sh, 1, &kp, 0, ST_REMAT_MINIMAL, &l, &g, &n);
+	run_plan(&sh, 1, &kp, 1, ST_REMAT_MINIMAL, &l2, &g2, &n);
+	CHECK_MSG(l == l2 && memcmp(g, g2, (size_t)n * sizeof(float)) == 0,
+		  "a plan set after the activations gives other bits than one set before");
+	free(g), free(g2), free(gf), free(gb);
 }
 
 static void test_remat_policies(void)
@@ -208,5 +286,6 @@ int main(void)
 	test_remat_policies();
 	test_activation_memory();
 	test_bf16();
+	test_bf16_kernels();
 	return check_result();
 }

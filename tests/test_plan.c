@@ -75,7 +75,8 @@ static void test_llama3_70b(void)
 }
 
 /* Planned bytes = what a single process allocates, for each remat policy,
- * fp32 and bf16. */
+ * fp32 and bf16 (the all-fp32 kernel plan: every fp32 operand copy, no bf16
+ * weight copy); bf16_kernels=auto counts the most a plan can take. */
 static void test_small_model_bytes(void)
 {
 	const char *remat[] = {"remat_policy=none", "remat_policy=minimal", "remat_policy=full"};
@@ -83,16 +84,22 @@ static void test_small_model_bytes(void)
 		int bf16 = i >= 3;
 		st_config c;
 		CHECK(LOAD(&c, "model_name=llama3-test", "per_device_batch_size=3",
-			   "max_target_length=40", remat[i % 3], bf16 ? "dtype=bfloat16" : "dtype=float32") == 0);
-		st_plan p;
+			   "max_target_length=40", remat[i % 3], bf16 ? "dtype=bfloat16" : "dtype=float32",
+			   "bf16_kernels=fp32") == 0);
+		st_plan p, pauto;
 		CHECK(st_plan_compute(&p, &c, 1, 1, 0) == 0);
+		snprintf(c.bf16_kernels, sizeof(c.bf16_kernels), "auto");
+		CHECK(st_plan_compute(&pauto, &c, 1, 1, 0) == 0);
 		st_llama m = ST_LLAMA_INIT;
 		st_llama_shape s;
 		st_llama_shape_from_config(&s, &c);
 		CHECK(st_llama_init(&m, &s) == 0);
 		m.bf16 = bf16;
+		memset(m.kplan.f32, 1, sizeof(m.kplan.f32));
 		CHECK(st_llama_alloc_acts(&m, 3, 40, c.remat_policy) == 0);
-		CHECK(p.bf16_weights == (bf16 ? 2 * m.nparams : 0));
+		CHECK(p.bf16_weights == 0);
+		CHECK(pauto.bf16_weights == (bf16 ? 2 * m.nparams : 0));
+		CHECK(pauto.activations == p.activations);
 		CHECK_MSG(p.activations == st_llama_act_bytes(&m), "%s%s: planned %lld, allocated %lld",
 			  remat[i % 3], bf16 ? " bf16" : "", (long long)p.activations,
 			  (long long)st_llama_act_bytes(&m));

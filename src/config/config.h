@@ -67,6 +67,9 @@ typedef struct st_config {
 	enum st_remat remat_policy;
 	enum st_dtype dtype;        /* activations: ST_DTYPE_F32 or ST_DTYPE_BF16 */
 	enum st_dtype weight_dtype; /* master weights: ST_DTYPE_F32 only */
+	/* dtype bfloat16: the kernel of each product site (model/kplan.h):
+	 * "auto" (timed), "bf16", "fp32" or a SITE:bf16|fp32 list of every site */
+	char bf16_kernels[384];
 	int64_t init_weights_seed;
 	int64_t log_period;
 	char metrics_file[ST_PATH_MAX]; /* "" = none */

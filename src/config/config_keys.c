@@ -75,6 +75,7 @@ static const struct st_ckey keys[] = {
 	E("remat_policy", c.remat_policy, "full", remat_policies),
 	E("dtype", c.dtype, "float32", dtypes),
 	E("weight_dtype", c.weight_dtype, "float32", weight_dtypes),
+	S("bf16_kernels", c.bf16_kernels, "auto"),
 	I("init_weights_seed", c.init_weights_seed, "0"),
 	I("log_period", c.log_period, "100"),
 	S("metrics_file", c.metrics_file, "\"\""),

@@ -44,6 +44,8 @@ typedef struct st_llama_acts {
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
 	uint16_t *wtmp;            /* bf16 mode, weights not resident: a weight's bf16 copy */
 	int64_t wtmp_elems;        /* its capacity */
+	float *ksa, *ksb;          /* bf16 mode, fp32 kernels: fp32 copies of bf16 first/second operands */
+	int64_t ksa_n, ksb_n;      /* their capacities (elements) */
 	float *xr_f;               /* split cross-entropy: 4 x chunk_rows floats */
 	double *xr_d;              /* ... and chunk_rows doubles */
 	int64_t chunk_rows;
@@ -163,6 +165,9 @@ int st_llama_check_config(const st_config *c, int64_t *num_params)
 	int64_t n = st_llama_count_params(&s);
 	if (n < 0)
 		return st_fail(ST_EINVAL, "model %s is too large: its parameter count overflows 64 bits", c->model_name);
+	int rc = st_kplan_check(c->bf16_kernels);
+	if (rc < 0)
+		return rc;
 	if (num_params)
 		*num_params = n;
 	return 0;
@@ -510,6 +515,18 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 		a->dvb = take(c, N * KD * 2);
 		a->xentb = take(c, R * s->V * 2);
 	}
+	if (bf && o->kplan) {
+		st_kshape ks = {.B = B, .T = T, .E = E, .H = s->H, .K = s->K, .D = s->D, .M = M,
+				.V = s->V, .R = R};
+		int64_t na, nb;
+		st_kplan_scratch(o->kplan, &ks, &na, &nb);
+		if (na)
+			a->ksa = take(c, na * 4);
+		if (nb)
+			a->ksb = take(c, nb * 4);
+		a->ksa_n = na;
+		a->ksb_n = nb;
+	}
 	if (bf && o->weight_copy_elems > 0) {
 		a->wtmp = take(c, o->weight_copy_elems * 2);
 		a->wtmp_elems = o->weight_copy_elems;
@@ -525,8 +542,11 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 	/* the kernels' workspace: one block for all calls (they run one at a
 	 * time), as large as the largest; its per-thread slices for o->threads */
 	int threads = o->threads > 0 ? o->threads : omp_get_max_threads();
-	size_t attn = (bf ? st_attention_bf16_workspace_bytes : st_attention_workspace_bytes)(
-		B, T, s->H, s->K, s->D, threads);
+	size_t attn = st_attention_workspace_bytes(B, T, s->H, s->K, s->D, threads);
+	if (bf) { /* either attention kernel, as the plan says */
+		size_t a16 = st_attention_bf16_workspace_bytes(B, T, s->H, s->K, s->D, threads);
+		attn = a16 > attn ? a16 : attn;
+	}
 	size_t norm = st_rmsnorm_backward_workspace_bytes(N, E);
 	a->ws = (st_ws){.bytes = attn > norm ? attn : norm, .threads = threads};
 	a->ws.mem = take_as(c, (int64_t)a->ws.bytes, 1);
@@ -568,7 +588,8 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 	a->xs = calloc((size_t)(s->L + 1), sizeof(float *));
 	a->xsb = calloc((size_t)(s->L + 1), sizeof(uint16_t *));
 	a->layer = calloc((size_t)s->L, sizeof(layer_acts));
-	st_llama_act_opts o = {.tp = m->tp_comm ? m->tp : 1, .bf16 = m->bf16};
+	st_llama_act_opts o = {.tp = m->tp_comm ? m->tp : 1, .bf16 = m->bf16,
+			       .kplan = m->bf16 ? &m->kplan : NULL};
 	if (m->bf16 && !m->params) /* weights bound per unit (ZeRO-3): converted per product */
 		o.weight_copy_elems = st_llama_largest_linear(m);
 	carver c = {.a = a};
@@ -623,14 +644,31 @@ static opnd op_at(opnd x, int64_t off)
 	return (opnd){.f = x.f ? x.f + off : NULL, .h = x.h ? x.h + off : NULL};
 }
 
-/* An fp32 gradient buffer as an operand: in bf16 mode rounded once into its
- * bf16 companion (then read by every product that uses it). */
-static opnd grad_op(const st_llama *m, const float *f, uint16_t *h, int64_t n)
+/* Does product site `site` run on the fp32 kernel (always in fp32 mode)? */
+static int on_f32(const st_llama *m, int site) { return !m->bf16 || m->kplan.f32[site]; }
+
+/* An fp32 gradient buffer as the operand of sites s1 and s2: in bf16 mode
+ * rounded once into its bf16 companion when either runs on the bf16 kernel
+ * (then read by every bf16 product that uses it). */
+static opnd grad_op(const st_llama *m, const float *f, uint16_t *h, int64_t n, int s1, int s2)
 {
-	if (!m->bf16)
+	if (on_f32(m, s1) && on_f32(m, s2))
 		return OPF(f);
 	st_f32_to_bf16_array(h, f, n);
-	return (opnd){.h = h};
+	return (opnd){.f = f, .h = h};
+}
+
+/* An operand for the fp32 kernel: its fp32 values, or its bf16 values
+ * converted (exactly) into buf (cap elements; rows x ld of them are read). */
+static const float *f32_operand(opnd x, float *buf, int64_t cap, int64_t rows, int64_t ld)
+{
+	if (x.f)
+		return x.f;
+	if (!x.h || !buf || rows * ld > cap)
+		ST_BUG("fp32 kernel: no fp32 copy for a bf16 operand (%lld elements, room for %lld)",
+		       (long long)(rows * ld), (long long)cap);
+	st_bf16_to_f32_array(buf, x.h, rows * ld);
+	return buf;
 }
 
 /*
@@ -640,13 +678,19 @@ static opnd grad_op(const st_llama *m, const float *f, uint16_t *h, int64_t n)
  * whose bf16 copy is the resident one (st_llama_weights_changed) or made
  * here. Else plain fp32.
  */
-static int mm(st_llama *m, char ta, char tb, int64_t M, int64_t N, int64_t K, opnd A,
+static int mm(st_llama *m, int site, char ta, char tb, int64_t M, int64_t N, int64_t K, opnd A,
 	      int64_t lda, opnd B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
 	if (!m->bf16) {
 		if (!A.f || !B.f)
 			ST_BUG("fp32 product without fp32 operands");
 		return st_gemm(ta, tb, M, N, K, 1.0f, A.f, lda, B.f, ldb, beta, C, ldc);
+	}
+	if (m->kplan.f32[site]) { /* bf16 mode, the fp32 kernel (kplan.h) */
+		st_llama_acts *a = m->acts;
+		const float *af = f32_operand(A, a->ksa, a->ksa_n, ta == 'N' ? M : K, lda);
+		const float *bf = f32_operand(B, a->ksb, a->ksb_n, tb == 'N' ? K : N, ldb);
+		return st_gemm(ta, tb, M, N, K, 1.0f, af, lda, bf, ldb, beta, C, ldc);
 	}
 	if (!A.h)
 		ST_BUG("bf16 product without a bf16 first operand");
@@ -668,16 +712,16 @@ static int mm(st_llama *m, char ta, char tb, int64_t M, int64_t N, int64_t K, op
 /* out(N,E) = res + a(N,k) W^T, W (E,k): a residual add of a row-parallel
  * product. Under tensor parallelism each process holds k/tp of the inner
  * dimension, so the partial products are summed over the group first. */
-static int residual_product(st_llama *m, float *out, const float *res, opnd a, const float *W,
-			    int64_t k)
+static int residual_product(st_llama *m, int site, float *out, const float *res, opnd a,
+			    const float *W, int64_t k)
 {
 	st_llama_acts *ac = m->acts;
 	int64_t N = ac->N, E = m->s.E;
 	if (!m->tp_comm) {
 		memcpy(out, res, (size_t)(N * E) * sizeof(float));
-		return mm(m, 'N', 'T', N, E, k, a, k, OPF(W), k, 1, out, E);
+		return mm(m, site, 'N', 'T', N, E, k, a, k, OPF(W), k, 1, out, E);
 	}
-	TRY(mm(m, 'N', 'T', N, E, k, a, k, OPF(W), k, 0, ac->tp_tmp, E));
+	TRY(mm(m, site, 'N', 'T', N, E, k, a, k, OPF(W), k, 0, ac->tp_tmp, E));
 	TRY(tp_sum(m, ac->tp_tmp, N * E));
 	for (int64_t i = 0; i < N * E; i++)
 		out[i] = res[i] + ac->tp_tmp[i];
@@ -733,33 +777,29 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 
 	norm_forward(m, A->h1, A->h1b, A->rstd1, x, w->ln1);
 	if (do_mm) {
-		TRY(mm(m, 'N', 'T', N, HD, E, h1, E, OPF(w->wq), E, 0, A->q, HD));
-		TRY(mm(m, 'N', 'T', N, KD, E, h1, E, OPF(w->wk), E, 0, A->k, KD));
-		TRY(mm(m, 'N', 'T', N, KD, E, h1, E, OPF(w->wv), E, 0, A->v, KD));
+		TRY(mm(m, ST_KS_Q, 'N', 'T', N, HD, E, h1, E, OPF(w->wq), E, 0, A->q, HD));
+		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wk), E, 0, A->k, KD));
+		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wv), E, 0, A->v, KD));
 		st_rope_forward(A->q, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 		st_rope_forward(A->k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
 	}
-	if (m->bf16) {
-		TRY(st_attention_forward_bf16(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K,
-					      s->D, &a->ws));
+	TRY((on_f32(m, ST_KS_ATTN) ? st_attention_forward : st_attention_forward_bf16)(
+		A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D, &a->ws));
+	if (!on_f32(m, ST_KS_O) || !on_f32(m, ST_KS_W_O)) /* a bf16 product reads ctx */
 		st_f32_to_bf16_array(A->ctxb, A->ctx, N * HD);
-	} else {
-		TRY(st_attention_forward(A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D,
-					 &a->ws));
-	}
 	if (do_mm)
-		TRY(residual_product(m, A->xmid, x, OPA(A, ctx), w->wo, HD));
+		TRY(residual_product(m, ST_KS_O, A->xmid, x, OPA(A, ctx), w->wo, HD));
 	norm_forward(m, A->h2, A->h2b, A->rstd2, A->xmid, w->ln2);
 	if (do_mm) {
-		TRY(mm(m, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, A->gate, M));
-		TRY(mm(m, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, A->up, M));
+		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, A->gate, M));
+		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, A->up, M));
 	}
 	if (m->bf16)
 		st_swiglu_forward_bf16(A->actb, A->gate, A->up, N * M);
 	else
 		st_swiglu_forward(A->act, A->gate, A->up, N * M);
 	if (out)
-		TRY(residual_product(m, out, A->xmid, OPA(A, act), w->wd, M));
+		TRY(residual_product(m, ST_KS_DOWN, out, A->xmid, OPA(A, act), w->wd, M));
 	return 0;
 }
 
@@ -775,9 +815,9 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	opnd h1 = OPA(A, h1), h2 = OPA(A, h2);
 
 	/* MLP: out = xmid + down(swiglu(gate(h2), up(h2))) */
-	opnd dxo = grad_op(m, dx, a->dxb, N * E);
-	TRY(mm(m, 'N', 'N', N, M, E, dxo, E, OPF(w->wd), M, 0, a->dm1, M));
-	TRY(mm(m, 'T', 'N', E, M, N, dxo, E, OPA(A, act), M, 1, g->wd, M));
+	opnd dxo = grad_op(m, dx, a->dxb, N * E, ST_KS_D_DOWN, ST_KS_W_DOWN);
+	TRY(mm(m, ST_KS_D_DOWN, 'N', 'N', N, M, E, dxo, E, OPF(w->wd), M, 0, a->dm1, M));
+	TRY(mm(m, ST_KS_W_DOWN, 'T', 'N', E, M, N, dxo, E, OPA(A, act), M, 1, g->wd, M));
 	opnd dgate, dup;
 	if (m->bf16) {
 		st_swiglu_backward_bf16(a->dm2b, a->dm1b, a->dm1, A->gate, A->up, N * M);
@@ -788,30 +828,31 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 		dgate = OPF(a->dm2);
 		dup = OPF(a->dm1);
 	}
-	TRY(mm(m, 'N', 'N', N, E, M, dgate, M, OPF(w->wg), E, 0, a->dh, E));
-	TRY(mm(m, 'N', 'N', N, E, M, dup, M, OPF(w->wu), E, 1, a->dh, E));
-	TRY(mm(m, 'T', 'N', M, E, N, dgate, M, h2, E, 1, g->wg, E));
-	TRY(mm(m, 'T', 'N', M, E, N, dup, M, h2, E, 1, g->wu, E));
+	TRY(mm(m, ST_KS_D_GATE_UP, 'N', 'N', N, E, M, dgate, M, OPF(w->wg), E, 0, a->dh, E));
+	TRY(mm(m, ST_KS_D_GATE_UP, 'N', 'N', N, E, M, dup, M, OPF(w->wu), E, 1, a->dh, E));
+	TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dgate, M, h2, E, 1, g->wg, E));
+	TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dup, M, h2, E, 1, g->wu, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	TRY(st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E, &a->ws));
 
 	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
-	dxo = grad_op(m, dx, a->dxb, N * E);
-	TRY(mm(m, 'N', 'N', N, HD, E, dxo, E, OPF(w->wo), HD, 0, a->dctx, HD));
-	TRY(mm(m, 'T', 'N', E, HD, N, dxo, E, OPA(A, ctx), HD, 1, g->wo, HD));
-	TRY((m->bf16 ? st_attention_backward_bf16 : st_attention_backward)(
+	dxo = grad_op(m, dx, a->dxb, N * E, ST_KS_D_O, ST_KS_W_O);
+	TRY(mm(m, ST_KS_D_O, 'N', 'N', N, HD, E, dxo, E, OPF(w->wo), HD, 0, a->dctx, HD));
+	TRY(mm(m, ST_KS_W_O, 'T', 'N', E, HD, N, dxo, E, OPA(A, ctx), HD, 1, g->wo, HD));
+	TRY((on_f32(m, ST_KS_D_ATTN) ? st_attention_backward : st_attention_backward_bf16)(
 		a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K,
 		s->D, &a->ws));
 	st_rope_backward(a->dq, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 	st_rope_backward(a->dk, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
-	opnd dq = grad_op(m, a->dq, a->dqb, N * HD), dk = grad_op(m, a->dk, a->dkb, N * KD);
-	opnd dv = grad_op(m, a->dv, a->dvb, N * KD);
-	TRY(mm(m, 'N', 'N', N, E, HD, dq, HD, OPF(w->wq), E, 0, a->dh, E));
-	TRY(mm(m, 'N', 'N', N, E, KD, dk, KD, OPF(w->wk), E, 1, a->dh, E));
-	TRY(mm(m, 'N', 'N', N, E, KD, dv, KD, OPF(w->wv), E, 1, a->dh, E));
-	TRY(mm(m, 'T', 'N', HD, E, N, dq, HD, h1, E, 1, g->wq, E));
-	TRY(mm(m, 'T', 'N', KD, E, N, dk, KD, h1, E, 1, g->wk, E));
-	TRY(mm(m, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
+	opnd dq = grad_op(m, a->dq, a->dqb, N * HD, ST_KS_D_Q, ST_KS_W_Q);
+	opnd dk = grad_op(m, a->dk, a->dkb, N * KD, ST_KS_D_KV, ST_KS_W_KV);
+	opnd dv = grad_op(m, a->dv, a->dvb, N * KD, ST_KS_D_KV, ST_KS_W_KV);
+	TRY(mm(m, ST_KS_D_Q, 'N', 'N', N, E, HD, dq, HD, OPF(w->wq), E, 0, a->dh, E));
+	TRY(mm(m, ST_KS_D_KV, 'N', 'N', N, E, KD, dk, KD, OPF(w->wk), E, 1, a->dh, E));
+	TRY(mm(m, ST_KS_D_KV, 'N', 'N', N, E, KD, dv, KD, OPF(w->wv), E, 1, a->dh, E));
+	TRY(mm(m, ST_KS_W_Q, 'T', 'N', HD, E, N, dq, HD, h1, E, 1, g->wq, E));
+	TRY(mm(m, ST_KS_W_KV, 'T', 'N', KD, E, N, dk, KD, h1, E, 1, g->wk, E));
+	TRY(mm(m, ST_KS_W_KV, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	TRY(st_rmsnorm_backward(dx, g->ln1, a->dh, x, w->ln1, A->rstd1, N, E, &a->ws));
 	return 0;
@@ -836,7 +877,7 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 	for (int64_t r0 = 0; r0 < N; r0 += R) {
 		int64_t nr = N - r0 < R ? N - r0 : R;
 		float *l = a->xent;
-		TRY(mm(m, 'N', 'T', nr, Vl, E, op_at(x, r0 * E), E, OPF(W), E, 0, l, Vl));
+		TRY(mm(m, ST_KS_LOGITS, 'N', 'T', nr, Vl, E, op_at(x, r0 * E), E, OPF(W), E, 0, l, Vl));
 		st_xent_rows_exp(l, lmax, rsum, tlog, a->targets + r0, v0, nr, Vl);
 		memcpy(gmax, lmax, (size_t)nr * sizeof(float));
 		if (m->tp_comm)
@@ -854,15 +895,15 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 		for (int64_t r = 0; r < nr; r++)
 			rscale[r] = (float)(scale * exp((double)lmax[r] - (double)gmax[r]) / rsum[r]);
 		opnd dl;
-		if (m->bf16) {
+		if (!on_f32(m, ST_KS_D_LOGITS) && !on_f32(m, ST_KS_W_LOGITS)) {
 			st_xent_rows_grad_bf16(a->xentb, l, rscale, a->targets + r0, v0, nr, Vl, scale);
 			dl = (opnd){.h = a->xentb};
 		} else {
 			st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
-			dl = OPF(l);
+			dl = grad_op(m, l, a->xentb, nr * Vl, ST_KS_D_LOGITS, ST_KS_W_LOGITS);
 		}
-		TRY(mm(m, 'N', 'N', nr, E, Vl, dl, Vl, OPF(W), E, 0, dx + r0 * E, E));
-		TRY(mm(m, 'T', 'N', Vl, E, nr, dl, Vl, op_at(x, r0 * E), E, 1, dW, E));
+		TRY(mm(m, ST_KS_D_LOGITS, 'N', 'N', nr, E, Vl, dl, Vl, OPF(W), E, 0, dx + r0 * E, E));
+		TRY(mm(m, ST_KS_W_LOGITS, 'T', 'N', Vl, E, nr, dl, Vl, op_at(x, r0 * E), E, 1, dW, E));
 	}
 	if (dx)
 		TRY(tp_sum(m, dx, N * E));
@@ -969,7 +1010,7 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 int st_llama_bf16_weights(st_llama *m, uint16_t **out)
 {
 	*out = NULL;
-	if (!m->bf16 || !m->params)
+	if (!m->bf16 || !m->params || !st_kplan_bf16_weights(&m->kplan))
 		return 0;
 	if (!m->wbf16 && !(m->wbf16 = malloc((size_t)m->nparams * sizeof(uint16_t))))
 		return st_fail(ST_ENOMEM, "out of memory for the bf16 weight copy");
@@ -984,6 +1025,41 @@ int st_llama_weights_changed(st_llama *m)
 	if (rc == 0 && wb)
 		st_f32_to_bf16_array(wb, m->params, m->nparams);
 	return rc;
+}
+
+void st_llama_kernel_shape(const st_llama *m, int64_t B, int64_t T, st_kshape *out)
+{
+	const st_llama_shape *s = &m->ls;
+	*out = (st_kshape){.B = B, .T = T, .E = s->E, .H = s->H, .K = s->K, .D = s->D, .M = s->M,
+			   .V = s->V, .R = xent_chunk_rows(s->V, B * T), .resident = m->params != NULL};
+}
+
+int st_llama_set_kernels(st_llama *m, const st_kplan *p)
+{
+	if (!m->bf16)
+		return 0;
+	st_kshape ks;
+	int64_t na0 = 0, nb0 = 0, na, nb;
+	st_llama_acts *a = m->acts;
+	if (a) {
+		st_llama_kernel_shape(m, a->B, a->T, &ks);
+		st_kplan_scratch(&m->kplan, &ks, &na0, &nb0);
+	}
+	m->kplan = *p;
+	if (a) {
+		st_kplan_scratch(&m->kplan, &ks, &na, &nb);
+		if (na != na0 || nb != nb0) {
+			int rc = st_llama_alloc_acts(m, a->B, a->T, a->policy);
+			if (rc < 0)
+				return rc;
+		}
+	}
+	if (!st_kplan_bf16_weights(p)) { /* no product reads the weights' bf16 copy */
+		free(m->wbf16);
+		m->wbf16 = NULL;
+		return 0;
+	}
+	return m->wbf16 || !m->params ? 0 : st_llama_weights_changed(m);
 }
 
 void st_llama_release(st_llama *m)

@@ -30,6 +30,7 @@
 #include "config/config.h"
 #include "comm/comm.h"
 #include "kernels/cpu/ops.h"
+#include "model/kplan.h"
 
 typedef struct st_llama_shape {
 	int64_t V, E, L, H, K, D, M; /* vocab, emb, layers, q heads, kv heads, head_dim, mlp */
@@ -104,6 +105,7 @@ typedef struct st_llama {
 	const st_llama_hooks *hooks; /* NULL: resident weights and gradients */
 	int bf16;                    /* matrix products with bf16 inputs (set before st_llama_alloc_acts) */
 	uint16_t *wbf16;             /* bf16 copy of resident weights (st_llama_weights_changed) */
+	st_kplan kplan;              /* bf16 mode: each site's kernel (st_llama_set_kernels; zero: all bf16) */
 } st_llama;
 
 #define ST_LLAMA_INIT {0}
@@ -188,6 +190,7 @@ typedef struct st_llama_act_opts {
 	int bf16;                  /* bf16 mode: product inputs stored in bf16 */
 	int64_t weight_copy_elems; /* bf16 mode with weights not resident: the largest linear tensor */
 	int threads;               /* OpenMP threads of the kernels' workspace; 0: omp_get_max_threads() */
+	const st_kplan *kplan;     /* bf16 mode: the plan, for its fp32 kernels' operand copies (NULL: all bf16) */
 } st_llama_act_opts;
 /* The same figure computed without allocating (for planning), from the same
  * layout code; o NULL: one process, fp32. s is the process's shape
@@ -211,6 +214,16 @@ int st_llama_weights_changed(st_llama *m);
  * writes it while updating the weights; *out NULL when there is none (fp32,
  * or weights not resident). */
 int st_llama_bf16_weights(st_llama *m, uint16_t **out);
+/*
+ * bf16 mode: run each product site and attention pass on the kernel plan p
+ * names (model/kplan.h). Reallocates the activations when the fp32 kernels'
+ * operand copies change size, and makes or frees the weights' bf16 copy as
+ * the plan needs it. Every process of a group must use the same plan.
+ */
+int st_llama_set_kernels(st_llama *m, const st_kplan *p);
+/* The shape a plan for micro-batches of B x T is timed at (kplan.h). */
+void st_llama_kernel_shape(const st_llama *m, int64_t B, int64_t T, st_kshape *out);
+
 void st_llama_release(st_llama *m);
 
 #endif

@@ -70,15 +70,27 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	/* bf16 products read a bf16 copy of the resident weights; under ZeRO-3
 	 * (weights gathered per unit) each weight is converted into one buffer
 	 * as large as the largest product weight, counted with the activations */
+	/* bf16_kernels: an explicit plan's fp32 operand copies and weight copy;
+	 * auto (decided when the run starts) counts the most it can take: every
+	 * site's fp32 operand copies and the bf16 weight copy */
+	st_kplan kp;
+	int kauto = st_kplan_is_auto(c->bf16_kernels);
+	if (kauto)
+		memset(kp.f32, 1, sizeof(kp.f32));
+	else if ((rc = st_kplan_parse(&kp, c->bf16_kernels)) < 0) {
+		st_llama_release(&m);
+		return rc;
+	}
 	st_llama_act_opts ao = {.tp = (int)tp, .bf16 = bf16,
-				.weight_copy_elems = bf16 && F > 1 ? st_llama_largest_linear(&m) : 0};
+				.weight_copy_elems = bf16 && F > 1 ? st_llama_largest_linear(&m) : 0,
+				.kplan = bf16 ? &kp : NULL};
 	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
 	/* the kernels' workspace as st_llama_alloc_acts allocates it, its
 	 * per-thread slices for this process's OpenMP threads (OMP_NUM_THREADS:
 	 * set it as for the run), plus the token batch and the runtime */
 	p->workspace = st_llama_workspace_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao) +
 		       4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
-	p->bf16_weights = bf16 && F == 1 ? 2 * p->params_piece : 0;
+	p->bf16_weights = bf16 && F == 1 && (kauto || st_kplan_bf16_weights(&kp)) ? 2 * p->params_piece : 0;
 	/* checkpointing: st_ckpt_saver_reserve's host buffer, allocated and
 	 * touched when the run starts so that a save only copies: the file image
 	 * of what the process writes (its shard's weights and both AdamW moments;
@@ -126,6 +138,12 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		(long long)(p->global_batch * p->T), remat_name(c->remat_policy),
 		c->dtype == ST_DTYPE_BF16 ? "bfloat16 (bf16 product inputs, residual stream and stored product inputs; fp32 weights and AdamW state)"
 					       : "float32");
+	if (c->dtype == ST_DTYPE_BF16)
+		fprintf(out, "bf16_kernels %s: %s\n", st_kplan_is_auto(c->bf16_kernels) ? "auto" : "explicit",
+			st_kplan_is_auto(c->bf16_kernels)
+				? "each product's kernel is timed when the run starts; counted here at most "
+				  "(every product's fp32 operand copies and the bf16 weight copy)"
+				: "the plan's fp32 operand copies and, when a product reads it, the bf16 weight copy");
 	fprintf(out, "per device:\n");
 	snprintf(note, sizeof(note), "fp32, %lld parameters: tensor piece %lld / fsdp %lld",
 		 (long long)p->params_device, (long long)p->params_piece,

@@ -69,6 +69,9 @@ typedef struct trainer {
 	int nsave_pieces;
 	char *config_json;
 	char mesh_desc[256];
+	/* dtype bfloat16: the kernel plan (model/kplan.h) */
+	int kernels_set;                      /* t->model.kplan is decided */
+	char ckpt_kernels[ST_KPLAN_STR_MAX];  /* the restored checkpoint's plan, "" none */
 	FILE *sample_log; /* SLICETRAIN_SAMPLE_LOG: "step sample" per row read */
 	/* elastic re-formation in place (docs/elastic.md) */
 	st_worker_ctl *ctl; /* the agent's control channel, NULL without one */
@@ -379,6 +382,18 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
  * MaxText's order: the run's own newest checkpoint first (auto-resume), then
  * load_full_state_path, then load_parameters_path. *found: the weights were
  * filled (else they still need their initial values). */
+/* The bf16 kernel plan a checkpoint's run used (its config's bf16_kernels,
+ * when explicit) into t->ckpt_kernels. */
+static void kernels_from_meta(trainer *t, const st_ckpt_meta *meta)
+{
+	t->ckpt_kernels[0] = 0;
+	json_t *o = meta->config_json ? json_loads(meta->config_json, 0, NULL) : NULL;
+	const char *s = json_string_value(json_object_get(o, "bf16_kernels"));
+	if (s && !st_kplan_is_auto(s) && strlen(s) < sizeof(t->ckpt_kernels))
+		snprintf(t->ckpt_kernels, sizeof(t->ckpt_kernels), "%s", s);
+	json_decref(o);
+}
+
 static int restore(trainer *t, int *found_out)
 {
 	const st_config *c = t->c;
@@ -407,6 +422,7 @@ static int restore(trainer *t, int *found_out)
 				(long long)meta.step, meta.mesh, (long long)meta.next_sample,
 				3.0 * 4e-6 * (double)t->shard.n, st_mono_s() - t0,
 				3.0 * 4e-6 * (double)t->shard.n / (st_mono_s() - t0));
+		kernels_from_meta(t, &meta);
 		if (meta.data_shuffle_seed != c->data_shuffle_seed)
 			st_warn("data_shuffle_seed changed from %lld (checkpoint) to %lld: the data order changes, "
 				"samples may repeat or be skipped",
@@ -424,6 +440,86 @@ static int restore(trainer *t, int *found_out)
 	return rc;
 }
 
+/* The decided kernel plan, explicit, as bf16_kernels in the config the
+ * checkpoints store (a resumed run reuses it). */
+static int record_kernels(trainer *t)
+{
+	if (!t->model.bf16 || !t->kernels_set || !t->config_json)
+		return 0;
+	char plan[ST_KPLAN_STR_MAX];
+	st_kplan_format(&t->model.kplan, plan, sizeof(plan));
+	json_t *o = json_loads(t->config_json, 0, NULL);
+	char *out = NULL;
+	if (o && json_object_set_new(o, "bf16_kernels", json_string(plan)) == 0)
+		out = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (!out)
+		return st_fail(ST_ENOMEM, "out of memory (the checkpoint's config)");
+	free(t->config_json);
+	t->config_json = out;
+	return 0;
+}
+
+/*
+ * dtype bfloat16: decide which kernel each product site runs on
+ * (model/kplan.h), before the activations are allocated. The bf16_kernels
+ * key when explicit; else the restored checkpoint's plan; else rank 0 times
+ * both kernels at this run's shape. Rank 0's plan is broadcast, so every
+ * process runs the same one. Collective over the group.
+ */
+static int decide_kernels(trainer *t)
+{
+	const st_config *c = t->c;
+	const st_par *p = &t->par;
+	st_kplan plan;
+	double ratio[ST_KS_COUNT];
+	const char *from;
+	int rc = 0, timed = 0;
+	if (!st_kplan_is_auto(c->bf16_kernels)) {
+		rc = st_kplan_parse(&plan, c->bf16_kernels);
+		from = "the bf16_kernels key";
+		if (rc == 0 && t->lead && t->ckpt_kernels[0] && strcmp(t->ckpt_kernels, c->bf16_kernels))
+			st_warn("bf16_kernels differs from the plan the checkpoint was trained with (%s): "
+				"results will not match the uninterrupted run bit for bit", t->ckpt_kernels);
+	} else if (t->ckpt_kernels[0]) {
+		rc = st_kplan_parse(&plan, t->ckpt_kernels);
+		from = "the checkpoint";
+	} else if (p->rank == 0) {
+		st_kshape ks;
+		st_llama_kernel_shape(&t->model, t->rows, t->T, &ks);
+		double t0 = st_mono_s();
+		rc = st_kplan_time(&ks, 2, &plan, ratio);
+		timed = 1;
+		if (rc == 0)
+			st_info("bf16 kernels timed on this CPU in %.2f s (rank 0, %d threads; fp32 time / bf16 time):",
+				st_mono_s() - t0, omp_get_max_threads());
+		from = "timing on rank 0";
+	} else {
+		from = "timing on rank 0";
+	}
+	if (rc < 0)
+		return rc;
+	if (p->world > 1 && (rc = st_comm_broadcast(p->world_comm, plan.f32, sizeof(plan.f32), 0)) < 0)
+		return rc;
+	if (t->lead) {
+		char line[ST_KPLAN_STR_MAX];
+		if (timed) {
+			char *q = line;
+			for (int i = 0; i < ST_KS_COUNT; i++)
+				q += snprintf(q, sizeof(line) - (size_t)(q - line), "%s %s %.2f", i ? "," : "",
+					      st_ksite_name(i), ratio[i]);
+			st_info("  %s", line + 1);
+		}
+		st_kplan_format(&plan, line, sizeof(line));
+		int n32 = st_kplan_count_f32(&plan);
+		st_info("bf16 kernels from %s: %d of %d sites on the bf16 kernel, %d on fp32; to repeat: "
+			"bf16_kernels=%s", from, ST_KS_COUNT - n32, ST_KS_COUNT, n32, line);
+	}
+	t->model.kplan = plan;
+	t->kernels_set = 1;
+	return record_kernels(t);
+}
+
 static int setup_checkpoints(trainer *t)
 {
 	const st_config *c = t->c;
@@ -438,7 +534,7 @@ static int setup_checkpoints(trainer *t)
 	/* nobody saves before process 0 has removed uncommitted steps */
 	if ((rc = st_comm_barrier(p->world_comm)) < 0)
 		return rc;
-	if ((rc = st_config_to_json(c, &t->config_json)) < 0)
+	if ((rc = st_config_to_json(c, &t->config_json)) < 0 || (rc = record_kernels(t)) < 0)
 		return rc;
 	if ((rc = st_shard_pieces(&t->shard, &t->model, p, 1, 1, &t->save_pieces, &t->nsave_pieces)) < 0)
 		return rc;
@@ -707,6 +803,20 @@ static int sync_state(trainer *t)
 		rc = st_fail(ST_EINVAL, "no process of the group holds a training state (every one is a joiner)");
 		goto out;
 	}
+	if (t->model.bf16) { /* the kernel plan: a joiner takes the group's */
+		int root = 0;
+		while (all[2 * root] != most)
+			root++;
+		st_kplan plan = t->model.kplan;
+		if ((rc = st_comm_broadcast(p->world_comm, plan.f32, sizeof(plan.f32), root)) < 0 ||
+		    (rc = st_llama_set_kernels(&t->model, &plan)) < 0)
+			goto out;
+		if (!t->kernels_set) {
+			t->kernels_set = 1;
+			if ((rc = record_kernels(t)) < 0)
+				goto out;
+		}
+	}
 	/* the members of this process's shard: the source first, then the receivers */
 	int key = p->coord[ST_AXIS_FSDP] * (int)p->mesh.size[ST_AXIS_TENSOR] + p->coord[ST_AXIS_TENSOR];
 	int n = 0, nrecv = 0, me = -1;
@@ -867,6 +977,8 @@ static int trainer_setup(trainer *t)
 		snprintf(t->origin, sizeof(t->origin), "fresh weights (init_weights_seed %lld)",
 			 (long long)c->init_weights_seed);
 	t->done = joiner ? -1 : t->step0;
+	if (t->model.bf16 && !joiner && (rc = decide_kernels(t)) < 0)
+		return rc;
 	if (resident && (rc = st_shard_gather_params(&t->shard, &t->model, p)) == 0)
 		rc = st_llama_weights_changed(&t->model);
 	if (rc < 0 || (rc = st_llama_alloc_acts(&t->model, t->rows, t->T, c->remat_policy)) < 0)

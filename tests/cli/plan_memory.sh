@@ -2,7 +2,8 @@
 # and FSDP buffer bytes equal the bytes the trainer reports after allocating
 # them, for fp32 and bf16 under ici_fsdp=2 (ZeRO-3 buffers, weights converted
 # per product; the embedding sharded or gathered) and ici_tensor=2
-# (partial-sum buffers), remat none and full.
+# (partial-sum buffers), remat none and full; bf16 with the all-bf16 kernel
+# plan and the all-fp32 one (its fp32 operand copies, bf16_kernels).
 . "$(dirname "$0")/../cli_lib.sh"
 common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=1 per_device_batch_size=2 max_target_length=48
 	dataset_type=synthetic enable_checkpointing=false base_output_directory="$TMP/o")
@@ -11,10 +12,12 @@ field() { /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]
 # llama3-test has a vocabulary of 256: at max_target_length 48 the fsdp group's
 # 2 x 96 tokens are fewer, so the embedding stays sharded; at 160 it is gathered
 for mesh in ici_fsdp_parallelism=2 ici_tensor_parallelism=2 "ici_fsdp_parallelism=2 max_target_length=160"; do
-	for dtype in float32 bfloat16; do
+	for dk in float32:bf16 bfloat16:bf16 bfloat16:fp32; do
+		dtype=${dk%:*} kernels=${dk#*:}
 		for remat in none full; do
 			name="$mesh $dtype $remat"
-			args=("${common[@]}" $mesh dtype=$dtype remat_policy=$remat run_name=pm)
+			[ "$dtype" = bfloat16 ] && name="$name bf16_kernels=$kernels"
+			args=("${common[@]}" $mesh dtype=$dtype bf16_kernels=$kernels remat_policy=$remat run_name=pm)
 			"$SLICETRAIN" plan "${args[@]}" --devices-per-slice 2 --json >"$TMP/plan.json" 2>/dev/null ||
 				{ fail "$name: plan failed"; continue; }
 			"$SLICETRAIN" launch --num-slices 1 --devices-per-slice 2 -- "${args[@]}" >"$TMP/run" 2>&1 ||
