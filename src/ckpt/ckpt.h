@@ -87,6 +87,12 @@ typedef struct st_ckpt_opts {
 	int commit_timeout_ms;   /* process 0's wait for every done record; 0: 1800000 (30 min) */
 	uint64_t save_id;        /* optional: the same value on every process of one group (e.g. the
 				    rendezvous round); process 0 only accepts done records carrying it */
+	/* With async: st_ckpt_save does not copy the pieces; the background thread
+	 * copies them (checksumming each chunk as it lands), and the caller keeps
+	 * the pieces' memory unchanged until st_ckpt_saver_release (or the next
+	 * st_ckpt_save, st_ckpt_wait, st_ckpt_saver_free). A trainer calls the
+	 * release just before its optimizer update. */
+	int defer_copy;
 	/* Test hook: called by the writer (the background thread when async) before it writes a save. */
 	void (*before_write)(void *arg, int64_t step);
 	void *hook_arg;
@@ -147,6 +153,14 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
  */
 int st_ckpt_saver_reserve(st_ckpt_saver *s, int n, const st_ckpt_piece *pieces);
 
+/*
+ * defer_copy: return once the save in flight no longer reads the pieces'
+ * memory, copying what the background thread has not copied yet on this
+ * thread (and helpers) at once. 1 and *held_s (the time it blocked) when a
+ * save's pieces were held, 0 when none were (then *held_s = 0).
+ */
+int st_ckpt_saver_release(st_ckpt_saver *s, double *held_s);
+
 /* Wait for the save in flight, if any. Returns its error under "stop", else 0. */
 int st_ckpt_wait(st_ckpt_saver *s);
 
@@ -169,7 +183,9 @@ typedef struct st_ckpt_stats {
 	int64_t last_step;        /* step of the last save started, -1 if none */
 	double last_stall_s;      /* time the last st_ckpt_save blocked its caller (wait + copy) */
 	double last_wait_s;       /* ... of which waiting for the previous save */
-	double last_copy_s;       /* ... of which copying pieces to host buffers */
+	double last_copy_s;       /* ... of which copying pieces to host buffers (defer_copy: the
+				     background copy and checksum, not a stall) */
+	double last_hold_s;       /* defer_copy: time st_ckpt_saver_release blocked its caller */
 	double last_write_s;      /* background: shard write + fsync + rename + done record */
 	double last_commit_s;     /* process 0: waiting for done records + manifest + prune */
 	int64_t last_bytes;       /* bytes of this process's last shard file */

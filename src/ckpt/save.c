@@ -27,6 +27,7 @@
 #define DEFAULT_COMMIT_TIMEOUT_MS 1800000
 #define MAX_COPY_THREADS 8
 #define CK_SLACK ((size_t)1 << 20) /* spare bytes, so that a header a little longer next time fits */
+#define DEFER_CHUNK ((size_t)2 << 20) /* defer_copy: copied, then checksummed while in the cache */
 
 struct job_piece {
 	char *name, *key;
@@ -34,6 +35,30 @@ struct job_piece {
 	int64_t gshape[2];
 	struct ck_box box;
 	size_t off, nbytes; /* in the host buffer */
+};
+
+struct seg {
+	char *dst;
+	const char *src;
+	size_t n;
+};
+
+/*
+ * defer_copy: the pieces are copied by the writer, chunk by chunk, while the
+ * caller trains on (its pieces unchanged until st_ckpt_saver_release). A
+ * chunk is claimed from `next`; the release claims the ones left (taking
+ * over) so that it returns once every chunk is copied.
+ */
+struct defer {
+	struct seg *segs; /* the sources, in file order; the concatenation of their bytes */
+	int nsegs;
+	size_t total, nchunks;
+	atomic_size_t next;  /* the next chunk to claim */
+	atomic_int takeover; /* the caller copies too: the writer stops checksumming as it goes */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	size_t done;         /* chunks copied (under mu) */
+	int pending;         /* the caller's: a save may still read its pieces */
 };
 
 struct st_ckpt_saver {
@@ -51,6 +76,11 @@ struct st_ckpt_saver {
 	struct job_piece *pieces;
 	char *buf;
 	size_t cap, used;
+	struct defer defer;
+	uint32_t *crc;   /* defer_copy: each piece's CRC-32 of its first ... */
+	size_t crc_pos;  /* ... bytes up to this offset in buf (pieces are contiguous) */
+	int crc_cur;     /* the piece crc_pos is in */
+	int have_crc;    /* crc[] is complete (else write_shard computes it) */
 
 	/* outcome of the last save, until st_ckpt_wait / st_ckpt_save consumes it */
 	int result;
@@ -112,6 +142,8 @@ int st_ckpt_saver_create(st_ckpt_saver **out, const st_ckpt_opts *opts)
 		s->o.commit_timeout_ms = DEFAULT_COMMIT_TIMEOUT_MS;
 	s->stats.last_step = -1;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->defer.mu, NULL);
+	pthread_cond_init(&s->defer.cv, NULL);
 	/* process 0 also enforces max_num_checkpoints_to_keep now: a run killed
 	 * between a commit and its pruning left one checkpoint too many */
 	s->meta.step = -1;
@@ -133,6 +165,13 @@ static void free_job(st_ckpt_saver *s)
 	free(s->pieces);
 	s->pieces = NULL;
 	s->npieces = 0;
+	free(s->defer.segs);
+	s->defer.segs = NULL;
+	s->defer.nsegs = 0;
+	s->defer.total = s->defer.nchunks = 0;
+	free(s->crc);
+	s->crc = NULL;
+	s->have_crc = 0;
 	ck_manifest_free(&s->meta);
 }
 
@@ -142,6 +181,7 @@ static void join(st_ckpt_saver *s)
 		pthread_join(s->thread, NULL);
 		s->running = 0;
 	}
+	s->defer.pending = 0; /* the writer copied every chunk before it ended */
 }
 
 void st_ckpt_saver_abort(st_ckpt_saver *s)
@@ -159,6 +199,8 @@ void st_ckpt_saver_free(st_ckpt_saver *s)
 	free(s->buf);
 	free(s->dir);
 	pthread_mutex_destroy(&s->mu);
+	pthread_mutex_destroy(&s->defer.mu);
+	pthread_cond_destroy(&s->defer.cv);
 	free(s);
 }
 
@@ -298,7 +340,7 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 		const struct job_piece *p = &s->pieces[i];
 		struct ck_piece cp = {.file = 0, .key = p->key, .box = p->box, .data_offset = p->off, .nbytes = p->nbytes};
 		struct ck_tensor *ct = ck_manifest_find(&done, p->name);
-		cp.crc = st_crc32(0, s->buf + p->off, p->nbytes);
+		cp.crc = s->have_crc ? s->crc[i] : st_crc32(0, s->buf + p->off, p->nbytes);
 		if (!ct) {
 			if ((rc = ck_manifest_add_tensor(&done, p->name, p->ndim, p->gshape)) < 0)
 				goto out;
@@ -443,6 +485,8 @@ out:
 	return rc;
 }
 
+static void defer_copy_writer(st_ckpt_saver *s);
+
 static void run_job(st_ckpt_saver *s)
 {
 	char step_dir[ST_PATH_MAX];
@@ -452,6 +496,12 @@ static void run_job(st_ckpt_saver *s)
 
 	if (s->o.before_write)
 		s->o.before_write(s->o.hook_arg, s->meta.step);
+	if (s->defer.nsegs > 0 || s->defer.nchunks > 0) {
+		defer_copy_writer(s);
+		pthread_mutex_lock(&s->mu);
+		s->stats.last_copy_s = st_mono_s() - t0;
+		pthread_mutex_unlock(&s->mu);
+	}
 	rc = ck_step_dir(step_dir, sizeof(step_dir), s->dir, s->meta.step);
 	if (rc == 0)
 		rc = st_mkdir_p(step_dir);
@@ -538,12 +588,6 @@ int st_ckpt_saver_reserve(st_ckpt_saver *s, int n, const st_ckpt_piece *pieces)
 
 /* ------------------------------------------------------------ the copy */
 
-struct seg {
-	char *dst;
-	const char *src;
-	size_t n;
-};
-
 struct copy_part {
 	const struct seg *segs;
 	int nsegs;
@@ -585,6 +629,103 @@ static void parallel_copy(const struct seg *segs, int nsegs, size_t total)
 		else
 			copy_range(&parts[i]);
 	}
+}
+
+/* ------------------------------------------------------------ the deferred copy */
+
+/* The pieces' CRC-32 over buf up to offset `to` (from where it was left). */
+static void crc_advance(st_ckpt_saver *s, size_t to)
+{
+	while (s->crc_pos < to && s->crc_cur < s->npieces) {
+		const struct job_piece *p = &s->pieces[s->crc_cur];
+		size_t end = p->off + p->nbytes < to ? p->off + p->nbytes : to;
+		if (s->crc_pos < end) {
+			s->crc[s->crc_cur] = st_crc32(s->crc[s->crc_cur], s->buf + s->crc_pos, end - s->crc_pos);
+			s->crc_pos = end;
+		}
+		if (s->crc_pos >= p->off + p->nbytes)
+			s->crc_cur++;
+	}
+}
+
+/* Copy chunk c of the sources into the host buffer. */
+static void defer_copy_chunk(struct defer *d, size_t c)
+{
+	size_t from = c * DEFER_CHUNK, to = from + DEFER_CHUNK < d->total ? from + DEFER_CHUNK : d->total;
+	struct copy_part part = {d->segs, d->nsegs, from, to};
+	copy_range(&part);
+	pthread_mutex_lock(&d->mu);
+	if (++d->done == d->nchunks)
+		pthread_cond_broadcast(&d->cv);
+	pthread_mutex_unlock(&d->mu);
+}
+
+static void defer_wait_copied(struct defer *d)
+{
+	pthread_mutex_lock(&d->mu);
+	while (d->done < d->nchunks)
+		pthread_cond_wait(&d->cv, &d->mu);
+	pthread_mutex_unlock(&d->mu);
+}
+
+/*
+ * The writer's copy: chunks in order, each checksummed right after it is
+ * copied (it is still in the cache: the checksum adds no pass over memory).
+ * Chunks copied by the caller's release are checksummed from the buffer
+ * after every chunk is in.
+ */
+static void defer_copy_writer(st_ckpt_saver *s)
+{
+	struct defer *d = &s->defer;
+	size_t c, data0 = s->npieces > 0 ? s->pieces[0].off : 0;
+	while ((c = atomic_fetch_add(&d->next, 1)) < d->nchunks) {
+		defer_copy_chunk(d, c);
+		if (!atomic_load(&d->takeover) && data0 + c * DEFER_CHUNK == s->crc_pos)
+			crc_advance(s, data0 + (c + 1) * DEFER_CHUNK < data0 + d->total ? data0 + (c + 1) * DEFER_CHUNK
+											: data0 + d->total);
+	}
+	defer_wait_copied(d);
+	crc_advance(s, data0 + d->total);
+	s->have_crc = 1;
+}
+
+static void *defer_helper(void *arg)
+{
+	struct defer *d = arg;
+	size_t c;
+	while ((c = atomic_fetch_add(&d->next, 1)) < d->nchunks)
+		defer_copy_chunk(d, c);
+	return NULL;
+}
+
+int st_ckpt_saver_release(st_ckpt_saver *s, double *held_s)
+{
+	struct defer *d = &s->defer;
+	double t0 = st_mono_s();
+	*held_s = 0;
+	if (!d->pending)
+		return 0;
+	if (atomic_load(&d->next) < d->nchunks) {
+		/* the writer is behind: copy the rest here, on a few threads (memory-bound) */
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		int nt = cpus < 1 ? 1 : cpus > MAX_COPY_THREADS ? MAX_COPY_THREADS : (int)cpus;
+		pthread_t th[MAX_COPY_THREADS];
+		int started[MAX_COPY_THREADS] = {0};
+		atomic_store(&d->takeover, 1);
+		for (int i = 1; i < nt; i++)
+			started[i] = pthread_create(&th[i], NULL, defer_helper, d) == 0;
+		defer_helper(d);
+		for (int i = 1; i < nt; i++)
+			if (started[i])
+				pthread_join(th[i], NULL);
+	}
+	defer_wait_copied(d);
+	d->pending = 0;
+	*held_s = st_mono_s() - t0;
+	pthread_mutex_lock(&s->mu);
+	s->stats.last_hold_s = *held_s;
+	pthread_mutex_unlock(&s->mu);
+	return 1;
 }
 
 static int piece_key(const st_ckpt_piece *p, char **out)
@@ -691,8 +832,24 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 	hdr = NULL;
 	for (int i = 0; i < n; i++)
 		segs[i] = (struct seg){s->buf + s->pieces[i].off, (const char *)pieces[i].data, s->pieces[i].nbytes};
-	parallel_copy(segs, n, total);
-	free(segs);
+	if (s->o.defer_copy && s->o.async) {
+		/* the writer copies; the caller keeps the pieces until st_ckpt_saver_release */
+		if (!(s->crc = calloc((size_t)n + 1, sizeof(*s->crc))))
+			goto nomem;
+		s->defer.segs = segs;
+		s->defer.nsegs = n;
+		s->defer.total = total;
+		s->defer.nchunks = (total + DEFER_CHUNK - 1) / DEFER_CHUNK;
+		s->defer.done = 0;
+		atomic_store(&s->defer.next, 0);
+		atomic_store(&s->defer.takeover, 0);
+		s->crc_pos = n > 0 ? s->pieces[0].off : 0;
+		s->crc_cur = 0;
+		s->defer.pending = 1;
+	} else {
+		parallel_copy(segs, n, total);
+		free(segs);
+	}
 	segs = NULL;
 	t2 = st_mono_s();
 
@@ -700,8 +857,9 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 	s->stats.saves++;
 	s->stats.last_step = meta->step;
 	s->stats.last_wait_s = t1 - t0;
-	s->stats.last_copy_s = t2 - t1;
+	s->stats.last_copy_s = s->defer.pending ? 0 : t2 - t1;
 	s->stats.last_stall_s = t2 - t0;
+	s->stats.last_hold_s = 0;
 	pthread_mutex_unlock(&s->mu);
 
 	atomic_store(&s->abort, 0);
@@ -714,6 +872,7 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 			meta->step);
 	}
 	run_job(s);
+	s->defer.pending = 0; /* run_job copied every chunk */
 	return consume_result(s);
 nomem:
 	rc = st_fail(ST_ENOMEM, "checkpoint step %" PRId64 ": out of memory for host buffers (%zu bytes)", meta->step,

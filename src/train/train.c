@@ -354,6 +354,10 @@ static int train_step(trainer *t, int64_t step, double *loss_out, double *gnorm_
 	if ((rc = st_shard_reduce_grads(&t->shard, &t->model, p)) < 0 ||
 	    (rc = st_shard_grad_norm(&t->shard, &t->model, p, &gnorm)) < 0)
 		return rc;
+	/* the update overwrites the state: a save's background copy must have it all */
+	double held;
+	if (t->saver && st_ckpt_saver_release(t->saver, &held) && t->lead)
+		st_info("checkpoint step %lld: the update waited %.3f s for the copy", (long long)step, held);
 	st_adamw h = {
 		.lr = st_lr_at(c, step), .b1 = c->adam_b1, .b2 = c->adam_b2, .eps = c->adam_eps,
 		.wd = c->adam_weight_decay, .t = step + 1, .grad_scale = 1.0f,
@@ -528,8 +532,13 @@ static int setup_checkpoints(trainer *t)
 	if (rc < 0 || !c->enable_checkpointing)
 		return rc;
 	st_ckpt_opts o;
-	if ((rc = st_ckpt_opts_from_config(&o, c, p->rank, p->world)) < 0 ||
-	    (rc = st_ckpt_saver_create(&t->saver, &o)) < 0)
+	if ((rc = st_ckpt_opts_from_config(&o, c, p->rank, p->world)) < 0)
+		return rc;
+	/* the copy of a save runs in the background during the next step's
+	 * forward and backward, which only read the state; train_step releases
+	 * it before the update */
+	o.defer_copy = 1;
+	if ((rc = st_ckpt_saver_create(&t->saver, &o)) < 0)
 		return rc;
 	/* nobody saves before process 0 has removed uncommitted steps */
 	if ((rc = st_comm_barrier(p->world_comm)) < 0)
