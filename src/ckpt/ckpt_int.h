@@ -106,6 +106,8 @@ struct ck_reader {
 	const char *dir;              /* step directory */
 	const struct ck_manifest *m;
 	int *fds;                     /* per file, -1 until opened */
+	int *dfds;                    /* per file, opened with O_DIRECT: -1 until tried, -2 refused */
+	char *bounce;                 /* aligned buffer of the direct reads */
 	float *tmp;
 	size_t tmp_cap;
 	const struct ck_piece *cached; /* the stored piece held in tmp */

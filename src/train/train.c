@@ -545,10 +545,14 @@ static int setup_checkpoints(trainer *t)
 		return rc;
 	if ((rc = st_config_to_json(c, &t->config_json)) < 0 || (rc = record_kernels(t)) < 0)
 		return rc;
-	if ((rc = st_shard_pieces(&t->shard, &t->model, p, 1, 1, &t->save_pieces, &t->nsave_pieces)) < 0)
-		return rc;
-	/* the host buffers, touched now, so that a save only copies */
-	return st_ckpt_saver_reserve(t->saver, t->nsave_pieces, t->save_pieces);
+	return st_shard_pieces(&t->shard, &t->model, p, 1, 1, &t->save_pieces, &t->nsave_pieces);
+}
+
+/* The host buffers, touched in the background, so that a save only copies
+ * (after a restore: faulting them in competes with its reads). */
+static int reserve_checkpoints(trainer *t)
+{
+	return t->saver ? st_ckpt_saver_reserve(t->saver, t->nsave_pieces, t->save_pieces) : 0;
 }
 
 /* Save the state after `done` completed steps. */
@@ -704,7 +708,7 @@ static int bound_setup(trainer *t, int reformed)
 	const st_config *c = t->c;
 	const st_par *p = &t->par;
 	int rc;
-	if ((rc = setup_checkpoints(t)) < 0)
+	if ((rc = setup_checkpoints(t)) < 0 || (reformed && (rc = reserve_checkpoints(t)) < 0))
 		return rc;
 	if (!t->shard.alias && (rc = st_fsdp_create(&t->fsdp, &t->shard, &t->model, p, t->rows * t->T)) < 0)
 		return rc;
@@ -975,6 +979,8 @@ static int trainer_setup(trainer *t)
 		return rc;
 	if (!joiner && !restored) /* a fresh start (or every checkpoint was unusable): initial weights */
 		st_shard_init_weights(&t->shard, &t->model, (uint64_t)c->init_weights_seed);
+	if ((rc = reserve_checkpoints(t)) < 0)
+		return rc;
 	if (joiner)
 		snprintf(t->origin, sizeof(t->origin), "joined: the state received from a peer");
 	else if (restored && t->step0 > 0)
