@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Runs every test: C test programs (<build>/tests/test_*) and shell tests
 # (tests/cli/*.sh, which drive <build>/slicetrain), for each build directory
-# in $BUILDS (default: build; `make check` passes "build build-san").
-# An optional argument selects the tests whose name contains it; one that
-# selects nothing is an error (exit 2).
+# in $BUILDS (default: build; `make check` passes "build build-san
+# build-noavx512:test_,cli/mesh_,..."). An entry DIR:PATTERN,PATTERN... runs
+# on DIR only the tests whose name (test_kernels, cli/mesh_uneven) contains
+# one of the patterns. An optional argument selects the tests whose full
+# name (build/cli/mesh_uneven) contains it; one that selects nothing is an
+# error (exit 2).
+#
+# Tests run $ST_JOBS at a time (default 1; make test / make check pass
+# make's -j: `make -j2 check` runs two at a time), longest first: by the
+# seconds each took in the last run on that build (<build>/tests/durations,
+# written at the end of every run), else by the time limit it declares (30
+# s when it declares none). Each test's line
+# is printed when it ends (with its output's last 40 lines after a failure),
+# so the lines come in the order the tests end.
 #
 # A test's exit status: 0 passed; 77 skipped, after printing one line
 #   SKIP hardware: REASON     (this machine lacks something: always a skip)
@@ -18,11 +29,17 @@
 # "timeout: SECONDS" in the first 40 lines of the test's source (tests/NAME.c:
 # " * timeout: N", tests/cli/NAME.sh: "# timeout: N"), else 300; times
 # $ST_SAN_TIMEOUT_SCALE (default 3) on a sanitized build.
-# Ends with the skipped tests and their reasons, the failed ones, and the line
-# "N passed, N failed, N skipped"; exit status 0 when none failed.
+# A shell test whose header has a line "# builds: first" runs on the first
+# build of $BUILDS only (it does not depend on the build: fuzz_short).
+# Each test's line has its seconds and its processes' CPU seconds. Ends with
+# the skipped tests and their reasons, the 10 slowest tests, the wall time
+# and CPU seconds, the failed tests, and the line "N passed, N failed, N skipped";
+# exit status 0 when none failed.
 set -u
 cd "$(dirname "$0")/.."
 BUILDS=${BUILDS:-build}
+JOBS=${ST_JOBS:-1}
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: ST_JOBS='$JOBS' is not a positive number" >&2; exit 2; }
 export ST_ROOT="$PWD"
 # The tests check behaviour on small models, where threads only add barrier
 # waits (and oversubscription on a busy machine makes them very slow); tests
@@ -36,12 +53,11 @@ SAN_EXIT=99 SKIP_EXIT=77
 export ST_SAN_REPORT='^==[0-9]+==ERROR: [A-Za-z]+Sanitizer|: runtime error: |^SUMMARY: [A-Za-z]+Sanitizer'
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}halt_on_error=1:print_stacktrace=1:exitcode=$SAN_EXIT"
 asan_options="${ASAN_OPTIONS:+$ASAN_OPTIONS:}abort_on_error=0:exitcode=$SAN_EXIT"
-pass=0 fail=0 skip=0 selected=0 failed=() skipped=()
+pass=0 fail=0 skip=0 failed=() skipped=()
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/slicetrain-tests.XXXXXX")
-cur=0 timer=0 # the running test's session (and process group), and its timer
 trap 'rm -rf "$logdir"' EXIT
-trap 'echo "interrupted"; [ $cur -gt 0 ] && kill -KILL -- -$cur $timer 2>/dev/null; exit 130' INT TERM
 filter=${1:-}
+t_start=$EPOCHREALTIME
 
 # The pids of the live (not zombie) processes of session $1.
 session_pids() {
@@ -53,24 +69,26 @@ session_pids() {
 	done
 }
 
-# The time limit of the test whose source is $1, on a build with time scale $scale.
+# The time limit of the test whose source is $1, on a build with time scale $2.
 time_limit() {
 	[ -n "${ST_TEST_TIMEOUT:-}" ] && { echo "$ST_TEST_TIMEOUT"; return; }
 	local t
 	t=$(head -n 40 "$1" 2>/dev/null | sed -nE 's/^(#| \*) timeout: ([0-9]+) *$/\2/p' | head -1)
-	echo $((${t:-300} * scale))
+	echo $((${t:-300} * $2))
 }
 
-# run_one NAME SOURCE KIND(c|sh) COMMAND...
+# run_one DIR NAME LIMIT KIND(c|sh) COMMAND...: runs one test in its own
+# session with the scratch directory DIR (its output, sanitizer logs, TMPDIR);
+# writes DIR/line (its line, and its output's tail after a failure), DIR/status
+# (pass, fail or skip) and DIR/skips (its SKIP lines). Runs in a subshell of
+# its own (one per running test): TERM stops the test's whole session.
 run_one() {
-	local name=$1 src=$2 kind=$3 limit; shift 3
-	[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && return
-	selected=$((selected + 1))
-	limit=$(time_limit "$src")
-	local out="$logdir/out" san="$logdir/san" t0=$EPOCHREALTIME rc done why="" left
-	rm -rf "$san" "$logdir/tmp" && mkdir "$san" "$logdir/tmp"
+	local dir=$1 name=$2 limit=$3 kind=$4; shift 4
+	local out="$dir/out" san="$dir/san" t0=$EPOCHREALTIME rc done why="" left cur=0 timer=0
+	mkdir -p "$san" "$dir/tmp"
+	trap '[ $cur -gt 0 ] && kill -KILL -- -$cur $timer 2>/dev/null; exit 130' TERM INT
 	# its own session (and process group): a timeout kills all of it
-	TMPDIR="$logdir/tmp" ASAN_OPTIONS="$asan_options:log_path=$san/asan" setsid "$@" >"$out" 2>&1 </dev/null &
+	TMPDIR="$dir/tmp" ASAN_OPTIONS="$asan_options:log_path=$san/asan" setsid "$@" >"$out" 2>&1 </dev/null &
 	cur=$!
 	sleep "$limit" &
 	timer=$!
@@ -93,7 +111,6 @@ run_one() {
 		[ -n "$why" ] || why="left processes running: $(for p in $left; do tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-60; echo; done | paste -sd ';')"
 		kill -KILL $left 2>/dev/null
 	fi
-	cur=0
 	local reasons
 	reasons=$(grep -E '^SKIP (hardware|dependency): ' "$out")
 	if [ -n "$why" ]; then
@@ -114,50 +131,130 @@ run_one() {
 	elif [ $rc -ne 0 ] && [ $rc -ne $SKIP_EXIT ]; then
 		why="exit $rc"
 	fi
-	local secs
+	local secs cpu
 	secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.2f", b-a}')
+	# the CPU seconds of its processes (those reaped: the test waits for its own)
+	times >"$dir/times" # (in this shell: a command substitution's children are not the test)
+	cpu=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] } printf "%.1f", t }' "$dir/times")
+	echo "$secs $cpu" >"$dir/secs"
 	if [ -n "$why" ]; then
-		fail=$((fail + 1)); failed+=("$name")
-		printf 'FAIL %-44s %7ss  %s\n' "$name" "$secs" "$why"
+		printf 'FAIL %-44s %7ss %7s cpu  %s\n' "$name" "$secs" "$cpu" "$why"
 		sed 's/^/    /' "$out" | tail -n 40
+		echo fail >"$dir/status"
 	elif [ $rc -eq $SKIP_EXIT ]; then
-		skip=$((skip + 1))
-		while IFS= read -r r; do skipped+=("SKIP $name: ${r#SKIP }"); done <<<"$reasons"
-		printf 'SKIP %-44s %7ss  %s\n' "$name" "$secs" "$(sed 's/^SKIP //' <<<"$reasons" | paste -sd ';')"
+		printf 'SKIP %-44s %7ss %7s cpu  %s\n' "$name" "$secs" "$cpu" "$(sed 's/^SKIP //' <<<"$reasons" | paste -sd ';')"
+		printf '%s\n' "$reasons" >"$dir/skips"
+		echo skip >"$dir/status"
 	else
-		pass=$((pass + 1))
-		printf 'PASS %-44s %7ss\n' "$name" "$secs"
-	fi
-	rm -rf "$logdir/tmp"
+		printf 'PASS %-44s %7ss %7s cpu\n' "$name" "$secs" "$cpu"
+		echo pass >"$dir/status"
+	fi >"$dir/line"
+	rm -rf "$dir/tmp"
 }
 
-first=1
-for b in $BUILDS; do
+# The queue: every selected test of every build; then ordered longest first (stable: ties keep this order).
+q_name=() q_src=() q_kind=() q_build=() q_cmd=() q_cost=()
+add() { # add NAME SOURCE KIND BUILD PROGRAM (a shell test's: bash SOURCE)
+	[ -n "$filter" ] && [[ "$1" != *"$filter"* ]] && return
+	if [ -n "${b_select[$4]}" ]; then
+		local p ok=0
+		for p in ${b_select[$4]//,/ }; do [[ "${1#"$4"/}" == *"$p"* ]] && ok=1; done
+		[ $ok = 1 ] || return 0
+	fi
+	local cost
+	cost=$(awk -v n="$1" '$1 == n { c = $2 } END { print c }' "$4/tests/durations" 2>/dev/null)
+	# never run here: the time limit it declares (tests that declare one are
+	# the long ones), else 30 s, times the build's time scale
+	[ -n "$cost" ] || cost=$(($(head -n 40 "$2" | sed -nE 's/^(#| \*) timeout: ([0-9]+) *$/\2/p' | head -1 | grep . || echo 30) * ${b_scale[$4]}))
+	q_name+=("$1") q_src+=("$2") q_kind+=("$3") q_build+=("$4") q_cmd+=("$5") q_cost+=("$cost")
+}
+declare -A b_scale b_slicetrain b_first b_select
+first=1 builds=()
+for entry in $BUILDS; do
+	b=${entry%%:*}
+	builds+=("$b")
+	b_select[$b]=
+	[ "$b" = "$entry" ] || b_select[$b]=${entry#*:}
 	[ -x "$b/slicetrain" ] || { echo "tests/run.sh: no $b/slicetrain (build it: make BUILD=$b)" >&2; exit 2; }
-	case $b in /*) SLICETRAIN=$b/slicetrain ;; *) SLICETRAIN=$PWD/$b/slicetrain ;; esac
-	export SLICETRAIN
-	scale=1
-	grep -qa __asan_init "$b/slicetrain" && scale=${ST_SAN_TIMEOUT_SCALE:-3}
-	# builds after the first (the sanitized one) repeat the randomized
-	# kill tests fewer times: the full counts ran on the first build
-	[ $first -eq 1 ] || export KILL_REPS=${KILL_REPS_SAN:-3} CRASH_REPS=${CRASH_REPS_SAN:-3}
-	first=0
+	case $b in /*) b_slicetrain[$b]=$b/slicetrain ;; *) b_slicetrain[$b]=$PWD/$b/slicetrain ;; esac
+	b_scale[$b]=1
+	grep -qa __asan_init "$b/slicetrain" && b_scale[$b]=${ST_SAN_TIMEOUT_SCALE:-3}
+	b_first[$b]=$first
 	for t in "$b"/tests/test_*; do
 		case "$t" in *.o|*.d) continue;; esac
 		[ -x "$t" ] || continue
 		n=$(basename "$t")
-		run_one "$b/$n" "tests/$n.c" c "$t"
+		add "$b/$n" "tests/$n.c" c "$b" "$t"
 	done
 	for t in tests/cli/*.sh; do
 		[ -e "$t" ] || continue
-		run_one "$b/cli/$(basename "$t" .sh)" "$t" sh bash "$t"
+		[ $first -eq 1 ] || ! head -n 40 "$t" | grep -qx '# builds: first' || continue
+		add "$b/cli/$(basename "$t" .sh)" "$t" sh "$b" bash
 	done
+	first=0
 done
-if [ $selected -eq 0 ]; then
+if [ ${#q_name[@]} -eq 0 ]; then
 	echo "tests/run.sh: no test matches '$filter' (in builds: $BUILDS)" >&2
 	exit 2
 fi
+mapfile -t order < <(for i in "${!q_name[@]}"; do echo "$i ${q_cost[$i]}"; done | sort -s -k2,2gr | cut -d' ' -f1)
+echo "tests/run.sh: ${#order[@]} tests, $JOBS at a time, builds: ${builds[*]}"
+
+# start I: test I of the queue in the background, in its scratch directory
+declare -A running=() # pid -> queue index
+start() {
+	local i=$1 b=${q_build[$1]} dir="$logdir/$1"
+	mkdir -p "$dir"
+	(
+		export SLICETRAIN=${b_slicetrain[$b]}
+		# builds after the first (the sanitized one) repeat the randomized
+		# kill tests fewer times: the full counts ran on the first build
+		[ "${b_first[$b]}" = 1 ] || export KILL_REPS=${KILL_REPS_SAN:-3} CRASH_REPS=${CRASH_REPS_SAN:-3}
+		local cmd=("${q_cmd[$1]}")
+		[ "${q_kind[$1]}" = sh ] && cmd=(bash "${q_src[$1]}")
+		run_one "$dir" "${q_name[$1]}" "$(time_limit "${q_src[$1]}" "${b_scale[$b]}")" "${q_kind[$1]}" "${cmd[@]}"
+	) &
+	running[$!]=$i
+}
+# collect: waits for one running test to end and prints its line
+collect() {
+	local pid i dir
+	wait -n -p pid "${!running[@]}"
+	i=${running[$pid]}
+	unset "running[$pid]"
+	dir="$logdir/$i"
+	cat "$dir/line" 2>/dev/null || echo "FAIL ${q_name[$i]}  (the runner lost its result)"
+	case $(cat "$dir/status" 2>/dev/null) in
+	pass) pass=$((pass + 1)) ;;
+	skip)
+		skip=$((skip + 1))
+		while IFS= read -r r; do skipped+=("SKIP ${q_name[$i]}: ${r#SKIP }"); done <"$dir/skips"
+		;;
+	*) fail=$((fail + 1)); failed+=("${q_name[$i]}") ;;
+	esac
+	echo "${q_name[$i]} $(cat "$dir/secs" 2>/dev/null || echo 0 0)" >>"$logdir/times"
+	rm -rf "$dir"
+}
+trap 'echo "interrupted"; for p in "${!running[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait; exit 130' INT TERM
+
+for i in "${order[@]}"; do
+	while [ ${#running[@]} -ge "$JOBS" ]; do collect; done
+	start "$i"
+done
+while [ ${#running[@]} -gt 0 ]; do collect; done
+
+# each build's durations, for the next run's order (a partial run updates its tests)
+for b in "${builds[@]}"; do
+	f="$b/tests/durations"
+	[ -d "$b/tests" ] || continue
+	{ awk -v p="$b/" 'index($1, p) == 1' "$logdir/times"; [ -f "$f" ] && cat "$f"; } | awk '!seen[$1]++' | sort >"$f.tmp" && mv "$f.tmp" "$f"
+done
 [ ${#skipped[@]} -gt 0 ] && printf '%s\n' "${skipped[@]}"
+echo "the 10 slowest (seconds, CPU seconds):"
+sort -k2,2gr "$logdir/times" | head -10 | awk '{ printf "  %7.1f %7.1f  %s\n", $2, $3, $1 }'
+echo "tests/run.sh: $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.0f", b-a}') s wall," \
+	"$(awk '{ t += $3 } END { printf "%.0f", t }' "$logdir/times") CPU seconds in tests, $JOBS at a time;" \
+	"load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

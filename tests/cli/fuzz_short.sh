@@ -6,8 +6,10 @@
 # names the reproducer (copied to build-fuzz/crashes/). The 10-minute runs
 # are `make fuzz-run`. Skipped (dependency) without clang or libFuzzer
 # (scripts/install-deps.sh --test installs clang, libclang-rt-14-dev,
-# libomp-14-dev).
+# libomp-14-dev). It does not use the build under test: tests/run.sh runs it
+# on the first build only; make check builds the targets beside the others.
 # timeout: 240
+# builds: first
 . "$(dirname "$0")/../cli_lib.sh"
 seconds=${FUZZ_SHORT_SECONDS:-5}
 cd "$ST_ROOT" || exit 1
