@@ -21,7 +21,8 @@
  * 'R' rows of an output-layer chunk), beta, and the operands' kinds:
  *   'w' a weight (fp32 master; bf16 copy resident or converted per call)
  *   'h' an activation kept only in bf16 (the fp32 kernel converts it)
- *   'f' an fp32 buffer (the bf16 kernel reads a bf16 copy made for it)
+ *   'f' an fp32 buffer (the bf16 kernel reads a bf16 copy made for it; the
+ *       SwiGLU gradients are made in fp32 when an fp32 kernel reads them)
  */
 static const struct site {
 	const char *name;
@@ -36,13 +37,13 @@ static const struct site {
 	[ST_KS_DOWN] = {"down", 'N', 'T', 'N', 'E', 'M', 0, 'h', 'w'},
 	[ST_KS_LOGITS] = {"logits", 'N', 'T', 'R', 'V', 'E', 0, 'h', 'w'},
 	[ST_KS_D_DOWN] = {"d_down", 'N', 'N', 'N', 'M', 'E', 0, 'f', 'w'},
-	[ST_KS_D_GATE_UP] = {"d_gate_up", 'N', 'N', 'N', 'E', 'M', 0, 'h', 'w'},
+	[ST_KS_D_GATE_UP] = {"d_gate_up", 'N', 'N', 'N', 'E', 'M', 0, 'f', 'w'},
 	[ST_KS_D_O] = {"d_o", 'N', 'N', 'N', 'Q', 'E', 0, 'f', 'w'},
 	[ST_KS_D_Q] = {"d_q", 'N', 'N', 'N', 'E', 'Q', 0, 'f', 'w'},
 	[ST_KS_D_KV] = {"d_kv", 'N', 'N', 'N', 'E', 'K', 1, 'f', 'w'},
 	[ST_KS_D_LOGITS] = {"d_logits", 'N', 'N', 'R', 'E', 'V', 0, 'f', 'w'},
 	[ST_KS_W_DOWN] = {"w_down", 'T', 'N', 'E', 'M', 'N', 1, 'f', 'h'},
-	[ST_KS_W_GATE_UP] = {"w_gate_up", 'T', 'N', 'M', 'E', 'N', 1, 'h', 'h'},
+	[ST_KS_W_GATE_UP] = {"w_gate_up", 'T', 'N', 'M', 'E', 'N', 1, 'f', 'h'},
 	[ST_KS_W_O] = {"w_o", 'T', 'N', 'E', 'Q', 'N', 1, 'f', 'f'},
 	[ST_KS_W_Q] = {"w_q", 'T', 'N', 'Q', 'E', 'N', 1, 'f', 'h'},
 	[ST_KS_W_KV] = {"w_kv", 'T', 'N', 'K', 'E', 'N', 1, 'f', 'h'},

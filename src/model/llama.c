@@ -44,8 +44,15 @@ typedef struct st_llama_acts {
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
 	uint16_t *wtmp;            /* bf16 mode, weights not resident: a weight's bf16 copy */
 	int64_t wtmp_elems;        /* its capacity */
-	float *ksa, *ksb;          /* bf16 mode, fp32 kernels: fp32 copies of bf16 first/second operands */
-	int64_t ksa_n, ksb_n;      /* their capacities (elements) */
+	/* bf16 mode, fp32 kernels: fp32 copies of bf16-only first (ka) and
+	 * second (kb) operands, each remembered until a bf16 operand is written
+	 * (bf16_written), so that products reading the same one convert it once */
+	struct kcopy {
+		float *buf;
+		int64_t cap;          /* elements */
+		const uint16_t *src;  /* what buf holds a copy of (NULL: nothing) */
+		int64_t n;
+	} ka, kb;
 	float *xr_f;               /* split cross-entropy: 4 x chunk_rows floats */
 	double *xr_d;              /* ... and chunk_rows doubles */
 	int64_t chunk_rows;
@@ -521,11 +528,14 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 		int64_t na, nb;
 		st_kplan_scratch(o->kplan, &ks, &na, &nb);
 		if (na)
-			a->ksa = take(c, na * 4);
+			a->ka.buf = take(c, na * 4);
 		if (nb)
-			a->ksb = take(c, nb * 4);
-		a->ksa_n = na;
-		a->ksb_n = nb;
+			a->kb.buf = take(c, nb * 4);
+		a->ka.cap = na;
+		a->kb.cap = nb;
+		/* the SwiGLU gradients in fp32 when a product reads them on the fp32 kernel */
+		if (o->kplan->f32[ST_KS_D_GATE_UP] || o->kplan->f32[ST_KS_W_GATE_UP])
+			a->dm2 = take(c, N * M * 4);
 	}
 	if (bf && o->weight_copy_elems > 0) {
 		a->wtmp = take(c, o->weight_copy_elems * 2);
@@ -647,6 +657,15 @@ static opnd op_at(opnd x, int64_t off)
 /* Does product site `site` run on the fp32 kernel (always in fp32 mode)? */
 static int on_f32(const st_llama *m, int site) { return !m->bf16 || m->kplan.f32[site]; }
 
+/* A bf16 product operand was (re)written: the fp32 copies no longer hold it.
+ * Called by every writer of a bf16 operand (norms, SwiGLU, gradient
+ * companions, cross-entropy gradients, ctx's copy). */
+static void bf16_written(const st_llama *m)
+{
+	if (m->bf16 && m->acts)
+		m->acts->ka.src = m->acts->kb.src = NULL;
+}
+
 /* An fp32 gradient buffer as the operand of sites s1 and s2: in bf16 mode
  * rounded once into its bf16 companion when either runs on the bf16 kernel
  * (then read by every bf16 product that uses it). */
@@ -655,20 +674,27 @@ static opnd grad_op(const st_llama *m, const float *f, uint16_t *h, int64_t n, i
 	if (on_f32(m, s1) && on_f32(m, s2))
 		return OPF(f);
 	st_f32_to_bf16_array(h, f, n);
+	bf16_written(m);
 	return (opnd){.f = f, .h = h};
 }
 
 /* An operand for the fp32 kernel: its fp32 values, or its bf16 values
- * converted (exactly) into buf (cap elements; rows x ld of them are read). */
-static const float *f32_operand(opnd x, float *buf, int64_t cap, int64_t rows, int64_t ld)
+ * converted (exactly) into k's buffer, once until the next bf16_written
+ * (rows x ld elements are read). */
+static const float *f32_operand(opnd x, struct kcopy *k, int64_t rows, int64_t ld)
 {
 	if (x.f)
 		return x.f;
-	if (!x.h || !buf || rows * ld > cap)
+	int64_t n = rows * ld;
+	if (!x.h || !k->buf || n > k->cap)
 		ST_BUG("fp32 kernel: no fp32 copy for a bf16 operand (%lld elements, room for %lld)",
-		       (long long)(rows * ld), (long long)cap);
-	st_bf16_to_f32_array(buf, x.h, rows * ld);
-	return buf;
+		       (long long)n, (long long)k->cap);
+	if (k->src != x.h || k->n != n) {
+		st_bf16_to_f32_array(k->buf, x.h, n);
+		k->src = x.h;
+		k->n = n;
+	}
+	return k->buf;
 }
 
 /*
@@ -688,8 +714,8 @@ static int mm(st_llama *m, int site, char ta, char tb, int64_t M, int64_t N, int
 	}
 	if (m->kplan.f32[site]) { /* bf16 mode, the fp32 kernel (kplan.h) */
 		st_llama_acts *a = m->acts;
-		const float *af = f32_operand(A, a->ksa, a->ksa_n, ta == 'N' ? M : K, lda);
-		const float *bf = f32_operand(B, a->ksb, a->ksb_n, tb == 'N' ? K : N, ldb);
+		const float *af = f32_operand(A, &a->ka, ta == 'N' ? M : K, lda);
+		const float *bf = f32_operand(B, &a->kb, tb == 'N' ? K : N, ldb);
 		return st_gemm(ta, tb, M, N, K, 1.0f, af, lda, bf, ldb, beta, C, ldc);
 	}
 	if (!A.h)
@@ -733,9 +759,10 @@ static void norm_forward(const st_llama *m, float *h, uint16_t *hb, float *rstd,
 			 const float *w)
 {
 	const st_llama_acts *a = m->acts;
-	if (m->bf16)
+	if (m->bf16) {
 		st_rmsnorm_forward_bf16(hb, rstd, x, w, a->N, m->s.E, m->s.eps);
-	else
+		bf16_written(m);
+	} else
 		st_rmsnorm_forward(h, rstd, x, w, a->N, m->s.E, m->s.eps);
 }
 
@@ -785,8 +812,10 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 	}
 	TRY((on_f32(m, ST_KS_ATTN) ? st_attention_forward : st_attention_forward_bf16)(
 		A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D, &a->ws));
-	if (!on_f32(m, ST_KS_O) || !on_f32(m, ST_KS_W_O)) /* a bf16 product reads ctx */
+	if (!on_f32(m, ST_KS_O) || !on_f32(m, ST_KS_W_O)) { /* a bf16 product reads ctx */
 		st_f32_to_bf16_array(A->ctxb, A->ctx, N * HD);
+		bf16_written(m);
+	}
 	if (do_mm)
 		TRY(residual_product(m, ST_KS_O, A->xmid, x, OPA(A, ctx), w->wo, HD));
 	norm_forward(m, A->h2, A->h2b, A->rstd2, A->xmid, w->ln2);
@@ -794,9 +823,10 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, A->gate, M));
 		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, A->up, M));
 	}
-	if (m->bf16)
+	if (m->bf16) {
 		st_swiglu_forward_bf16(A->actb, A->gate, A->up, N * M);
-	else
+		bf16_written(m);
+	} else
 		st_swiglu_forward(A->act, A->gate, A->up, N * M);
 	if (out)
 		TRY(residual_product(m, ST_KS_DOWN, out, A->xmid, OPA(A, act), w->wd, M));
@@ -819,8 +849,14 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	TRY(mm(m, ST_KS_D_DOWN, 'N', 'N', N, M, E, dxo, E, OPF(w->wd), M, 0, a->dm1, M));
 	TRY(mm(m, ST_KS_W_DOWN, 'T', 'N', E, M, N, dxo, E, OPA(A, act), M, 1, g->wd, M));
 	opnd dgate, dup;
-	if (m->bf16) {
+	if (m->bf16 && (on_f32(m, ST_KS_D_GATE_UP) || on_f32(m, ST_KS_W_GATE_UP))) {
+		/* an fp32 kernel reads them: fp32, and bf16 copies if a bf16 one does too */
+		st_swiglu_backward(a->dm2, a->dm1, a->dm1, A->gate, A->up, N * M);
+		dgate = grad_op(m, a->dm2, a->dm2b, N * M, ST_KS_D_GATE_UP, ST_KS_W_GATE_UP);
+		dup = grad_op(m, a->dm1, a->dm1b, N * M, ST_KS_D_GATE_UP, ST_KS_W_GATE_UP);
+	} else if (m->bf16) {
 		st_swiglu_backward_bf16(a->dm2b, a->dm1b, a->dm1, A->gate, A->up, N * M);
+		bf16_written(m);
 		dgate = (opnd){.h = a->dm2b};
 		dup = (opnd){.h = a->dm1b};
 	} else {
@@ -897,6 +933,7 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 		opnd dl;
 		if (!on_f32(m, ST_KS_D_LOGITS) && !on_f32(m, ST_KS_W_LOGITS)) {
 			st_xent_rows_grad_bf16(a->xentb, l, rscale, a->targets + r0, v0, nr, Vl, scale);
+			bf16_written(m);
 			dl = (opnd){.h = a->xentb};
 		} else {
 			st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
