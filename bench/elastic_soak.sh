@@ -79,9 +79,11 @@ keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size="$BA
 gb=$((BATCH * 2))
 echo "soak: $nf fault(s) ($FAULTS), seed $SEED, repair delay $REPAIR s, $STEPS steps, llama3-test batch $BATCH x $SEQ per device, checkpoint_period $PERIOD, keep $KEEP; $ST"
 
-# the fault-free reference: the same steps on 2 slices, straight through
+# the fault-free reference: the same steps on 2 slices, straight through,
+# with the workers' binary (el_ref: on a sanitized build, the optimized one
+# beside it that its agents run, tests/cli/elastic_lib.sh)
 t0=$(date +%s.%N)
-OMP_NUM_THREADS=1 timeout 3600 "$ST" launch --threads-per-device 1 --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" \
+OMP_NUM_THREADS=1 timeout 3600 "$el_ref" launch --threads-per-device 1 --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" \
 	run_name=ref metrics_file="$T/ref.jsonl" >"$T/ref.out" 2>&1 || { echo "the fault-free run failed: $(tail -3 "$T/ref.out")"; exit 1; }
 echo "fault-free run: $STEPS steps in $(echo "$(date +%s.%N) - $t0" | bc) s"
 

@@ -24,7 +24,7 @@ scenario() {
 	local keys=("${el_keys[@]}" steps=$steps "$@")
 	echo "== $n: $*"
 	# the fault-free reference: the same 2 slices, straight through
-	OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref$n \
+	OMP_NUM_THREADS=1 "$el_ref" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref$n \
 		metrics_file="$TMP/ref$n.jsonl" >"$TMP/ref$n.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref$n.out")"
 
 	SLICETRAIN_SAMPLE_LOG="$TMP/samples$n" el_start kill$n --num-slices 2 --min-slices 1 --devices-per-slice 1 \

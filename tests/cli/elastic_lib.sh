@@ -26,11 +26,16 @@ fi
 # The batch (el_batch rows of el_seq tokens per device) is the same on every
 # build: the scenarios need steps slow enough for a slice to come back
 # before the run ends.
-el_scale=1 el_steps=60 el_batch=16 el_seq=512
+# el_ref: the binary of the fault-free reference runs the elastic runs are
+# compared with (a baseline, not the code under test): the workers' binary,
+# so that the comparison is between the same code (and a sanitized build
+# does not train the reference sanitized, which took most of its time).
+el_scale=1 el_steps=60 el_batch=16 el_seq=512 el_ref=$SLICETRAIN
 if grep -qa __asan_init "$SLICETRAIN"; then
 	el_opt=$(dirname "$SLICETRAIN"); el_opt=${el_opt%-san}/slicetrain
 	if [ "$el_opt" != "$SLICETRAIN" ] && [ -x "$el_opt" ] && ! grep -qa __asan_init "$el_opt"; then
 		export SLICETRAIN_WORKER_EXE=$el_opt
+		el_ref=$el_opt
 		el_scale=2
 	else
 		el_scale=3 el_steps=30
