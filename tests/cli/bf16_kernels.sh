@@ -4,11 +4,14 @@
 # same losses bit for bit; the plan is stored in the checkpoint and a run
 # resumed with auto reuses it (and ends on the uninterrupted run's weights,
 # byte for byte); a mixed plan under FSDP and tensor parallelism stays
-# within 1e-2 of its single-process run; malformed values exit 2. Skipped
-# (77) on CPUs without AVX512_BF16.
+# within 1e-2 of its single-process run; an elastic run with that plan whose
+# slice 1 is killed and comes back (the returning worker takes the plan with
+# the state from its peer) ends on the fault-free run's weights bit for bit;
+# malformed values exit 2. Skipped (77) on CPUs without AVX512_BF16.
 # timeout: 300
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/mesh_lib.sh"
+. "$ST_ROOT/tests/cli/elastic_lib.sh"
 grep -qw avx512_bf16 /proc/cpuinfo || skip_hw "bf16 needs AVX512_BF16 (no avx512_bf16 in /proc/cpuinfo)"
 MESH_EXPORT=0
 common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=10 learning_rate=1e-3 warmup_steps_fraction=0
@@ -51,6 +54,22 @@ mesh_single fp32plan per_device_batch_size=4 bf16_kernels=fp32
 mesh_launch fsdp2_fp32plan 1 2 per_device_batch_size=2 ici_fsdp_parallelism=2 bf16_kernels=fp32 \
 	&& mesh_compare_losses fp32plan fsdp2_fp32plan 1e-2
 grep -q '0 of 20 sites on the bf16 kernel' "$TMP/fsdp2_fp32plan.out" || fail "fsdp2_fp32plan: the plan is not logged"
+
+# elastic, in place: a joiner must run the group's plan (its own default would be all-bf16)
+ek=("${el_keys[@]}" steps=20 dtype=bfloat16 bf16_kernels="$mixed")
+OMP_NUM_THREADS=1 "$el_ref" launch --num-slices 2 --devices-per-slice 1 -- "${ek[@]}" run_name=eref \
+	>"$TMP/eref.out" 2>&1 || fail "elastic reference failed: $(tail -3 "$TMP/eref.out")"
+el_start ekill --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --kill 1@5 -- "${ek[@]}" run_name=ekill
+el_wait ekill 90
+status_is "elastic bf16 run with a kill" "$el_rc" 0 "$TMP/ekill.err"
+grep -q 'state of step [0-9]* received from rank 0, no checkpoint read' "$TMP/ekill.err" ||
+	fail "elastic: the returning slice was not fed by a peer"
+for r in eref ekill; do
+	"$SLICETRAIN" export "$TMP/o/$r/checkpoints/20" "$TMP/hf-$r" >/dev/null 2>&1 || fail "$r: export failed"
+done
+cmp -s "$TMP/hf-eref/model.safetensors" "$TMP/hf-ekill/model.safetensors" &&
+	echo "elastic bf16 (mixed plan): killed, re-formed, grown back; final weights bit-identical" ||
+	fail "elastic bf16: the final weights differ from the fault-free run's"
 
 # malformed values
 bad=("${common[@]}" per_device_batch_size=1 steps=1 enable_checkpointing=false)
