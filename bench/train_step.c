@@ -1,26 +1,35 @@
 /*
  * bench/train_step - one device's training speed and memory, against the
- * machine's matrix-multiply rate and the PyTorch peer, in one run.
+ * machine's matrix-multiply rate and PyPI PyTorch 2.x, in one run.
  *
- * For each thread count (OMP_NUM_THREADS, default 1 and 2):
- *   (a) slicetrain's steady-state step (median of the steps after the
+ * --reps N (default 3) repetitions, interleaved: each repetition measures, for
+ * each thread count (OMP_NUM_THREADS of the children, default 1 and 2):
+ *   (a) oneDNN's own matrix-product rate at M=2048 tokens, N=2048, K=768
+ *       (y = x W^T), fp32 through dnnl_sgemm and through the matmul primitive,
+ *       and bf16 through the matmul primitive (median of 9 calls);
+ *   (b) slicetrain's steady-state step (median of the steps after the
  *       first) on llama3-125m, per_device_batch_size=4, max_target_length=512,
  *       remat none, fp32; and bf16 when `dtype=bfloat16` no longer warns that
  *       the bf16 path is not built;
- *   (b) oneDNN's own matrix-product rate at M=2048 tokens, N=2048, K=768
- *       (y = x W^T), fp32 through dnnl_sgemm and through the matmul primitive,
- *       and bf16 through the matmul primitive (median of 9 calls);
- *   (c) the PyTorch reference ../shared/bench/torch_llama_ref.py on the same
- *       shape (skipped, and said so, when absent).
- * Then, at the largest thread count, each remat policy at max_target_length
- * 1024: speed, peak resident memory (getrusage of the child) and what
- * `slicetrain plan` predicts.
+ *   (c) the PyTorch peer, bench/torch_peer.py in .venv-bench (PyPI torch,
+ *       pinned by scripts/install-deps.sh --bench), on the same model (its
+ *       shape from slicetrain's config) and batch, torch.set_num_threads as
+ *       slicetrain's threads: eager fp32, torch.compile fp32, eager bf16
+ *       autocast, torch.compile + bf16 autocast; warm-up (compilation)
+ *       excluded (skipped, and said so, when .venv-bench is absent).
+ * Every run is printed, then the medians over the repetitions and the ratios
+ * slicetrain / PyTorch. Then, at the largest thread count, each remat policy
+ * at max_target_length 1024: speed, peak resident memory (getrusage of the
+ * child) and what `slicetrain plan` predicts. The header names the CPU.
  *
- * usage: bench/train_step [--threads 1,2] [--steps 5] [--torch-steps 2] [--no-torch]
- *                         [--no-remat] [--slicetrain build/slicetrain]
+ * usage: bench/train_step [--threads 1,2] [--reps 3] [--steps 5] [--peer-steps 4]
+ *                         [--peer-warmup 2] [--peer-modes eager,compile,bf16,compile-bf16]
+ *                         [--python .venv-bench/bin/python] [--no-torch] [--no-remat]
+ *                         [--slicetrain build/slicetrain]
  * Run from the repository root (bench/train_step.sh builds and runs it).
  */
 #include <errno.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,18 +206,60 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 	return rc ? 0 : 2.0 * M * N * K / median(t, 9) / 1e9;
 }
 
-static void torch_ref(run *r, int threads, int steps, double *tokens, double *gflops)
+/* The PyPI PyTorch peer (bench/torch_peer.py in .venv-bench) in one mode; the model's
+ * shape is passed from slicetrain's own config. */
+static void torch_peer(run *r, const char *python, const st_config *c, const char *mode,
+		       int threads, int steps, int warmup, double *tokens)
 {
-	char a_thr[16], a_steps[16];
-	snprintf(a_thr, sizeof(a_thr), "%d", threads);
-	snprintf(a_steps, sizeof(a_steps), "%d", steps);
-	char *argv[] = {"/usr/bin/python3", "../shared/bench/torch_llama_ref.py", "--threads", a_thr,
-			"--steps", a_steps, NULL};
+	/* --flag value pairs after the script, mode and thread count */
+	const struct { const char *flag; double v; } kv[] = {
+		{"--threads", threads}, {"--steps", steps}, {"--warmup", warmup}, {"--emb", (double)c->emb_dim},
+		{"--layers", (double)c->num_decoder_layers}, {"--heads", (double)c->num_query_heads},
+		{"--kv", (double)c->num_kv_heads}, {"--head_dim", (double)c->head_dim}, {"--mlp", (double)c->mlp_dim},
+		{"--vocab", (double)c->vocab_size}, {"--theta", c->rope_theta}, {"--eps", c->norm_eps},
+		{"--batch", 4}, {"--seq", 512}};
+	enum { NKV = sizeof(kv) / sizeof(kv[0]) };
+	char val[NKV][32], *argv[4 + 2 * NKV + 1] = {(char *)python, "bench/torch_peer.py", "--mode", (char *)mode};
+	for (int i = 0; i < NKV; i++) {
+		snprintf(val[i], sizeof(val[i]), "%.17g", kv[i].v);
+		argv[4 + 2 * i] = (char *)kv[i].flag;
+		argv[5 + 2 * i] = val[i];
+	}
+	argv[4 + 2 * NKV] = NULL;
 	spawn(r, argv, threads);
-	*tokens = *gflops = 0;
-	char *p = strstr(r->out, "tokens/s=");
+	*tokens = 0;
+	char *p = strstr(r->out, "median_step_s=");
 	if (p)
-		sscanf(p, "tokens/s=%lf model_GFLOP/s=%lf", tokens, gflops);
+		sscanf(p, "median_step_s=%*f tokens/s=%lf", tokens);
+}
+
+/* "AMD EPYC ..., family 26 model 2" from /proc/cpuinfo */
+static void cpu_model(char *buf, size_t n)
+{
+	char line[512], name[256] = "?", fam[32] = "?", mod[32] = "?";
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	while (f && fgets(line, sizeof(line), f)) {
+		char *colon = strchr(line, ':');
+		if (!colon)
+			continue;
+		char *val = colon + 1 + (colon[1] == ' ');
+		val[strcspn(val, "\n")] = 0;
+		if (!strncmp(line, "model name", 10) && !strcmp(name, "?"))
+			snprintf(name, sizeof(name), "%s", val);
+		else if (!strncmp(line, "cpu family", 10) && !strcmp(fam, "?"))
+			snprintf(fam, sizeof(fam), "%s", val);
+		else if (!strncmp(line, "model\t", 6) && !strcmp(mod, "?"))
+			snprintf(mod, sizeof(mod), "%s", val);
+	}
+	if (f)
+		fclose(f);
+	snprintf(buf, n, "%s, family %s model %s, %ld logical CPUs", name, fam, mod, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+static double load1(void)
+{
+	double l[1] = {0};
+	return getloadavg(l, 1) == 1 ? l[0] : -1;
 }
 
 static double plan_total(const char *seq, const char *remat, double *act_bytes)
@@ -235,10 +286,37 @@ static void fail_tail(const run *r, const char *what)
 		r->out + (n > 1500 ? n - 1500 : 0));
 }
 
+/* one measured row of one repetition at one thread count */
+enum { R_SGEMM, R_MATMUL, R_MMBF16, R_TMM32, R_TMM16, R_ST32, R_STBF16, R_PEER0, NROWS = R_PEER0 + 4 };
+static const char *peer_modes[4] = {"eager", "compile", "bf16", "compile-bf16"};
+static const char *row_name[NROWS] = {"oneDNN sgemm fp32", "oneDNN matmul fp32", "oneDNN matmul bf16",
+				      "torch mm fp32",     "torch mm bf16",
+				      "st fp32",           "st bf16",            "torch eager fp32",
+				      "torch compile fp32", "torch eager bf16",  "torch compile bf16"};
+typedef struct meas {
+	int ok;
+	double tokens, step_s, gflops, rss_gib, cpu, load; /* mm rows: gflops only */
+} meas;
+#define MAXREPS 9
+
+static double med_of(meas m[][8][NROWS], int reps, int ti, int row, int field)
+{
+	double v[MAXREPS];
+	int n = 0;
+	for (int k = 0; k < reps; k++)
+		if (m[k][ti][row].ok)
+			v[n++] = field == 0 ? m[k][ti][row].tokens
+				 : field == 1 ? m[k][ti][row].step_s
+				 : field == 2 ? m[k][ti][row].gflops
+					      : m[k][ti][row].rss_gib;
+	return n ? median(v, n) : 0;
+}
+
 int main(int argc, char **argv)
 {
-	int threads[8] = {1, 2}, nthreads = 2, steps = 5, torch_steps = 2, do_torch = 1, do_remat = 1;
-	const char *bin = "build/slicetrain";
+	int threads[8] = {1, 2}, nthreads = 2, steps = 5, peer_steps = 4, peer_warmup = 2, reps = 3;
+	int do_torch = 1, do_remat = 1, mode_on[4] = {1, 1, 1, 1};
+	const char *bin = "build/slicetrain", *python = ".venv-bench/bin/python";
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
 			nthreads = 0;
@@ -246,8 +324,20 @@ int main(int argc, char **argv)
 				threads[nthreads++] = atoi(s);
 		} else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
 			steps = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--torch-steps") && i + 1 < argc) {
-			torch_steps = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+			reps = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--peer-steps") && i + 1 < argc) {
+			peer_steps = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--peer-warmup") && i + 1 < argc) {
+			peer_warmup = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--peer-modes") && i + 1 < argc) {
+			memset(mode_on, 0, sizeof(mode_on));
+			for (char *s = strtok(argv[++i], ","); s; s = strtok(NULL, ","))
+				for (int m = 0; m < 4; m++)
+					if (!strcmp(s, peer_modes[m]))
+						mode_on[m] = 1;
+		} else if (!strcmp(argv[i], "--python") && i + 1 < argc) {
+			python = argv[++i];
 		} else if (!strcmp(argv[i], "--no-torch")) {
 			do_torch = 0;
 		} else if (!strcmp(argv[i], "--no-remat")) {
@@ -255,16 +345,27 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--slicetrain") && i + 1 < argc) {
 			bin = argv[++i];
 		} else {
-			fprintf(stderr, "usage: %s [--threads 1,2] [--steps 5] [--torch-steps 2] [--no-torch] "
-					"[--no-remat] [--slicetrain build/slicetrain]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--threads 1,2] [--reps 3] [--steps 5] [--peer-steps 4] "
+					"[--peer-warmup 2] [--peer-modes eager,compile,bf16,compile-bf16] "
+					"[--python .venv-bench/bin/python] [--no-torch] [--no-remat] "
+					"[--slicetrain build/slicetrain]\n", argv[0]);
 			return 2;
 		}
 	}
 	if (steps < 2)
 		steps = 2;
+	if (reps < 1)
+		reps = 1;
+	if (reps > MAXREPS)
+		reps = MAXREPS;
 	st_config_set_config_dir("configs");
-	int have_torch = do_torch && access("../shared/bench/torch_llama_ref.py", R_OK) == 0 &&
-			 access("/usr/bin/python3", X_OK) == 0;
+	st_config mc;
+	char *mov[] = {"model_name=llama3-125m", "base_output_directory=/tmp/slicetrain-bench", "run_name=bench"};
+	if (st_config_load(&mc, "configs/base.yml", 3, mov) < 0) {
+		fprintf(stderr, "config: %s\n", st_errmsg());
+		return 1;
+	}
+	int have_torch = do_torch && access(python, X_OK) == 0 && access("bench/torch_peer.py", R_OK) == 0;
 
 	/* is bf16 built? a one-step run of the tiny model says so */
 	run *r = malloc(sizeof(*r));
@@ -277,88 +378,163 @@ int main(int argc, char **argv)
 	int bf16_model = r->rc == 0 && !r->bf16_missing;
 	int cpu_bf16 = st_cpu_has_bf16();
 
+	char cpu[512];
+	cpu_model(cpu, sizeof(cpu));
 	printf("bench/train_step: llama3-125m, batch 4 x 512, remat none; %s\n",
 	       cpu_bf16 ? "CPU has AVX512_BF16" : st_cpu_bf16_message());
-	printf("steady state: median of %d steps after the first; matmul: M=2048 N=2048 K=768, "
-	       "median of 9\n", steps - 1);
+	printf("cpu: %s\n", cpu);
+	printf("model: emb %lld, layers %lld, heads %lld, kv heads %lld, head_dim %lld, mlp %lld, vocab %lld, "
+	       "rope theta %g, eps %g, untied output layer\n",
+	       (long long)mc.emb_dim, (long long)mc.num_decoder_layers, (long long)mc.num_query_heads,
+	       (long long)mc.num_kv_heads, (long long)mc.head_dim, (long long)mc.mlp_dim,
+	       (long long)mc.vocab_size, mc.rope_theta, mc.norm_eps);
+	printf("%d repetitions, interleaved (each: every thread count, every row); slicetrain: median of %d "
+	       "steps after the first; matmul: M=2048 N=2048 K=768, median of 9\n", reps, steps - 1);
 	if (have_torch) {
-		/* PyTorch's speed depends on the BLAS Debian's alternatives select */
-		char blas[512] = "";
-		ssize_t n = readlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", blas, sizeof(blas) - 1);
-		if (n > 0)
-			blas[n] = 0;
-		printf("pytorch: median of %d steps after the first; libblas.so.3 -> %s%s\n", torch_steps,
-		       n > 0 ? blas : "?",
-		       n > 0 && strstr(blas, "/blas/") ? " (netlib reference BLAS: slow, single-threaded)" : "");
+		run *v = malloc(sizeof(*v));
+		char *vargv[] = {(char *)python, "-c",
+				 "import torch; print('torch', torch.__version__, '| cpu capability',"
+				 " torch.backends.cpu.get_cpu_capability(), '| mkldnn', torch.backends.mkldnn.is_available())",
+				 NULL};
+		spawn(v, vargv, 1);
+		v->out[strcspn(v->out, "\n")] = 0;
+		printf("peer: %s bench/torch_peer.py (%s): median of %d steps after %d untimed warm-up steps "
+		       "(torch.compile's compilation among them); modes:", python, v->out, peer_steps, peer_warmup);
+		for (int m = 0; m < 4; m++)
+			if (mode_on[m])
+				printf(" %s", peer_modes[m]);
+		printf("\n");
+		free(v);
+	} else {
+		printf("peer: %s (scripts/install-deps.sh --bench creates .venv-bench)\n",
+		       do_torch ? "absent" : "skipped (--no-torch)");
 	}
-	printf("\n");
-	printf("%-3s %-9s %9s %9s %10s %8s %8s %9s %9s %5s\n", "thr", "run", "step s", "tokens/s",
-	       "model GF/s", "vs mm", "vs torch", "peak GiB", "mm GF/s", "cpu");
+	printf("load average at start: %.2f\n\n", load1());
+	fflush(stdout);
+
+	static meas m[MAXREPS][8][NROWS];
+	memset(m, 0, sizeof(m));
+	printf("%-4s %-3s %-19s %9s %9s %10s %9s %5s %6s\n", "rep", "thr", "run", "step s", "tokens/s",
+	       "GF/s", "peak GiB", "cpu", "load1");
+	for (int k = 0; k < reps; k++) {
+		for (int ti = 0; ti < nthreads; ti++) {
+			int th = threads[ti];
+			meas *row = m[k][ti];
+			for (int d = 0; d < 3; d++) {
+				if (d == 2 && !cpu_bf16)
+					continue;
+				row[d].load = load1();
+				row[d].gflops = matmul_rate(d, th, &row[d].cpu);
+				row[d].ok = row[d].gflops > 0;
+			}
+			for (int bf = 0; bf < 2; bf++) {
+				if (bf && !bf16_model)
+					continue;
+				meas *q = &row[R_ST32 + bf];
+				q->load = load1();
+				train(r, bin, th, steps, "512", "none", bf ? "bfloat16" : "float32");
+				q->ok = r->rc == 0 && r->nsteps > 0;
+				if (!q->ok) {
+					fail_tail(r, "slicetrain");
+					continue;
+				}
+				q->tokens = r->tokens, q->step_s = r->step_s, q->gflops = r->tflops * 1000;
+				q->rss_gib = r->maxrss_gib, q->cpu = r->cpu_share;
+			}
+			/* model FLOPs per token, MaxText's formula (slicetrain's log line) */
+			double fpt = row[R_ST32].ok ? row[R_ST32].gflops / row[R_ST32].tokens : 0;
+			for (int md = 0; have_torch && md < 4; md++) {
+				if (!mode_on[md])
+					continue;
+				meas *q = &row[R_PEER0 + md];
+				q->load = load1();
+				double tok = 0;
+				torch_peer(r, python, &mc, peer_modes[md], th, peer_steps, peer_warmup, &tok);
+				q->ok = r->rc == 0 && tok > 0;
+				if (!q->ok) {
+					fail_tail(r, peer_modes[md]);
+					continue;
+				}
+				q->tokens = tok, q->step_s = 2048.0 / tok, q->gflops = fpt * tok;
+				q->rss_gib = r->maxrss_gib, q->cpu = r->cpu_share;
+				char *pm = strstr(r->out, "peer_mm: fp32_GFLOP/s=");
+				if (pm && sscanf(pm, "peer_mm: fp32_GFLOP/s=%lf bf16_GFLOP/s=%lf", &row[R_TMM32].gflops,
+						 &row[R_TMM16].gflops) == 2) {
+					row[R_TMM32].ok = row[R_TMM16].ok = 1;
+					row[R_TMM32].load = row[R_TMM16].load = q->load;
+					row[R_TMM32].cpu = row[R_TMM16].cpu = -1;
+				}
+			}
+			for (int i = 0; i < NROWS; i++) {
+				meas *q = &row[i];
+				if (!q->ok)
+					continue;
+				if (i < R_ST32 && q->cpu < 0)
+					printf("%-4d %-3d %-19s %9s %9s %10.1f %9s %5s %6.2f\n", k + 1, th, row_name[i],
+					       "", "", q->gflops, "", "", q->load);
+				else if (i < R_ST32)
+					printf("%-4d %-3d %-19s %9s %9s %10.1f %9s %5.2f %6.2f\n", k + 1, th, row_name[i],
+					       "", "", q->gflops, "", q->cpu, q->load);
+				else
+					printf("%-4d %-3d %-19s %9.3f %9.1f %10.1f %9.2f %5.2f %6.2f\n", k + 1, th,
+					       row_name[i], q->step_s, q->tokens, q->gflops, q->rss_gib, q->cpu, q->load);
+			}
+			fflush(stdout);
+		}
+	}
+	printf("\n(cpu: the child's CPU time / (wall time x threads) over the whole run, warm-up and compilation "
+	       "included,\n below about 0.9 when other jobs took cores; load1: 1-minute load average when the row "
+	       "started)\n");
+
+	printf("\nmedians of %d repetitions\n", reps);
+	printf("%-3s %-19s %9s %9s %10s %8s %9s\n", "thr", "run", "step s", "tokens/s", "GF/s", "vs mm",
+	       "peak GiB");
 	for (int ti = 0; ti < nthreads; ti++) {
 		int th = threads[ti];
-		double cs[3] = {0, 0, 0};
-		double mm_sgemm = matmul_rate(0, th, &cs[0]), mm_prim = matmul_rate(1, th, &cs[1]);
-		double mm_bf16 = cpu_bf16 ? matmul_rate(2, th, &cs[2]) : 0;
-		double mm_f32 = mm_sgemm > mm_prim ? mm_sgemm : mm_prim;
-		/* slicetrain first, PyTorch (slow) last */
-		run *st = malloc(2 * sizeof(run)); /* 1 MiB of output each */
-		int ok[2] = {0, 0};
-		for (int bf = 0; bf < 2; bf++) {
-			if (bf && !bf16_model)
+		double mm32 = fmax(med_of(m, reps, ti, R_SGEMM, 2), med_of(m, reps, ti, R_MATMUL, 2));
+		double mm16 = med_of(m, reps, ti, R_MMBF16, 2);
+		for (int i = 0; i < NROWS; i++) {
+			double tok = med_of(m, reps, ti, i, 0), gf = med_of(m, reps, ti, i, 2);
+			if (gf <= 0)
 				continue;
-			train(&st[bf], bin, th, steps, "512", "none", bf ? "bfloat16" : "float32");
-			ok[bf] = st[bf].rc == 0 && st[bf].nsteps > 0;
-			if (!ok[bf])
-				fail_tail(&st[bf], "slicetrain");
-		}
-		double torch_tok = 0, torch_gf = 0, torch_rss = 0, torch_cpu = 0;
-		if (have_torch) {
-			torch_ref(r, th, torch_steps, &torch_tok, &torch_gf);
-			torch_rss = r->maxrss_gib;
-			torch_cpu = r->cpu_share;
-			if (r->rc != 0 || torch_tok <= 0)
-				fail_tail(r, "PyTorch reference");
-		}
-		printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f %5.2f  sgemm fp32\n", th, "oneDNN", "", "",
-		       "", "", "", "", mm_sgemm, cs[0]);
-		printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f %5.2f  matmul fp32\n", th, "oneDNN", "", "",
-		       "", "", "", "", mm_prim, cs[1]);
-		if (cpu_bf16)
-			printf("%-3d %-9s %9s %9s %10s %8s %8s %9s %9.1f %5.2f  matmul bf16\n", th, "oneDNN", "",
-			       "", "", "", "", "", mm_bf16, cs[2]);
-		if (have_torch && torch_tok > 0)
-			printf("%-3d %-9s %9.3f %9.1f %10.1f %8.2f %8s %9.2f %9s %5.2f\n", th, "pytorch",
-			       2048.0 / torch_tok, torch_tok, torch_gf, torch_gf / mm_f32, "1.00", torch_rss, "",
-			       torch_cpu);
-		else
-			printf("%-3d %-9s %s\n", th, "pytorch",
-			       do_torch ? "absent (../shared/bench/torch_llama_ref.py or /usr/bin/python3)"
-					: "skipped (--no-torch)");
-		for (int bf = 0; bf < 2; bf++) {
-			if (bf && !bf16_model) {
-				printf("%-3d %-9s not run: dtype=bfloat16 still runs in float32 (the model's bf16 path "
-				       "is not built)\n", th, "st bf16");
+			if (i < R_ST32) {
+				printf("%-3d %-19s %9s %9s %10.1f\n", th, row_name[i], "", "", gf);
 				continue;
 			}
-			if (!ok[bf])
-				continue;
-			run *q = &st[bf];
-			double mm = bf ? mm_bf16 : mm_f32;
-			char vs_torch[16] = "-";
-			if (torch_tok > 0)
-				snprintf(vs_torch, sizeof(vs_torch), "%.2f", q->tokens / torch_tok);
-			printf("%-3d %-9s %9.3f %9.1f %10.1f %8.2f %8s %9.2f %9s %5.2f\n", th,
-			       bf ? "st bf16" : "st fp32", q->step_s, q->tokens, q->tflops * 1000,
-			       mm > 0 ? q->tflops * 1000 / mm : 0, vs_torch, q->maxrss_gib, "", q->cpu_share);
+			int isbf = i == R_STBF16 || i == R_PEER0 + 2 || i == R_PEER0 + 3;
+			double mm = isbf ? mm16 : mm32;
+			printf("%-3d %-19s %9.3f %9.1f %10.1f %8.2f %9.2f\n", th, row_name[i],
+			       med_of(m, reps, ti, i, 1), tok, gf, mm > 0 ? gf / mm : 0, med_of(m, reps, ti, i, 3));
 		}
-		if (ok[0] && ok[1])
-			printf("%-3d bf16 / fp32 tokens/s: %.2fx\n", th, st[1].tokens / st[0].tokens);
-		free(st);
-		fflush(stdout);
 	}
-	printf("\n(vs mm: model GFLOP/s / the faster oneDNN fp32 rate of the same thread count, "
-	       "bf16 runs / the bf16 rate; vs torch: tokens/s / PyTorch's;\n cpu: the child's CPU time / "
-	       "(wall time x threads), below about 0.9 when other jobs took cores)\n");
+	printf("(vs mm: model GFLOP/s / the faster oneDNN fp32 rate of the same thread count, bf16 rows / the "
+	       "bf16 rate)\n");
+
+	printf("\nratios of median tokens/s (target: fp32 >= 1.30x, bf16 >= 1.50x); per repetition in brackets\n");
+	struct { int a, b; double target; } rat[] = {{R_ST32, R_PEER0 + 0, 1.3}, {R_ST32, R_PEER0 + 1, 1.3},
+						     {R_STBF16, R_PEER0 + 2, 1.5}, {R_STBF16, R_PEER0 + 3, 1.5},
+						     {R_STBF16, R_ST32, 0}};
+	for (int ti = 0; ti < nthreads; ti++) {
+		for (size_t j = 0; j < sizeof(rat) / sizeof(rat[0]); j++) {
+			double x = med_of(m, reps, ti, rat[j].a, 0), y = med_of(m, reps, ti, rat[j].b, 0);
+			if (x <= 0 || y <= 0)
+				continue;
+			printf("%-3d %-19s / %-19s %6.2fx", threads[ti], row_name[rat[j].a], row_name[rat[j].b], x / y);
+			if (rat[j].target > 0)
+				printf("  %s", x / y >= rat[j].target ? "met" : "NOT met");
+			printf("  [");
+			for (int k = 0; k < reps; k++) {
+				meas *p = &m[k][ti][rat[j].a], *q = &m[k][ti][rat[j].b];
+				if (p->ok && q->ok)
+					printf("%s%.2f", k ? " " : "", p->tokens / q->tokens);
+				else
+					printf("%s-", k ? " " : "");
+			}
+			printf("]\n");
+		}
+	}
+	printf("load average at end: %.2f\n", load1());
+	fflush(stdout);
 
 	if (do_remat) {
 		int th = threads[nthreads - 1];

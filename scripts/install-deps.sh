@@ -4,7 +4,9 @@
 #   scripts/install-deps.sh          build dependencies, and the default job's data (data/default/)
 #   scripts/install-deps.sh --test   plus what the test suite needs, and
 #                                    .venv-test/ (Hugging Face transformers from PyPI)
-#   scripts/install-deps.sh --bench  plus OpenMPI (the collectives peer) and perf tools
+#   scripts/install-deps.sh --bench  plus OpenMPI (the collectives peer), perf tools, g++ and
+#                                    .venv-bench/ (PyTorch 2.15.0 from PyPI, pinned: bench/train_step's
+#                                    speed peer; about 5 GB with the CUDA libraries its wheel brings)
 #   scripts/install-deps.sh --ray    plus .venv-ray/ (Ray Train 2.60.0 from PyPI, pinned, and the
 #                                    manifest validators) for deploy/ray and make test-ray (docs/ray.md)
 set -euo pipefail
@@ -15,7 +17,7 @@ if [ "${1:-}" = "--test" ]; then
 	pkgs+=(clang libclang-rt-14-dev libomp-14-dev) # fuzz targets: clang, libFuzzer, clang's OpenMP
 fi
 if [ "${1:-}" = "--bench" ]; then
-	pkgs+=(python3 python3-numpy python3-torch openmpi-bin libopenmpi-dev util-linux)
+	pkgs+=(python3 python3-venv g++ openmpi-bin libopenmpi-dev util-linux) # g++: torch.compile
 fi
 if [ "${1:-}" = "--ray" ]; then
 	pkgs+=(python3 python3-venv iproute2 util-linux) # the local Ray cluster: ip, unshare, nsenter
@@ -73,6 +75,20 @@ if [ "${1:-}" = "--ray" ]; then
 		/usr/bin/python3 -m venv "$venv"
 		"$venv/bin/pip" install -q --disable-pip-version-check "ray[default,train]==2.60.0" \
 			kubernetes-validate==1.37.0 jsonschema==4.23.0 pyyaml==6.0.2
+	fi
+fi
+
+# Bench only: bench/train_step's speed peer (bench/torch_peer.py) is PyPI's
+# PyTorch, pinned, in its own venv without the system's site packages
+# (Debian's torch 1.13 stays the tests' float64 oracle). The Linux wheel on
+# PyPI depends on CUDA's libraries (about 5 GB installed), unused on CPU;
+# PyPI is the index this project reaches. torch.compile needs g++ (above).
+if [ "${1:-}" = "--bench" ]; then
+	venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-bench"
+	if ! "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.15.0'" 2>/dev/null; then
+		echo "creating $venv (PyTorch 2.15.0 from PyPI for bench/train_step; about 5 GB)"
+		/usr/bin/python3 -m venv "$venv"
+		"$venv/bin/pip" install -q --disable-pip-version-check torch==2.15.0 numpy==2.4.6
 	fi
 fi
 
