@@ -495,7 +495,7 @@ int main(int argc, char **argv)
 		double mm16 = med_of(m, reps, ti, R_MMBF16, 2);
 		for (int i = 0; i < NROWS; i++) {
 			double tok = med_of(m, reps, ti, i, 0), gf = med_of(m, reps, ti, i, 2);
-			if (gf <= 0)
+			if (i < R_ST32 ? gf <= 0 : tok <= 0)
 				continue;
 			if (i < R_ST32) {
 				printf("%-3d %-19s %9s %9s %10.1f\n", th, row_name[i], "", "", gf);
