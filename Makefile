@@ -1,8 +1,10 @@
 # slicetrain build.
 #   make            build build/slicetrain, the tests and the benchmarks that need no MPI
 #   make test       build and run the whole test suite (ends "N passed, N failed, N skipped")
-#   make san        the same suite built with ASan+UBSan, in build-san/
-#   make check      both: the optimized build's suite and the sanitized one
+#   make san        the same suite built with ASan+UBSan, in $(BUILD)-san/
+#   make check      the default suite (CI): the optimized build's suite, the sanitized one,
+#                   and the kernels' tests on a build without AVX-512 ($(BUILD)-noavx512/);
+#                   make -jN runs N tests at a time (docs/testing.md)
 #   make run        the main job: the embedded default as an elastic run on 2 slices, one preempted
 #   make data       the default job's token files (data/default/*.bin; install-deps.sh made the rest)
 #   make bench      build the benchmark programs (bench/README.md; needs openmpi for mpi_allreduce)
@@ -17,8 +19,12 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -
 LDLIBS  += -ldnnl -lyaml -ljansson -ldeflate -lcrypto -lm -fopenmp
 LDLIBS  += -lpcre2-8 # src/text: the tokenizer's pre-tokenizer regexes
 
+# SAN=1: the sanitized build, in build-san/ unless BUILD is given
+# (make SAN=1 BUILD=build-x-san)
 ifeq ($(SAN),1)
+ifneq ($(origin BUILD),command line)
 BUILD   := build-san
+endif
 OPT     := -O1 -march=native -fno-omit-frame-pointer
 CFLAGS  += -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
@@ -49,17 +55,42 @@ $(BUILD)/slicetrain: $(CLI_OBJ) $(BUILD)/libslicetrain.a
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libslicetrain.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# Tests run ST_JOBS at a time: make's -jN (none: 1), unless ST_JOBS is set.
+ST_JOBS ?= $(or $(patsubst -j%,%,$(filter -j%,$(MAKEFLAGS))),1)
+
 test: all data
-	BUILDS=$(BUILD) tests/run.sh
+	ST_JOBS=$(ST_JOBS) BUILDS=$(BUILD) tests/run.sh
 
 san:
-	$(MAKE) SAN=1 test
+	$(MAKE) SAN=1 BUILD=$(BUILD)-san test
 
-check:
-	$(MAKE) all
-	$(MAKE) SAN=1 all
+# The default suite (docs/testing.md; .ci/run runs it): the optimized build,
+# the sanitized one ($(BUILD)-san) and one without AVX-512 ($(BUILD)-noavx512:
+# the kernels' scalar paths, issue 14), built side by side with the fuzz
+# targets (for tests/cli/fuzz_short: best effort, the test says why they do
+# not build); then every test on the first two builds and NOAVX512_TESTS on
+# the third, ST_JOBS at a time (make -j2 check: 2).
+NOAVX512_OPT   := $(OPT) -mno-avx512f
+NOAVX512_TESTS := test_ cli/mesh_ cli/resume_bitexact cli/oracle_adamw cli/hf_torch_ref cli/train_ \
+	cli/generate cli/eval cli/default_job
+check: check-build
 	$(MAKE) data
-	BUILDS="build build-san" tests/run.sh
+	ST_JOBS=$(ST_JOBS) BUILDS="$(BUILD) $(BUILD)-san $(BUILD)-noavx512:$(subst $(space),$(comma),$(strip $(NOAVX512_TESTS)))" \
+		tests/run.sh
+
+check-build: check-build-opt check-build-san check-build-noavx512 check-build-fuzz
+check-build-opt:
+	$(MAKE) all
+check-build-san:
+	$(MAKE) SAN=1 BUILD=$(BUILD)-san all
+check-build-noavx512:
+	$(MAKE) BUILD=$(BUILD)-noavx512 OPT='$(NOAVX512_OPT)' all
+check-build-fuzz:
+	@mkdir -p $(FUZZ_BUILD) && command -v $(FUZZ_CC) >/dev/null && $(MAKE) fuzz >$(FUZZ_BUILD)/make.log 2>&1 || \
+		echo "make check: the fuzz targets did not build ($(FUZZ_BUILD)/make.log); tests/cli/fuzz_short says why"
+empty :=
+space := $(empty) $(empty)
+comma := ,
 
 # The default job's data (data/default/, docs/data.md): made by
 # scripts/install-deps.sh (Debian's fortunes, a held-out split, a tokenizer
@@ -166,7 +197,8 @@ test-ray: $(BUILD)/slicetrain
 .PHONY: test-ray
 
 clean:
-	rm -rf build build-san
+	rm -rf $(BUILD) $(BUILD)-san $(BUILD)-noavx512
 
-.PHONY: all test san check check-default-job run data bench clean soak goodput
+.PHONY: all test san check check-build check-build-opt check-build-san check-build-noavx512 check-build-fuzz
+.PHONY: check-default-job run data bench clean soak goodput
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d) $(BENCH:=.d)
