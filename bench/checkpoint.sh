@@ -1,45 +1,156 @@
 #!/usr/bin/env bash
-# Checkpoint speed (issue 4) on llama3-125m (weights + two AdamW moments,
-# about 1.5 GB), one process: save throughput against this disk's sequential
-# write bandwidth (dd conv=fsync, same directory, same run), the training
-# stall of an async save against the step time, the slowdown of the step
-# that overlaps the background write, and restore throughput against a
-# sequential read of the same files.
-#   bench/checkpoint.sh [DIR]     (DIR: where to write, default a temporary dir here; build first)
-#   BATCH=4 SEQ=512 bench/checkpoint.sh   (the step shape; default 1 x 256)
-#   STEPS=10 (default): saves every 2 steps
+# Checkpoint cost (issue 14, items 3 and 4) on llama3-125m (weights + two
+# AdamW moments, about 1.5 GB), one process, 2 threads. It reports the
+# done-when figures:
+#   - stall / step: the time a save blocks training (st_ckpt_save, plus the
+#     wait of the next update for the copy when the copy is deferred) over
+#     the median step of the run without saves;
+#   - whole cost / step: (wall time of a run saving every PERIOD steps - wall
+#     time of the same run without checkpointing) / number of saves, over the
+#     same step (wall time: from the line of step 0 to the process's exit, so
+#     the last save's commit counts); the CPU time (user + sys) difference per
+#     save is printed beside it, being less sensitive to other load;
+#   - restore rate vs a sequential read (dd bs=8M) of the same shard file,
+#     each after dropping the page cache (echo 3 > drop_caches; where that is
+#     refused, posix_fadvise(DONTNEED) on the files: the script says which).
+# Runs are interleaved (for each repetition: shape by shape, the run without
+# saves, then each binary's run with saves), medians of REPS.
+#   bench/checkpoint.sh                      (build first; about 25 min with both shapes on 2 cores)
+#   BINS="build/slicetrain-old build/slicetrain" bench/checkpoint.sh   (compare binaries, interleaved)
+#   SHAPES="1x256 4x512" (default)  REPS=3  PERIOD=5  STEPS=11 (saves after steps 5 and 10)
+#   STEPS_4x512=6 (per-shape override: one save)  DIR=where to write (default a temporary dir here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=${1:-$(mktemp -d "$PWD/.bench-ckpt.XXXXXX")}
-trap 'rm -rf "$dir"' EXIT
-bin=build/slicetrain
-mb=1536
-ddw=$(dd if=/dev/zero of="$dir/dd.bin" bs=1M count=$mb conv=fsync 2>&1 | tail -1)
-rm -f "$dir/dd.bin"
-common=(configs/base.yml model_name=llama3-125m max_target_length=${SEQ:-256} per_device_batch_size=${BATCH:-1} remat_policy=full
-	dataset_type=synthetic base_output_directory="$dir" run_name=bench learning_rate=1e-4 checkpoint_period=2
-	max_num_checkpoints_to_keep=2)
-"$bin" train "${common[@]}" steps=${STEPS:-10} >"$dir/train.out" 2>"$dir/train.err"
-step=$(grep '^completed step' "$dir/train.out" | tail -n +2 | sed 's/.*seconds: \([0-9.]*\),.*/\1/' | sort -g |
-	awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-echo "== save"
-echo "dd write (conv=fsync, ${mb} MiB): $ddw"
-grep 'checkpoint step' "$dir/train.err" | sed 's/^slicetrain: /  /'
-grep 'checkpoints:' "$dir/train.err" | sed 's/^slicetrain: /  /'
-stall=$(grep 'checkpoint step' "$dir/train.err" | tail -1 | sed 's/.*stalled \([0-9.]*\) s.*/\1/')
-awk -v s="$stall" -v t="$step" 'BEGIN{printf "  stall of the last async save: %.3f s = %.1f%% of a %.3f s step (target: at most 5%%)\n", s, 100*s/t, t}'
-# The background write (CRC-32, O_DIRECT writes, fsync, commit) runs during
-# the step after a save and competes with it for the cores: that step's extra
-# time is the rest of the save's cost, beyond the stall.
-grep '^completed step' "$dir/train.out" | sed 's/completed step: \([0-9]*\), seconds: \([0-9.]*\),.*/\1 \2/' |
-	awk -v p=2 '$1 > 0 { if ($1 % p == 0) { a[++na] = $2 } else if ($1 > 1) { b[++nb] = $2 } }
-	function med(x, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
-		return n % 2 ? x[(n + 1) / 2] : (x[n / 2] + x[n / 2 + 1]) / 2 }
-	END { if (na && nb) { ma = med(a, na); mb = med(b, nb)
-		printf "  steps overlapping a background write: median %.3f s, other steps %.3f s: %+.1f%%\n", ma, mb, 100 * (ma - mb) / mb } }'
-echo "== restore"
-"$bin" train "${common[@]}" steps=$((${STEPS:-10} + 1)) checkpoint_period=1000 save_checkpoint_on_completion=false >/dev/null 2>"$dir/restore.err"
-grep 'restored step' "$dir/restore.err" | sed 's/^slicetrain: /  /'
-shard=$(ls "$dir"/bench/checkpoints/${STEPS:-10}/shard-*.safetensors)
-sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null && echo "  (page cache dropped before the read)" || echo "  (page cache not dropped: reads may come from memory)"
-echo "  sequential read of the shard: $(dd if="$shard" of=/dev/null bs=1M 2>&1 | tail -1)"
+BINS=${BINS:-build/slicetrain}
+SHAPES=${SHAPES:-1x256 4x512}
+REPS=${REPS:-3}
+PERIOD=${PERIOD:-5}
+dir=${DIR:-$(mktemp -d "$PWD/.bench-ckpt.XXXXXX")}
+[ -n "${DIR:-}" ] || trap 'rm -rf "$dir"' EXIT
+mkdir -p "$dir"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores; $(uptime | sed 's/.*load/load/')"
+
+med() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+# drop the page cache (or the files' pages), printing how
+drop() {
+	sync
+	if echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+		echo drop_caches
+	else
+		python3 -c 'import os, sys
+for f in sys.argv[1:]:
+    fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"
+		echo fadvise_dontneed
+	fi
+}
+
+# run BIN SHAPE MODE(nosave|save) TAG: one training run; prints
+# "step_median wall cpu nsaves stall_per_save overlap_step_median background_cpu_per_save"
+run() {
+	local bin=$1 shape=$2 mode=$3 tag=$4 b=${2%x*} s=${2#*x} out=$dir/$4
+	local steps_var=STEPS_$2 steps
+	steps=${!steps_var:-${STEPS:-11}}
+	local args=(configs/base.yml model_name=llama3-125m max_target_length=$s per_device_batch_size=$b remat_policy=full
+		dataset_type=synthetic base_output_directory="$dir/$tag.d" run_name=bench learning_rate=1e-4 steps=$steps
+		checkpoint_period=$PERIOD save_checkpoint_on_completion=false max_num_checkpoints_to_keep=1)
+	[ "$mode" = save ] || args+=(enable_checkpointing=false)
+	rm -rf "$dir/$tag.d"
+	/usr/bin/time -f '%U %S' -o "$out.time" "$bin" train "${args[@]}" 2>"$out.err" |
+		while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done >"$out.out"
+	local end=$EPOCHREALTIME
+	local t0 step wall cpu n stall ov bg
+	t0=$(awk '$2 == "completed" && $4 == "0," {print $1}' "$out.out")
+	wall=$(awk -v a="$t0" -v b="$end" 'BEGIN {printf "%.3f", b - a}')
+	cpu=$(awk 'NR == 1 {printf "%.2f", $1 + $2}' "$out.time")
+	step=$(awk '$2 == "completed" && $4 != "0," {sub(",", "", $6); print $6}' "$out.out" | med)
+	n=$(grep -c 'training stalled' "$out.err" || true)
+	# the stall of each save: the save call, plus the next update's wait for the copy
+	stall=$(awk '/training stalled/ {for (i = 1; i <= NF; i++) if ($i == "stalled") s += $(i+1)}
+		/update waited/ {for (i = 1; i <= NF; i++) if ($i == "waited") s += $(i+1)}
+		END {printf "%.3f", NR ? s : 0}' "$out.err")
+	[ "$n" -gt 0 ] && stall=$(awk -v s="$stall" -v n="$n" 'BEGIN {printf "%.3f", s / n}')
+	ov=$(awk -v p="$PERIOD" '$2 == "completed" {st = $4 + 0; sub(",", "", $6); if (st > 0 && st % p == 0) print $6}' "$out.out" | med)
+	bg=$(sed -n 's/.*background CPU \([0-9.]*\) s per save.*/\1/p' "$out.err")
+	grep -q 'FAILED' "$out.err" && { echo "run $tag: a save FAILED" >&2; cat "$out.err" >&2; exit 1; }
+	echo "$step $wall $cpu $n $stall $ov ${bg:-0}"
+}
+
+declare -A R
+for rep in $(seq 1 "$REPS"); do
+	for shape in $SHAPES; do
+		R[$shape.nosave.$rep]=$(run "${BINS%% *}" "$shape" nosave "$shape-nosave-$rep")
+		echo "rep $rep $shape nosave: ${R[$shape.nosave.$rep]}  ($(uptime | sed 's/.*load/load/'))"
+		bi=0
+		for bin in $BINS; do
+			bi=$((bi + 1))
+			R[$shape.$bi.$rep]=$(run "$bin" "$shape" save "$shape-save$bi-$rep")
+			echo "rep $rep $shape save $bin: ${R[$shape.$bi.$rep]}  ($(uptime | sed 's/.*load/load/'))"
+		done
+	done
+done
+
+echo "== save (columns per run: step s, wall s, cpu s, saves, stall per save s, step overlapping a save s, background CPU per save s)"
+for shape in $SHAPES; do
+	bi=0
+	for bin in $BINS; do
+		bi=$((bi + 1))
+		stalls= costs= cpus= steps= bgs=
+		for rep in $(seq 1 "$REPS"); do
+			read -r step0 wall0 cpu0 _ <<<"${R[$shape.nosave.$rep]}"
+			read -r _ wall1 cpu1 n stall ov bg <<<"${R[$shape.$bi.$rep]}"
+			c=$(awk -v a="$wall1" -v b="$wall0" -v n="$n" 'BEGIN {printf "%.3f", (a - b) / n}')
+			cc=$(awk -v a="$cpu1" -v b="$cpu0" -v n="$n" 'BEGIN {printf "%.3f", (a - b) / n}')
+			printf '  %s %s rep %d: step %.3f s; stall %.3f s (%.1f%%); whole cost %.3f s (%.1f%%), cpu %+.3f s per save; overlapping step %.3f s (%+.1f%%); background CPU %.3f s per save\n' \
+				"$shape" "$bin" "$rep" "$step0" "$stall" "$(awk -v a="$stall" -v b="$step0" 'BEGIN{print 100*a/b}')" \
+				"$c" "$(awk -v a="$c" -v b="$step0" 'BEGIN{print 100*a/b}')" "$cc" "$ov" \
+				"$(awk -v a="$ov" -v b="$step0" 'BEGIN{print 100*(a-b)/b}')" "$bg"
+			bgs+="$bg"$'\n'
+			stalls+="$(awk -v a="$stall" -v b="$step0" 'BEGIN{print 100*a/b}')"$'\n'
+			costs+="$(awk -v a="$c" -v b="$step0" 'BEGIN{print 100*a/b}')"$'\n'
+			cpus+="$cc"$'\n'
+			steps+="$step0"$'\n'
+		done
+		printf '%s %s MEDIAN: step %.3f s, stall %.1f%% of a step (target <= 5%%), whole cost %.1f%% of a step (target <= 30%%), cpu %+.3f s per save, background CPU %.3f s per save\n' \
+			"$shape" "$bin" "$(printf '%s' "$steps" | med)" "$(printf '%s' "$stalls" | med)" \
+			"$(printf '%s' "$costs" | med)" "$(printf '%s' "$cpus" | med)" "$(printf '%s' "$bgs" | med)"
+	done
+done
+
+echo "== restore (the checkpoint of the last run with saves; page cache dropped before each read)"
+last=$(ls -d "$dir"/*-save*-"$REPS".d | tail -1)
+sdir=$(ls -d "$last"/bench/checkpoints/[0-9]* | sort -t/ -k1 | tail -1)
+step=$(basename "$sdir")
+shards=("$sdir"/shard-*.safetensors)
+for rep in $(seq 1 "$REPS"); do
+	for bin in $BINS; do
+		how=$(drop "${shards[@]}")
+		"$bin" train configs/base.yml model_name=llama3-125m remat_policy=full dataset_type=synthetic \
+			base_output_directory="$last" run_name=bench steps="$step" max_target_length=64 \
+			>/dev/null 2>"$dir/restore.err"
+		r=$(sed -n 's/.*restored step.*(\([0-9.]*\) MB\/s).*/\1/p' "$dir/restore.err")
+		echo "restore $bin rep $rep: $r MB/s ($how; $(uptime | sed 's/.*load/load/'))"
+		echo "$r" >>"$dir/restore.$(echo "$bin" | tr / _)"
+	done
+	how=$(drop "${shards[@]}")
+	t0=$EPOCHREALTIME
+	for f in "${shards[@]}"; do dd if="$f" of=/dev/null bs=8M iflag=fullblock 2>/dev/null; done
+	t1=$EPOCHREALTIME
+	bytes=$(cat "${shards[@]}" | wc -c)
+	r=$(awk -v b="$bytes" -v a="$t0" -v c="$t1" 'BEGIN {printf "%.0f", b / 1e6 / (c - a)}')
+	echo "sequential read (dd bs=8M) rep $rep: $r MB/s ($how)"
+	echo "$r" >>"$dir/restore.seq"
+	how=$(drop "${shards[@]}")
+	t0=$EPOCHREALTIME
+	for f in "${shards[@]}"; do dd if="$f" of=/dev/null bs=8M iflag=direct 2>/dev/null; done
+	t1=$EPOCHREALTIME
+	r=$(awk -v b="$bytes" -v a="$t0" -v c="$t1" 'BEGIN {printf "%.0f", b / 1e6 / (c - a)}')
+	echo "sequential read (dd bs=8M iflag=direct) rep $rep: $r MB/s ($how)"
+	echo "$r" >>"$dir/restore.seqd"
+done
+seq=$(med <"$dir/restore.seq")
+seqd=$(med <"$dir/restore.seqd")
+for bin in $BINS; do
+	r=$(med <"$dir/restore.$(echo "$bin" | tr / _)")
+	echo "restore $bin MEDIAN: $r MB/s = $(awk -v a="$r" -v b="$seq" 'BEGIN {printf "%.0f", 100 * a / b}')% of the buffered sequential read's $seq MB/s, $(awk -v a="$r" -v b="$seqd" 'BEGIN {printf "%.0f", 100 * a / b}')% of the direct one's $seqd MB/s (target >= 80%)"
+done

@@ -189,6 +189,8 @@ typedef struct st_ckpt_stats {
 	double last_write_s;      /* background: shard write + fsync + rename + done record */
 	double last_commit_s;     /* process 0: waiting for done records + manifest + prune */
 	int64_t last_bytes;       /* bytes of this process's last shard file */
+	double last_bg_cpu_s;     /* CPU time of the last save's background thread (copy, checksum, write, commit) */
+	double total_bg_cpu_s;    /* ... summed over every save */
 	char last_error[512];     /* message of the last failure, "" if none */
 } st_ckpt_stats;
 

@@ -487,10 +487,18 @@ out:
 
 static void defer_copy_writer(st_ckpt_saver *s);
 
+static double thread_cpu_s(void)
+{
+	struct timespec ts;
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) < 0)
+		return 0;
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void run_job(st_ckpt_saver *s)
 {
 	char step_dir[ST_PATH_MAX];
-	double t0 = st_mono_s(), t1, t2;
+	double t0 = st_mono_s(), t1, t2, cpu0 = thread_cpu_s();
 	int64_t bytes = 0;
 	int rc, wrote;
 
@@ -516,6 +524,8 @@ static void run_job(st_ckpt_saver *s)
 	s->stats.last_write_s = t1 - t0;
 	s->stats.last_commit_s = wrote && s->o.process == 0 ? t2 - t1 : 0;
 	s->stats.last_bytes = bytes;
+	s->stats.last_bg_cpu_s = thread_cpu_s() - cpu0;
+	s->stats.total_bg_cpu_s += s->stats.last_bg_cpu_s;
 	if (rc < 0) {
 		s->stats.failed++;
 		snprintf(s->stats.last_error, sizeof(s->stats.last_error), "%s", st_errmsg());
