@@ -91,8 +91,7 @@ struct st_comm {
 	int *gmem;    /* members, grouped, in member order inside each group */
 	int *dfd;     /* data connection by position, -1 */
 	int my_g, L;
-	int64_t spin_ns;  /* the longest a wait spins before sleeping */
-	int64_t spin_cur; /* how long the next wait spins: adapts, up to spin_ns */
+	int64_t spin_ns;  /* how long a wait spins before sleeping */
 	int yields;       /* then how often it yields (oversubscribed only) */
 	size_t W;     /* window bytes: a window holds up to W / element size elements */
 	size_t SW;    /* a slot's bytes: W, plus room for the per-member rounding of a window's split */
@@ -228,26 +227,13 @@ static inline void cpu_relax(void)
 static int reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
 
 /* Wait until every other member of my local group has posted target times:
- * spin (up to spin_cur), then yield (only when oversubscribed: yielding to an
+ * spin (up to spin_ns), then yield (only when oversubscribed: yielding to an
  * unrelated busy process costs a whole time slice), then sleep on the futex,
- * checking the group's state between sleeps.
- *
- * The spin adapts: it starts at spin_ns, halves (down to SPIN_MIN_NS) after
- * a wait that had to sleep, and grows back by SPIN_STEP_NS after each wait
- * that spinning ended. When the members have their CPUs to themselves a
- * wait lasts microseconds, a sleep is rare and the spin stays near spin_ns.
- * When other processes share the CPUs the member we wait for is often
- * descheduled: spinning then only burns this member's share of its CPU, so
- * that the scheduler runs it later once the wait ends, and every window
- * pays for it. 2 ranks, 64 and 256 MB, load average 15-19 on 2 CPUs,
- * three alternations: 0.41-1.13 GB/s spinning up to 1 ms, 0.87-1.71
- * adapting (docs/performance.md, "Collectives"). */
-enum { SPIN_MIN_NS = 30000, SPIN_STEP_NS = 1000 };
-
+ * checking the group's state between sleeps. */
 static int wait_locals(st_comm *c, uint32_t target)
 {
 	st_group *g = c->g;
-	int h = c->my_g, slept = 0;
+	int h = c->my_g;
 	for (int k = 0; k < c->L; k++) {
 		int x = c->gmem[c->gstart[h] + k];
 		if (x == c->me)
@@ -262,11 +248,10 @@ static int wait_locals(st_comm *c, uint32_t target)
 				int64_t now = st_mono_ns();
 				if (!t0)
 					t0 = now;
-				else if (now - t0 > c->spin_cur)
+				else if (now - t0 > c->spin_ns)
 					break;
 			}
 		}
-		slept = 1;
 		for (int i = 0;; i++) {
 			if (atomic_load(&g->fail) || atomic_load(&g->peers[c->ranks[x]].left)) {
 				/* what it posted before leaving still counts */
@@ -290,9 +275,6 @@ static int wait_locals(st_comm *c, uint32_t target)
 		}
 	next:;
 	}
-	int64_t lo = c->spin_ns < SPIN_MIN_NS ? c->spin_ns : SPIN_MIN_NS;
-	c->spin_cur = slept ? (c->spin_cur / 2 > lo ? c->spin_cur / 2 : lo)
-			    : (c->spin_cur + SPIN_STEP_NS < c->spin_ns ? c->spin_cur + SPIN_STEP_NS : c->spin_ns);
 	return 0;
 }
 
@@ -840,7 +822,6 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	int crowded = g->host_procs > g->host_cpus;
 	c->spin_ns = crowded ? 2000 : 1000000;
 	c->yields = crowded ? 2 : 0;
-	c->spin_cur = c->spin_ns;
 
 	uint64_t lh = st_fnv1a(ST_FNV_INIT, &g->nonce, sizeof(g->nonce));
 	lh = st_fnv1a(lh, &n, sizeof(n));
