@@ -33,18 +33,7 @@
  * Synchronization inside a local group: each member has a sequence counter
  * in the segment; a post increments it, a wait spins briefly, then yields,
  * then sleeps on the futex, and checks the group's failure state all along.
- * Slots are double-buffered (window parity); a window needs one post and
- * wait per phase that reads others' slots (allreduce: two; reduce-scatter,
- * allgather: one), and none for handing a slot back (see run()).
- *
- * Memory traffic, two members in shared memory, allreduce, per byte of a
- * member's buffer: the copy into its slot reads 1/2 and writes 1/2; the
- * reduction of its half reads 1/2 from its buffer and 1/2 from the other's
- * slot and stores the sum once from registers into its buffer and its slot
- * (1/2 + 1/2); the copy of the other half's sum out of the other's slot
- * reads 1/2 and writes 1/2: 2 bytes read and 2 written, of which only the
- * buffer's own 1 + 1 reach DRAM for large buffers (slots stay in cache;
- * docs/performance.md, "Collectives").
+ * Slots are double-buffered (window parity).
  */
 #include <errno.h>
 #include <limits.h>
@@ -93,12 +82,11 @@ struct st_comm {
 	int my_g, L;
 	int64_t spin_ns;  /* how long a wait spins before sleeping */
 	int yields;       /* then how often it yields (oversubscribed only) */
-	size_t W;     /* window bytes: a window holds up to W / element size elements */
-	size_t SW;    /* a slot's bytes: W, plus room for the per-member rounding of a window's split */
+	size_t W;     /* window bytes */
 	uint8_t *shm; /* mapping: header, lines, slots */
 	size_t shm_len;
 	uint8_t *slots;
-	uint32_t seq;
+	uint32_t seq, last_done[2];
 	uint64_t nwin;
 	uint8_t *scratch; /* (G-1) windows: partials received for my segment */
 	int64_t *cnt, *off, *lo, *len, *wofs; /* per position, per call / window */
@@ -113,67 +101,85 @@ typedef double vd __attribute__((vector_size(64)));
 typedef uint64_t vu __attribute__((vector_size(64)));
 
 
-/* d[i] (and d2[i] if d2 is not NULL) = a[i] op b[i] for n elements; an
- * output may be a or b. Sums run on 64-byte vectors (GCC's generic vectors:
- * one AVX-512 register where the target has AVX-512F, else two AVX2 or four
- * SSE registers; the same element-wise IEEE adds, so the same bits, on every
- * target), then one element at a time; the second output is stored from the
- * same register, so a reduction that must land in two places reads its
- * inputs once. */
-#define SUM_LOOP(T, VT, LANES)                                              \
-	do {                                                                \
-		for (; i + LANES <= n; i += LANES) {                        \
-			VT x, y;                                            \
-			memcpy(&x, A + i * sizeof(T), 64);                  \
-			memcpy(&y, B + i * sizeof(T), 64);                  \
-			x += y;                                             \
-			memcpy(D + i * sizeof(T), &x, 64);                  \
-			if (D2)                                             \
-				memcpy(D2 + i * sizeof(T), &x, 64);         \
-		}                                                           \
-		for (; i < n; i++) {                                        \
-			T x, y;                                             \
-			memcpy(&x, A + i * sizeof(T), sizeof(T));           \
-			memcpy(&y, B + i * sizeof(T), sizeof(T));           \
-			x += y;                                             \
-			memcpy(D + i * sizeof(T), &x, sizeof(T));           \
-			if (D2)                                             \
-				memcpy(D2 + i * sizeof(T), &x, sizeof(T));  \
-		}                                                           \
-	} while (0)
-
-/* max: NaN wins (floats) */
-#define MAX_LOOP(T, NANWINS)                                                \
-	do {                                                                \
-		for (; i < n; i++) {                                        \
-			T x, y;                                             \
-			memcpy(&x, A + i * sizeof(T), sizeof(T));           \
-			memcpy(&y, B + i * sizeof(T), sizeof(T));           \
-			if (y > x || (NANWINS && y != y))                   \
-				x = y;                                      \
-			memcpy(D + i * sizeof(T), &x, sizeof(T));           \
-			if (D2)                                             \
-				memcpy(D2 + i * sizeof(T), &x, sizeof(T));  \
-		}                                                           \
-	} while (0)
-
-static void combine(void *d, void *d2, const void *a, const void *b, size_t n, int dt, int op)
+/* d[i] = a[i] op b[i] for n elements; d may be a or b. */
+static void combine(void *d, const void *a, const void *b, size_t n, int dt, int op)
 {
-	uint8_t *D = d, *D2 = d2;
+	uint8_t *D = d;
 	const uint8_t *A = a, *B = b;
 	size_t i = 0;
-	if (op == ST_SUM && dt == ST_DTYPE_F32)
-		SUM_LOOP(float, vf, 16);
-	else if (op == ST_SUM && dt == ST_DTYPE_F64)
-		SUM_LOOP(double, vd, 8);
-	else if (op == ST_SUM) /* i64, wrapping */
-		SUM_LOOP(uint64_t, vu, 8);
-	else if (dt == ST_DTYPE_F32)
-		MAX_LOOP(float, 1);
-	else if (dt == ST_DTYPE_F64)
-		MAX_LOOP(double, 1);
-	else
-		MAX_LOOP(int64_t, 0);
+	if (op == ST_SUM && dt == ST_DTYPE_F32) {
+		for (; i + 16 <= n; i += 16) {
+			vf x, y;
+			memcpy(&x, A + i * 4, 64);
+			memcpy(&y, B + i * 4, 64);
+			x += y;
+			memcpy(D + i * 4, &x, 64);
+		}
+		for (; i < n; i++) {
+			float x, y;
+			memcpy(&x, A + i * 4, 4);
+			memcpy(&y, B + i * 4, 4);
+			x += y;
+			memcpy(D + i * 4, &x, 4);
+		}
+	} else if (op == ST_SUM && dt == ST_DTYPE_F64) {
+		for (; i + 8 <= n; i += 8) {
+			vd x, y;
+			memcpy(&x, A + i * 8, 64);
+			memcpy(&y, B + i * 8, 64);
+			x += y;
+			memcpy(D + i * 8, &x, 64);
+		}
+		for (; i < n; i++) {
+			double x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			x += y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	} else if (op == ST_SUM) { /* i64, wrapping */
+		for (; i + 8 <= n; i += 8) {
+			vu x, y;
+			memcpy(&x, A + i * 8, 64);
+			memcpy(&y, B + i * 8, 64);
+			x += y;
+			memcpy(D + i * 8, &x, 64);
+		}
+		for (; i < n; i++) {
+			uint64_t x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			x += y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	} else if (dt == ST_DTYPE_F32) { /* max: NaN wins */
+		for (; i < n; i++) {
+			float x, y;
+			memcpy(&x, A + i * 4, 4);
+			memcpy(&y, B + i * 4, 4);
+			if (y > x || y != y)
+				x = y;
+			memcpy(D + i * 4, &x, 4);
+		}
+	} else if (dt == ST_DTYPE_F64) {
+		for (; i < n; i++) {
+			double x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			if (y > x || y != y)
+				x = y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	} else {
+		for (; i < n; i++) {
+			int64_t x, y;
+			memcpy(&x, A + i * 8, 8);
+			memcpy(&y, B + i * 8, 8);
+			if (y > x)
+				x = y;
+			memcpy(D + i * 8, &x, 8);
+		}
+	}
 }
 
 /* d1 (and d2 if not NULL) = ((src[0] op src[1]) op src[2]) ... for n
@@ -188,19 +194,20 @@ static void reduce(void *d1, void *d2, const void *const *src, int k, size_t n, 
 			memcpy(d2, src[0], bytes);
 		return;
 	}
-	if (k == 2) {
-		combine(d1, d2, src[0], src[1], n, dt, op);
+	if (k == 2 && !d2) {
+		combine(d1, src[0], src[1], n, dt, op);
 		return;
 	}
 	enum { BLK = 8192 };
 	_Alignas(64) uint8_t acc[BLK];
 	for (size_t o = 0; o < bytes; o += BLK) {
 		size_t b = bytes - o < BLK ? bytes - o : BLK, e = b / esz;
-		combine(acc, NULL, (const uint8_t *)src[0] + o, (const uint8_t *)src[1] + o, e, dt, op);
-		for (int q = 2; q < k - 1; q++)
-			combine(acc, NULL, acc, (const uint8_t *)src[q] + o, e, dt, op);
-		combine((uint8_t *)d1 + o, d2 ? (uint8_t *)d2 + o : NULL, acc, (const uint8_t *)src[k - 1] + o, e, dt,
-			op);
+		combine(acc, (const uint8_t *)src[0] + o, (const uint8_t *)src[1] + o, e, dt, op);
+		for (int q = 2; q < k; q++)
+			combine(acc, acc, (const uint8_t *)src[q] + o, e, dt, op);
+		memcpy((uint8_t *)d1 + o, acc, b);
+		if (d2)
+			memcpy((uint8_t *)d2 + o, acc, b);
 	}
 }
 
@@ -379,7 +386,7 @@ static uint8_t *out_ptr(st_comm *c, const job *j, int i)
 
 static uint8_t *slot(st_comm *c, const job *j, int x, int par, int i)
 {
-	return c->slots + ((size_t)c->lidx[x] * 2 + (size_t)par) * c->SW + (size_t)c->wofs[i] * j->esz;
+	return c->slots + ((size_t)c->lidx[x] * 2 + (size_t)par) * c->W + (size_t)c->wofs[i] * j->esz;
 }
 
 /* The member of group h that reduces segment i there: i itself in its own
@@ -434,13 +441,13 @@ static int window_reduce(st_comm *c, const job *j, int par)
 	if (c->len[me])
 		for (int h = 0, k = 0; h < G; h++)
 			if (h != my_g)
-				add_op(c, &nops, handler(c, h, me), 0, c->scratch + (size_t)k++ * c->SW, c->len[me], esz);
+				add_op(c, &nops, handler(c, h, me), 0, c->scratch + (size_t)k++ * c->W, c->len[me], esz);
 	if ((r = xchg(c, c->ops, nops)) < 0)
 		return r;
 	if (c->len[me]) {
 		for (int h = 0, k = 0; h < G; h++)
 			src[h] = h == my_g ? (L > 1 ? (const void *)slot(c, j, me, par, me) : (const void *)in_ptr(c, j, me))
-					   : (const void *)(c->scratch + (size_t)k++ * c->SW);
+					   : (const void *)(c->scratch + (size_t)k++ * c->W);
 		reduce(out_ptr(c, j, me), j->mode == M_AR && L > 1 ? slot(c, j, me, par, me) : NULL, src, G,
 		       (size_t)c->len[me], j->dt, j->op);
 	}
@@ -499,10 +506,9 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 	}
 	if (total == 0)
 		return 0;
-	/* a window's elements; a member's share of it rounds up by at most one
-	 * element, which the slots' padding holds (so a power-of-two message
-	 * fills whole windows) */
-	int64_t wel = (int64_t)(c->W / j->esz);
+	int64_t wel = (int64_t)(c->W / j->esz) - n;
+	if (wel < 1)
+		return st_fail(ST_EINVAL, "collective: %d members do not fit a %zu-byte window", n, c->W);
 	int64_t nw = (total + wel - 1) / wel;
 	for (int64_t w = 0; w < nw; w++) {
 		int64_t acc = 0;
@@ -514,13 +520,9 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 			c->wofs[i] = acc;
 			acc += b - a;
 		}
-		/* Slots alternate by window parity. Window w writes this member's
-		 * slot of parity w & 1 only after it saw every local member's first
-		 * post of window w - 1, which each makes after its last read of
-		 * window w - 2 (every mode posts and waits at least once per window,
-		 * and all reads of others' slots come before the member's next
-		 * post): so no "done" post is needed, across calls too. */
 		int par = (int)(c->nwin++ & 1);
+		if (c->L > 1 && (r = wait_locals(c, c->last_done[par])) < 0)
+			return r;
 		r = j->mode == M_AG ? window_gather(c, j, par) : window_reduce(c, j, par);
 		if (r < 0)
 			return r;
@@ -535,6 +537,10 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 				int y = handler(c, c->my_g, i);
 				memcpy(out_ptr(c, j, i), slot(c, j, y, par, i), (size_t)c->len[i] * j->esz);
 			}
+		}
+		if (c->L > 1) {
+			post(c);
+			c->last_done[par] = c->seq;
 		}
 	}
 	return 0;
@@ -694,7 +700,7 @@ static int setup_shm(st_comm *c, uint64_t key)
 	st_group *g = c->g;
 	int leader = c->gmem[c->gstart[c->my_g]];
 	size_t lines = ((size_t)c->L * LINE + 4095) & ~(size_t)4095;
-	c->shm_len = HDR_BYTES + lines + (size_t)c->L * 2 * c->SW;
+	c->shm_len = HDR_BYTES + lines + (size_t)c->L * 2 * c->W;
 	int fd = -1, r;
 	if (leader == c->me) {
 		fd = memfd_create("slicetrain-comm", MFD_CLOEXEC);
@@ -772,7 +778,6 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	c->n = n;
 	c->me = me;
 	c->W = (size_t)g->window_bytes;
-	c->SW = c->W + (((size_t)n * 8 + LINE - 1) & ~(size_t)(LINE - 1));
 	size_t nn = (size_t)n;
 	c->ranks = malloc(sizeof(int) * nn);
 	c->grp = malloc(sizeof(int) * nn);
@@ -830,7 +835,7 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	uint64_t key = st_fnv1a(lh, &seq, sizeof(seq)) | 1;
 
 	if (n > 1 && c->ngrp > 1) {
-		c->scratch = aligned_alloc(64, (size_t)(c->ngrp - 1) * c->SW);
+		c->scratch = aligned_alloc(64, (size_t)(c->ngrp - 1) * c->W);
 		if (!c->scratch) {
 			st_comm_destroy(c);
 			return st_fail(ST_ENOMEM, "comm: out of memory for %d x %zu bytes", c->ngrp - 1, c->W);
