@@ -537,6 +537,21 @@ static void test_bf16_conversion(void)
 	for (int64_t i = 0; i < big; i++)
 		bad += h[i] != st_f32_to_bf16(x[i]) || bits(back[i]) != (uint32_t)h[i] << 16;
 	CHECK_MSG(bad == 0, "%lld array conversions differ from the scalar rule", (long long)bad);
+	/* round in place, keeping the bits (every length up to 100, tails, and the large one) */
+	for (int64_t len = 0; len <= 100; len++) {
+		memcpy(back, x, (size_t)(len + 1) * sizeof(float));
+		memset(h, 0xab, 202);
+		st_bf16_round_keep(h, back, len);
+		for (int64_t i = 0; i < len; i++)
+			CHECK(h[i] == st_f32_to_bf16(x[i]) && bits(back[i]) == (uint32_t)h[i] << 16);
+		CHECK(h[len] == 0xabab && bits(back[len]) == bits(x[len]));
+	}
+	memcpy(back, x, (size_t)big * sizeof(float));
+	st_bf16_round_keep(h, back, big);
+	bad = 0;
+	for (int64_t i = 0; i < big; i++)
+		bad += h[i] != st_f32_to_bf16(x[i]) || bits(back[i]) != (uint32_t)h[i] << 16;
+	CHECK_MSG(bad == 0, "%lld in-place roundings differ from the scalar rule", (long long)bad);
 	free(x), free(h), free(back);
 }
 

@@ -20,6 +20,9 @@
 typedef struct layer_acts {
 	float *rstd1, *h1, *q, *k, *v, *ctx, *lse, *xmid, *rstd2, *h2, *gate, *up, *act;
 	uint16_t *h1b, *h2b, *ctxb, *actb;
+	/* bf16 mode: q, k, v, gate, up (and ctx, ctxb above) kept in bf16; the
+	 * layer in use has their values in fp32 in the acts' q32 ... up32 */
+	uint16_t *qb, *kb, *vb, *xmidb, *gateb, *upb;
 } layer_acts;
 
 typedef struct st_llama_acts {
@@ -29,6 +32,9 @@ typedef struct st_llama_acts {
 	float **xs;                /* L+1 residual-stream buffers (N,E), fp32 mode */
 	uint16_t **xsb;            /* the same in bf16 (bf16 mode, as MaxText's bf16 activations) */
 	float *xin, *xout;         /* bf16 mode: a layer's input and output in fp32 (N,E) */
+	/* bf16 mode: q, k, v, ctx, gate, up of the layer in use in fp32 (each
+	 * value bf16-exact: what the layer keeps in bf16) */
+	float *q32, *k32, *v32, *ctx32, *xmid32, *gate32, *up32;
 	layer_acts *layer;         /* L: what each layer keeps (per policy) */
 	layer_acts scratch;        /* recomputed intermediates */
 	float *rstdf, *hf;         /* final norm (hf: fp32 mode) */
@@ -412,20 +418,26 @@ static int64_t layer_layout(layer_acts *la, char *base, const st_llama_shape *s,
 		F32(rstd2, N);
 		INPUT(h2, N * E);
 	}
+#define KEPT(f, n) /* bf16 mode: kept rounded (the layer in use: in fp32, acts' f##32) */ \
+	do {                                                   \
+		if (bf16)                                      \
+			TAKE(f##b, n, sizeof(uint16_t));       \
+		else                                           \
+			F32(f, n);                             \
+	} while (0)
 	if (which & K_MM) {
-		F32(q, N * HD);
-		F32(k, N * KD);
-		F32(v, N * KD);
-		F32(xmid, N * E);
-		F32(gate, N * M);
-		F32(up, N * M);
+		KEPT(q, N * HD);
+		KEPT(k, N * KD);
+		KEPT(v, N * KD);
+		KEPT(xmid, N * E);
+		KEPT(gate, N * M);
+		KEPT(up, N * M);
 	}
 	if (which & K_ATTN) {
-		F32(ctx, N * HD);
-		if (bf16)
-			TAKE(ctxb, N * HD, sizeof(uint16_t));
+		KEPT(ctx, N * HD);
 		F32(lse, B * s->H * T);
 	}
+#undef KEPT
 	if (which & K_ACT)
 		INPUT(act, N * M);
 #undef INPUT
@@ -443,6 +455,7 @@ static void layer_merge(layer_acts *d, const layer_acts *s)
 	MERGE(rstd1); MERGE(h1); MERGE(q); MERGE(k); MERGE(v); MERGE(ctx); MERGE(lse);
 	MERGE(xmid); MERGE(rstd2); MERGE(h2); MERGE(gate); MERGE(up); MERGE(act);
 	MERGE(h1b); MERGE(h2b); MERGE(ctxb); MERGE(actb);
+	MERGE(qb); MERGE(kb); MERGE(vb); MERGE(xmidb); MERGE(gateb); MERGE(upb);
 #undef MERGE
 }
 
@@ -489,6 +502,13 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 	if (bf) {
 		a->xin = take(c, N * E * 4);
 		a->xout = take(c, N * E * 4);
+		a->q32 = take(c, N * HD * 4);
+		a->k32 = take(c, N * KD * 4);
+		a->v32 = take(c, N * KD * 4);
+		a->ctx32 = take(c, N * HD * 4);
+		a->xmid32 = take(c, N * E * 4);
+		a->gate32 = take(c, N * M * 4);
+		a->up32 = take(c, N * M * 4);
 	}
 	a->rstdf = take(c, N * 4);
 	if (bf)
@@ -790,6 +810,20 @@ static void stream_keep(const st_llama *m, int64_t l)
 		st_f32_to_bf16_array(m->acts->xsb[l], m->acts->xout, m->acts->N * m->s.E);
 }
 
+/* The fp32 values of the intermediates a layer keeps in bf16 in bf16 mode
+ * (the acts' shared fp32 copies), or the kept fp32 buffers themselves. */
+typedef struct kept_f32 {
+	float *q, *k, *v, *ctx, *xmid, *gate, *up;
+} kept_f32;
+
+static kept_f32 kept_views(const st_llama *m, const layer_acts *A)
+{
+	const st_llama_acts *a = m->acts;
+	if (!m->bf16)
+		return (kept_f32){A->q, A->k, A->v, A->ctx, A->xmid, A->gate, A->up};
+	return (kept_f32){a->q32, a->k32, a->v32, a->ctx32, a->xmid32, a->gate32, a->up32};
+}
+
 /* One layer on input x (stream_in). do_mm: run the matrix products (else q,
  * k, v, xmid, gate, up are already there, kept by the remat policy). out:
  * write the layer output. */
@@ -802,34 +836,60 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 	int64_t N = a->N, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
 	opnd h1 = OPA(A, h1), h2 = OPA(A, h2);
 
+	/* in bf16 mode q, k, v, ctx, xmid, gate and up are kept rounded to bf16
+	 * (st_bf16_round_keep: the bits kept, the rounded values in use), and
+	 * forward and backward alike use the rounded values (kv: their fp32 copies) */
+	kept_f32 kv = kept_views(m, A);
 	norm_forward(m, A->h1, A->h1b, A->rstd1, x, w->ln1);
 	if (do_mm) {
-		TRY(mm(m, ST_KS_Q, 'N', 'T', N, HD, E, h1, E, OPF(w->wq), E, 0, A->q, HD));
-		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wk), E, 0, A->k, KD));
-		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wv), E, 0, A->v, KD));
-		st_rope_forward(A->q, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
-		st_rope_forward(A->k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
+		TRY(mm(m, ST_KS_Q, 'N', 'T', N, HD, E, h1, E, OPF(w->wq), E, 0, kv.q, HD));
+		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wk), E, 0, kv.k, KD));
+		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wv), E, 0, kv.v, KD));
+		st_rope_forward(kv.q, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
+		st_rope_forward(kv.k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
+		if (m->bf16) {
+			st_bf16_round_keep(A->qb, kv.q, N * HD);
+			st_bf16_round_keep(A->kb, kv.k, N * KD);
+			st_bf16_round_keep(A->vb, kv.v, N * KD);
+		}
+	} else if (m->bf16) { /* kept: their fp32 values */
+		st_bf16_to_f32_array(kv.q, A->qb, N * HD);
+		st_bf16_to_f32_array(kv.k, A->kb, N * KD);
+		st_bf16_to_f32_array(kv.v, A->vb, N * KD);
 	}
 	TRY((on_f32(m, ST_KS_ATTN) ? st_attention_forward : st_attention_forward_bf16)(
-		A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K, s->D, &a->ws));
-	if (!on_f32(m, ST_KS_O) || !on_f32(m, ST_KS_W_O)) { /* a bf16 product reads ctx */
-		st_f32_to_bf16_array(A->ctxb, A->ctx, N * HD);
+		kv.ctx, A->lse, kv.q, kv.k, kv.v, a->B, a->T, s->H, s->K, s->D, &a->ws));
+	if (m->bf16) {
+		st_bf16_round_keep(A->ctxb, kv.ctx, N * HD);
 		bf16_written(m);
 	}
-	if (do_mm)
-		TRY(residual_product(m, ST_KS_O, A->xmid, x, OPA(A, ctx), w->wo, HD));
-	norm_forward(m, A->h2, A->h2b, A->rstd2, A->xmid, w->ln2);
+	opnd ctx = {.f = kv.ctx, .h = A->ctxb};
 	if (do_mm) {
-		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, A->gate, M));
-		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, A->up, M));
+		TRY(residual_product(m, ST_KS_O, kv.xmid, x, ctx, w->wo, HD));
+		if (m->bf16)
+			st_bf16_round_keep(A->xmidb, kv.xmid, N * E);
+	} else if (m->bf16) {
+		st_bf16_to_f32_array(kv.xmid, A->xmidb, N * E);
+	}
+	norm_forward(m, A->h2, A->h2b, A->rstd2, kv.xmid, w->ln2);
+	if (do_mm) {
+		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, kv.gate, M));
+		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, kv.up, M));
+		if (m->bf16) {
+			st_bf16_round_keep(A->gateb, kv.gate, N * M);
+			st_bf16_round_keep(A->upb, kv.up, N * M);
+		}
+	} else if (m->bf16) {
+		st_bf16_to_f32_array(kv.gate, A->gateb, N * M);
+		st_bf16_to_f32_array(kv.up, A->upb, N * M);
 	}
 	if (m->bf16) {
-		st_swiglu_forward_bf16(A->actb, A->gate, A->up, N * M);
+		st_swiglu_forward_bf16(A->actb, kv.gate, kv.up, N * M);
 		bf16_written(m);
 	} else
-		st_swiglu_forward(A->act, A->gate, A->up, N * M);
+		st_swiglu_forward(A->act, kv.gate, kv.up, N * M);
 	if (out)
-		TRY(residual_product(m, ST_KS_DOWN, out, A->xmid, OPA(A, act), w->wd, M));
+		TRY(residual_product(m, ST_KS_DOWN, out, kv.xmid, OPA(A, act), w->wd, M));
 	return 0;
 }
 
@@ -848,19 +908,32 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	opnd dxo = grad_op(m, dx, a->dxb, N * E, ST_KS_D_DOWN, ST_KS_W_DOWN);
 	TRY(mm(m, ST_KS_D_DOWN, 'N', 'N', N, M, E, dxo, E, OPF(w->wd), M, 0, a->dm1, M));
 	TRY(mm(m, ST_KS_W_DOWN, 'T', 'N', E, M, N, dxo, E, OPA(A, act), M, 1, g->wd, M));
+	/* the kept intermediates (bf16 mode: their fp32 values, already there
+	 * when the forward pass was just recomputed) */
+	kept_f32 kv = kept_views(m, A);
+	const float *gate = kv.gate, *up = kv.up;
+	if (m->bf16 && a->policy == ST_REMAT_NONE) {
+		st_bf16_to_f32_array(kv.q, A->qb, N * HD);
+		st_bf16_to_f32_array(kv.k, A->kb, N * KD);
+		st_bf16_to_f32_array(kv.v, A->vb, N * KD);
+		st_bf16_to_f32_array(kv.ctx, A->ctxb, N * HD);
+		st_bf16_to_f32_array(kv.xmid, A->xmidb, N * E);
+		st_bf16_to_f32_array(kv.gate, A->gateb, N * M);
+		st_bf16_to_f32_array(kv.up, A->upb, N * M);
+	}
 	opnd dgate, dup;
 	if (m->bf16 && (on_f32(m, ST_KS_D_GATE_UP) || on_f32(m, ST_KS_W_GATE_UP))) {
 		/* an fp32 kernel reads them: fp32, and bf16 copies if a bf16 one does too */
-		st_swiglu_backward(a->dm2, a->dm1, a->dm1, A->gate, A->up, N * M);
+		st_swiglu_backward(a->dm2, a->dm1, a->dm1, gate, up, N * M);
 		dgate = grad_op(m, a->dm2, a->dm2b, N * M, ST_KS_D_GATE_UP, ST_KS_W_GATE_UP);
 		dup = grad_op(m, a->dm1, a->dm1b, N * M, ST_KS_D_GATE_UP, ST_KS_W_GATE_UP);
 	} else if (m->bf16) {
-		st_swiglu_backward_bf16(a->dm2b, a->dm1b, a->dm1, A->gate, A->up, N * M);
+		st_swiglu_backward_bf16(a->dm2b, a->dm1b, a->dm1, gate, up, N * M);
 		bf16_written(m);
 		dgate = (opnd){.h = a->dm2b};
 		dup = (opnd){.h = a->dm1b};
 	} else {
-		st_swiglu_backward(a->dm2, a->dm1, a->dm1, A->gate, A->up, N * M);
+		st_swiglu_backward(a->dm2, a->dm1, a->dm1, gate, up, N * M);
 		dgate = OPF(a->dm2);
 		dup = OPF(a->dm1);
 	}
@@ -869,14 +942,15 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dgate, M, h2, E, 1, g->wg, E));
 	TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dup, M, h2, E, 1, g->wu, E));
 	TRY(tp_sum(m, a->dh, N * E));
-	TRY(st_rmsnorm_backward(dx, g->ln2, a->dh, A->xmid, w->ln2, A->rstd2, N, E, &a->ws));
+	TRY(st_rmsnorm_backward(dx, g->ln2, a->dh, kv.xmid, w->ln2, A->rstd2, N, E, &a->ws));
 
 	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
 	dxo = grad_op(m, dx, a->dxb, N * E, ST_KS_D_O, ST_KS_W_O);
 	TRY(mm(m, ST_KS_D_O, 'N', 'N', N, HD, E, dxo, E, OPF(w->wo), HD, 0, a->dctx, HD));
-	TRY(mm(m, ST_KS_W_O, 'T', 'N', E, HD, N, dxo, E, OPA(A, ctx), HD, 1, g->wo, HD));
+	TRY(mm(m, ST_KS_W_O, 'T', 'N', E, HD, N, dxo, E, (opnd){.f = kv.ctx, .h = A->ctxb}, HD, 1,
+	       g->wo, HD));
 	TRY((on_f32(m, ST_KS_D_ATTN) ? st_attention_backward : st_attention_backward_bf16)(
-		a->dq, a->dk, a->dv, a->dctx, A->ctx, A->lse, A->q, A->k, A->v, a->B, a->T, s->H, s->K,
+		a->dq, a->dk, a->dv, a->dctx, kv.ctx, A->lse, kv.q, kv.k, kv.v, a->B, a->T, s->H, s->K,
 		s->D, &a->ws));
 	st_rope_backward(a->dq, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 	st_rope_backward(a->dk, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);

@@ -136,7 +136,7 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 		"global batch %lld sequences (%lld tokens) per step, remat %s, dtype %s\n",
 		c->per_device_batch_size, (long long)p->T, (long long)p->rows, (long long)p->global_batch,
 		(long long)(p->global_batch * p->T), remat_name(c->remat_policy),
-		c->dtype == ST_DTYPE_BF16 ? "bfloat16 (bf16 product inputs, residual stream and stored product inputs; fp32 weights and AdamW state)"
+		c->dtype == ST_DTYPE_BF16 ? "bfloat16 (bf16 product inputs, residual stream and every kept activation; fp32 weights and AdamW state)"
 					       : "float32");
 	if (c->dtype == ST_DTYPE_BF16)
 		fprintf(out, "bf16_kernels %s: %s\n", st_kplan_is_auto(c->bf16_kernels) ? "auto" : "explicit",

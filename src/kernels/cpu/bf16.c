@@ -58,6 +58,32 @@ void st_bf16_to_f32_array(float *dst, const uint16_t *src, int64_t n)
 	}
 }
 
+static void round_range(uint16_t *h, float *x, int64_t n)
+{
+	int64_t i = 0;
+#ifdef __AVX512F__
+	for (; i + 16 <= n; i += 16) {
+		__m256i b = st_cvt_bf16_16(_mm512_loadu_ps(x + i));
+		_mm256_storeu_si256((__m256i *)(h + i), b);
+		_mm512_storeu_ps(x + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+	}
+#endif
+	for (; i < n; i++) {
+		h[i] = st_f32_to_bf16(x[i]);
+		x[i] = st_bf16_to_f32(h[i]);
+	}
+}
+
+void st_bf16_round_keep(uint16_t *h, float *x, int64_t n)
+{
+	int64_t nb = (n + CONV_BLOCK - 1) / CONV_BLOCK;
+#pragma omp parallel for schedule(static) if (nb > 1)
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t i0 = b * CONV_BLOCK, len = n - i0 < CONV_BLOCK ? n - i0 : CONV_BLOCK;
+		round_range(h + i0, x + i0, len);
+	}
+}
+
 static int cpuid_has_avx512_bf16(void)
 {
 	unsigned a, b, c, d;

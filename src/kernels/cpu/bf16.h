@@ -42,6 +42,9 @@ void st_f32_to_bf16_array(uint16_t *dst, const float *src, int64_t n);
 void st_f32_to_bf16_serial(uint16_t *dst, const float *src, int64_t n);
 /* dst[i] = fp32(src[i]), i < n. */
 void st_bf16_to_f32_array(float *dst, const uint16_t *src, int64_t n);
+/* h[i] = bf16(x[i]) and x[i] = fp32(h[i]) (x rounded to bf16 in place), in
+ * one pass, i < n. */
+void st_bf16_round_keep(uint16_t *h, float *x, int64_t n);
 
 /*
  * 1 when bf16 matrix products run natively: the CPU has AVX512_BF16 (cpuid
