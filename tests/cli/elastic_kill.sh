@@ -6,7 +6,8 @@
 # (5); the final weights within 1e-4 relative (per tensor, by norm) of a
 # fault-free 2-slice run of the same 60 steps, and in fact bit-identical; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
-# Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1).
+# Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1); on a
+# sanitized build the second only (below).
 # With the DCN data axis the group re-forms in place (worker.h): the
 # survivor keeps its state, 0 steps lost, and the returning slice's worker
 # gets the state from its peer; no worker reads a checkpoint after the
@@ -94,6 +95,11 @@ sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps
 		fail "$n: samples skipped, repeated or trained at the wrong step"
 }
 
-scenario data in-place dcn_data_parallelism=-1
+# On a sanitized build only the restart: the in-place scenario's sanitized
+# code (launcher, controller, agents: a worker SIGKILLed, the group re-formed
+# in place, the slice's return) is elastic_soak_short's worker_kill; its
+# workers' checks run on the optimized build, with the same workers.
+[ "$el_san" = 1 ] && echo "== data: on the optimized build (here: elastic_soak_short's worker_kill)" ||
+	scenario data in-place dcn_data_parallelism=-1
 scenario fsdp restart dcn_data_parallelism=1 dcn_fsdp_parallelism=-1
 finish

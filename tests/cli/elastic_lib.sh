@@ -30,8 +30,10 @@ fi
 # compared with (a baseline, not the code under test): the workers' binary,
 # so that the comparison is between the same code (and a sanitized build
 # does not train the reference sanitized, which took most of its time).
-el_scale=1 el_steps=60 el_batch=16 el_seq=512 el_ref=$SLICETRAIN
+# el_san: 1 on a sanitized build.
+el_scale=1 el_steps=60 el_batch=16 el_seq=512 el_ref=$SLICETRAIN el_san=0
 if grep -qa __asan_init "$SLICETRAIN"; then
+	el_san=1
 	el_opt=$(dirname "$SLICETRAIN"); el_opt=${el_opt%-san}/slicetrain
 	if [ "$el_opt" != "$SLICETRAIN" ] && [ -x "$el_opt" ] && ! grep -qa __asan_init "$el_opt"; then
 		export SLICETRAIN_WORKER_EXE=$el_opt
