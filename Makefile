@@ -72,7 +72,7 @@ san:
 # the third, ST_JOBS at a time (make -j2 check: 2).
 NOAVX512_OPT   := $(OPT) -mno-avx512f
 NOAVX512_TESTS := test_ cli/mesh_ cli/resume_bitexact cli/oracle_adamw cli/hf_torch_ref cli/train_ \
-	cli/generate cli/eval cli/default_job
+	cli/generate cli/eval
 check: check-build
 	$(MAKE) data
 	ST_JOBS=$(ST_JOBS) BUILDS="$(BUILD) $(BUILD)-san $(BUILD)-noavx512:$(subst $(space),$(comma),$(strip $(NOAVX512_TESTS)))" \
