@@ -7,8 +7,8 @@
 # remat policy's speed and peak memory vs `slicetrain plan`. Arguments go to
 # bench/train_step (--threads 1,2 --reps 3 --steps 5 --peer-steps 4
 # --peer-warmup 2 --peer-modes eager,compile,bf16,compile-bf16 --no-torch
-# --no-remat). About 40 minutes on 2 cores (the first torch.compile of each
-# mode takes minutes; later ones hit inductor's cache).
+# --no-remat). Over an hour on 2 shared cores (the first torch.compile of
+# each mode takes minutes; later ones hit inductor's cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
