@@ -1,10 +1,10 @@
 # Elastic launch, a failure: --kill 1@10 (SIGKILL of slice 1's worker once
-# the group completed step 10) on a 2-slice run of 60 steps (dcn_data -1, so
+# the group completed step 10) on a 2-slice run of 40 steps (dcn_data -1, so
 # 2 slices, then 1, then 2 again), --repair-delay 2. The run finishes (exit
 # 0); the summary shows 1 failure and 2 resizes, the metrics file a failure,
 # a shrink, restores and a grow; steps lost at most the checkpoint period
 # (5); the final weights within 1e-4 relative (per tensor, by norm) of a
-# fault-free 2-slice run of the same 60 steps, and in fact bit-identical; every trained sample index at
+# fault-free 2-slice run of the same 40 steps, and in fact bit-identical; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
 # Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1); on a
 # sanitized build the second only (below).

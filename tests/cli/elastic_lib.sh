@@ -9,7 +9,7 @@
 #   the launcher while it runs.
 # el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS, times
 #   $el_scale: 2 on a sanitized build, 3 with sanitized workers, where
-#   el_steps is 30 instead of 60); its
+#   el_steps is 30 instead of 40); its
 #   exit status in $el_rc; then no descendant may still run (else a failure).
 # el_summary NAME: the summary line of the run's stdout, as KEY=VALUE lines.
 # el_events NAME METRICS: the kinds of the event lines of METRICS, in order.
@@ -25,13 +25,16 @@ fi
 # (still enough for a slice to come back before the end), longer waits.
 # The batch (el_batch rows of el_seq tokens per device) is the same on every
 # build: the scenarios need steps slow enough for a slice to come back
-# before the run ends.
+# before the run ends: with el_steps 40 and a fault at step 10, the slice
+# is back (2 s of repair, about 1 s to re-form) some 15 steps before the
+# end on an idle machine (0.13 s a step on 2 slices, 0.26 on one), more
+# under load.
 # el_ref: the binary of the fault-free reference runs the elastic runs are
 # compared with (a baseline, not the code under test): the workers' binary,
 # so that the comparison is between the same code (and a sanitized build
 # does not train the reference sanitized, which took most of its time).
 # el_san: 1 on a sanitized build.
-el_scale=1 el_steps=60 el_batch=16 el_seq=512 el_ref=$SLICETRAIN el_san=0
+el_scale=1 el_steps=40 el_batch=16 el_seq=512 el_ref=$SLICETRAIN el_san=0
 if grep -qa __asan_init "$SLICETRAIN"; then
 	el_san=1
 	el_opt=$(dirname "$SLICETRAIN"); el_opt=${el_opt%-san}/slicetrain

@@ -1,5 +1,5 @@
 # Elastic launch, a preemption: --preempt 1@10 (a preemption notice to slice
-# 1's agent once the group completed step 10) on a 2-slice run of 60 steps,
+# 1's agent once the group completed step 10) on a 2-slice run of 40 steps,
 # --repair-delay 2. The group saves and stops (exit 143), goes on on slice 0
 # and grows back: exit 0, the summary counts 1 preemption, 0 failures, 2
 # resizes and 0 steps lost; every sample index 0..N-1 trained exactly once,
