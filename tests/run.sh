@@ -30,7 +30,10 @@
 # " * timeout: N", tests/cli/NAME.sh: "# timeout: N"), else 300; times
 # $ST_SAN_TIMEOUT_SCALE (default 3) on a sanitized build.
 # A shell test whose header has a line "# builds: first" runs on the first
-# build of $BUILDS only (it does not depend on the build: fuzz_short).
+# build of $BUILDS only (it does not depend on the build: fuzz_short); one
+# with "# builds: sanitized" on the first sanitized build of $BUILDS, or the
+# first build when none is (elastic_soak_short: its workers are the
+# optimized build's either way).
 # Each test's line has its seconds and its processes' CPU seconds. Ends with
 # the skipped tests and their reasons, the 10 slowest tests, the wall time
 # and CPU seconds, the failed tests, and the line "N passed, N failed, N skipped";
@@ -169,7 +172,10 @@ add() { # add NAME SOURCE KIND BUILD PROGRAM (a shell test's: bash SOURCE)
 	q_name+=("$1") q_src+=("$2") q_kind+=("$3") q_build+=("$4") q_cmd+=("$5") q_cost+=("$cost")
 }
 declare -A b_scale b_slicetrain b_first b_select
-first=1 builds=()
+first=1 builds=() san_build=
+for entry in $BUILDS; do
+	[ -z "$san_build" ] && grep -qa __asan_init "${entry%%:*}/slicetrain" 2>/dev/null && san_build=${entry%%:*}
+done
 for entry in $BUILDS; do
 	b=${entry%%:*}
 	builds+=("$b")
@@ -188,7 +194,10 @@ for entry in $BUILDS; do
 	done
 	for t in tests/cli/*.sh; do
 		[ -e "$t" ] || continue
-		[ $first -eq 1 ] || ! head -n 40 "$t" | grep -qx '# builds: first' || continue
+		case $(head -n 40 "$t" | sed -n 's/^# builds: //p' | head -1) in
+		first) [ $first -eq 1 ] || continue ;;
+		sanitized) [ "$b" = "${san_build:-${builds[0]}}" ] || continue ;;
+		esac
 		add "$b/cli/$(basename "$t" .sh)" "$t" sh "$b" bash
 	done
 	first=0

@@ -7,7 +7,12 @@
 # max_num_checkpoints_to_keep (3) + 1 committed at once; the kept history's
 # steps and samples; the final weights within 1e-4 of a fault-free run's; no
 # process left behind. About 60 s.
+# On the sanitized build only when the suite has one (make check): its
+# workers are the optimized build's there too, so the run on the optimized
+# build would repeat the same training with an unsanitized launcher,
+# controller and agents (which the other elastic tests run there).
 # timeout: 240
+# builds: sanitized
 . "$(dirname "$0")/../cli_lib.sh"
 need_python numpy
 . "$(dirname "$0")/elastic_lib.sh" # on a sanitized build: optimized workers when there are (SLICETRAIN_WORKER_EXE)
