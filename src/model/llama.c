@@ -499,16 +499,12 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 		else if (c->a)
 			a->xs[l] = x;
 	}
-	if (bf) {
-		a->xin = take(c, N * E * 4);
-		a->xout = take(c, N * E * 4);
-		a->q32 = take(c, N * HD * 4);
-		a->k32 = take(c, N * KD * 4);
-		a->v32 = take(c, N * KD * 4);
-		a->ctx32 = take(c, N * HD * 4);
-		a->xmid32 = take(c, N * E * 4);
-		a->gate32 = take(c, N * M * 4);
-		a->up32 = take(c, N * M * 4);
+	if (bf) { /* the fp32 set of the layer in use */
+		float **set[] = {&a->xin, &a->xout, &a->q32, &a->k32, &a->v32, &a->ctx32, &a->xmid32,
+				 &a->gate32, &a->up32};
+		int64_t cols[] = {E, E, HD, KD, KD, HD, E, M, M};
+		for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++)
+			*set[i] = take(c, N * cols[i] * 4);
 	}
 	a->rstdf = take(c, N * 4);
 	if (bf)
@@ -517,13 +513,10 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 		a->hf = take(c, N * E * 4);
 	a->cos_t = take(c, T * (s->D / 2) * 4);
 	a->sin_t = take(c, T * (s->D / 2) * 4);
-	a->dx = take(c, N * E * 4);
-	a->dh = take(c, N * mx * 4);
-	a->dm1 = take(c, N * M * 4);
-	a->dctx = take(c, N * HD * 4);
-	a->dq = take(c, N * HD * 4);
-	a->dk = take(c, N * KD * 4);
-	a->dv = take(c, N * KD * 4);
+	float **grad[] = {&a->dx, &a->dh, &a->dm1, &a->dctx, &a->dq, &a->dk, &a->dv};
+	int64_t gcols[] = {E, mx, M, HD, HD, KD, KD};
+	for (size_t i = 0; i < sizeof(gcols) / sizeof(gcols[0]); i++)
+		*grad[i] = take(c, N * gcols[i] * 4);
 	a->chunk_rows = R;
 	/* fused output layer (fp32, no tensor parallelism): st_lm_head_xent's
 	 * workspace, the chunk and its row statistics; else lm_head_xent_split's
