@@ -133,6 +133,11 @@ static double worst_rel(const st_llama_shape *sh, const float *g, const float *r
 	return worst;
 }
 
+/* The bf16 tests' shape: its head_dim takes the vector bf16 attention path. */
+static const st_llama_shape sh = {
+	.V = 53, .E = 32, .L = 2, .H = 4, .K = 2, .D = 16, .M = 48, .eps = 1e-5f, .theta = 10000.0,
+};
+
 /*
  * dtype=bfloat16 on a shape whose head_dim takes the vector bf16 attention
  * path: every remat policy gives the same bits; loss and every tensor's
@@ -145,9 +150,6 @@ static void test_bf16(void)
 		check_skip_hw("bf16 remat and gradient checks: %s", st_cpu_bf16_message());
 		return;
 	}
-	static const st_llama_shape sh = {
-		.V = 53, .E = 32, .L = 2, .H = 4, .K = 2, .D = 16, .M = 48, .eps = 1e-5f, .theta = 10000.0,
-	};
 	double lf, lb[3];
 	float *gf, *gb[3];
 	int64_t n;
@@ -184,9 +186,6 @@ static void test_bf16_kernels(void)
 		check_skip_hw("bf16 kernel plans: %s", st_cpu_bf16_message());
 		return;
 	}
-	static const st_llama_shape sh = {
-		.V = 53, .E = 32, .L = 2, .H = 4, .K = 2, .D = 16, .M = 48, .eps = 1e-5f, .theta = 10000.0,
-	};
 	double lf, lb, l;
 	float *gf, *gb, *g;
 	int64_t n;

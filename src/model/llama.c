@@ -405,7 +405,8 @@ static int64_t layer_layout(layer_acts *la, char *base, const st_llama_shape *s,
 		off += align64((n) * (int64_t)(size));         \
 	} while (0)
 #define F32(f, n) TAKE(f, n, sizeof(float))
-#define INPUT(f, n) /* a product input: bf16 in bf16 mode */  \
+#define KEPT(f, n) /* bf16 in bf16 mode: a product input, or an intermediate kept \
+			  rounded (the layer in use has it in fp32, acts' f##32) */ \
 	do {                                                   \
 		if (bf16)                                      \
 			TAKE(f##b, n, sizeof(uint16_t));       \
@@ -414,17 +415,10 @@ static int64_t layer_layout(layer_acts *la, char *base, const st_llama_shape *s,
 	} while (0)
 	if (which & K_NORMS) {
 		F32(rstd1, N);
-		INPUT(h1, N * E);
+		KEPT(h1, N * E);
 		F32(rstd2, N);
-		INPUT(h2, N * E);
+		KEPT(h2, N * E);
 	}
-#define KEPT(f, n) /* bf16 mode: kept rounded (the layer in use: in fp32, acts' f##32) */ \
-	do {                                                   \
-		if (bf16)                                      \
-			TAKE(f##b, n, sizeof(uint16_t));       \
-		else                                           \
-			F32(f, n);                             \
-	} while (0)
 	if (which & K_MM) {
 		KEPT(q, N * HD);
 		KEPT(k, N * KD);
@@ -437,10 +431,9 @@ static int64_t layer_layout(layer_acts *la, char *base, const st_llama_shape *s,
 		KEPT(ctx, N * HD);
 		F32(lse, B * s->H * T);
 	}
-#undef KEPT
 	if (which & K_ACT)
-		INPUT(act, N * M);
-#undef INPUT
+		KEPT(act, N * M);
+#undef KEPT
 #undef F32
 #undef TAKE
 	return off;

@@ -477,7 +477,7 @@ static int decide_kernels(trainer *t)
 	const st_par *p = &t->par;
 	st_kplan plan;
 	double ratio[ST_KS_COUNT];
-	const char *from;
+	const char *from = "timing on rank 0";
 	int rc = 0, timed = 0;
 	if (!st_kplan_is_auto(c->bf16_kernels)) {
 		rc = st_kplan_parse(&plan, c->bf16_kernels);
@@ -497,9 +497,6 @@ static int decide_kernels(trainer *t)
 		if (rc == 0)
 			st_info("bf16 kernels timed on this CPU in %.2f s (rank 0, %d threads; fp32 time / bf16 time):",
 				st_mono_s() - t0, omp_get_max_threads());
-		from = "timing on rank 0";
-	} else {
-		from = "timing on rank 0";
 	}
 	if (rc < 0)
 		return rc;
