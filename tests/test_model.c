@@ -223,6 +223,14 @@ static void test_bf16_kernels(void)
 	run_plan(&sh, 1, &kp, 1, ST_REMAT_MINIMAL, &l2, &g2, &n);
 	CHECK_MSG(l == l2 && memcmp(g, g2, (size_t)n * sizeof(float)) == 0,
 		  "a plan set after the activations gives other bits than one set before");
+	free(g), free(g2);
+	/* late, a plan that needs no operand copy, only the fp32 SwiGLU gradients */
+	memset(&kp, 0, sizeof(kp));
+	kp.f32[ST_KS_D_GATE_UP] = 1;
+	run_plan(&sh, 1, &kp, 0, ST_REMAT_NONE, &l, &g, &n);
+	run_plan(&sh, 1, &kp, 1, ST_REMAT_NONE, &l2, &g2, &n);
+	CHECK_MSG(l == l2 && memcmp(g, g2, (size_t)n * sizeof(float)) == 0,
+		  "d_gate_up on fp32 set late gives other bits than set before");
 	free(g), free(g2), free(gf), free(gb);
 }
 

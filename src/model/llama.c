@@ -1135,21 +1135,13 @@ int st_llama_set_kernels(st_llama *m, const st_kplan *p)
 {
 	if (!m->bf16)
 		return 0;
-	st_kshape ks;
-	int64_t na0 = 0, nb0 = 0, na, nb;
-	st_llama_acts *a = m->acts;
-	if (a) {
-		st_llama_kernel_shape(m, a->B, a->T, &ks);
-		st_kplan_scratch(&m->kplan, &ks, &na0, &nb0);
-	}
+	int changed = memcmp(&m->kplan, p, sizeof(*p)) != 0;
 	m->kplan = *p;
-	if (a) {
-		st_kplan_scratch(&m->kplan, &ks, &na, &nb);
-		if (na != na0 || nb != nb0) {
-			int rc = st_llama_alloc_acts(m, a->B, a->T, a->policy);
-			if (rc < 0)
-				return rc;
-		}
+	st_llama_acts *a = m->acts;
+	if (a && changed) { /* the layout follows the plan (fp32 operand copies, fp32 SwiGLU gradients) */
+		int rc = st_llama_alloc_acts(m, a->B, a->T, a->policy);
+		if (rc < 0)
+			return rc;
 	}
 	if (!st_kplan_bf16_weights(p)) { /* no product reads the weights' bf16 copy */
 		free(m->wbf16);

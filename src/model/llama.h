@@ -216,8 +216,8 @@ int st_llama_weights_changed(st_llama *m);
 int st_llama_bf16_weights(st_llama *m, uint16_t **out);
 /*
  * bf16 mode: run each product site and attention pass on the kernel plan p
- * names (model/kplan.h). Reallocates the activations when the fp32 kernels'
- * operand copies change size, and makes or frees the weights' bf16 copy as
+ * names (model/kplan.h). Reallocates the activations (laid out for the
+ * plan) when the plan changes, and makes or frees the weights' bf16 copy as
  * the plan needs it. Every process of a group must use the same plan.
  */
 int st_llama_set_kernels(st_llama *m, const st_kplan *p);
