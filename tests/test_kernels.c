@@ -571,17 +571,51 @@ static void test_bf16_outputs(void)
 	float *g = randn(n, 52, 2.0), *u = randn(n, 53, 1.0), *d = randn(n, 54, 1.0);
 	float *a = malloc(n * sizeof(float)), *dg = malloc(n * sizeof(float)), *du = malloc(n * sizeof(float));
 	uint16_t *ah = malloc(n * 2), *dgh = malloc(n * 2), *duh = malloc(n * 2);
+	/* bf16 mode keeps gate and up rounded: the backward reads those bf16
+	 * values, and must equal the fp32 backward on the same (rounded) values */
+	bf16_round(g, n), bf16_round(u, n);
+	uint16_t *gh = malloc(n * 2), *uh = malloc(n * 2);
+	for (int i = 0; i < n; i++)
+		gh[i] = st_f32_to_bf16(g[i]), uh[i] = st_f32_to_bf16(u[i]);
+	float *dg2 = malloc(n * sizeof(float)), *du2 = malloc(n * sizeof(float));
 	st_swiglu_forward(a, g, u, n);
 	st_swiglu_forward_bf16(ah, g, u, n);
 	st_swiglu_backward(dg, du, d, g, u, n);
-	st_swiglu_backward_bf16(dgh, duh, d, g, u, n);
+	st_swiglu_backward_bf16(dgh, duh, d, gh, uh, n);
+	memcpy(du2, d, n * sizeof(float)); /* dup over dact, as the model calls it */
+	st_swiglu_backward_gu16(dg2, du2, du2, gh, uh, n);
 	bad = 0;
 	for (int i = 0; i < n; i++)
 		bad += ah[i] != st_f32_to_bf16(a[i]) || dgh[i] != st_f32_to_bf16(dg[i]) ||
 		       duh[i] != st_f32_to_bf16(du[i]);
 	CHECK_MSG(bad == 0, "swiglu bf16 outputs differ from the rounded fp32 outputs (%d)", bad);
+	CHECK_MSG(memcmp(dg, dg2, n * sizeof(float)) == 0 && memcmp(du, du2, n * sizeof(float)) == 0,
+		  "swiglu backward from bf16 gate/up differs from the fp32 one on the same values");
 	free(x), free(w), free(y), free(yh), free(g), free(u), free(d), free(a), free(dg), free(du);
-	free(ah), free(dgh), free(duh);
+	free(ah), free(dgh), free(duh), free(gh), free(uh), free(dg2), free(du2);
+
+	/* cross-entropy gradient rows in bf16: to a separate array, and in place
+	 * over the logits' own rows (ldo = 2V), identical */
+	enum { R = 5, V = 1003 };
+	float *l = randn(R * V, 55, 0.1), *l2 = malloc(R * V * sizeof(float)), rs[R];
+	int32_t tg[R] = {0, 1002, 17, 500, 999};
+	double sum[R];
+	float mx[R], tl[R];
+	st_xent_rows_exp(l, mx, sum, tl, tg, 0, R, V);
+	for (int r = 0; r < R; r++)
+		rs[r] = (float)(0.5 / sum[r]);
+	memcpy(l2, l, R * V * sizeof(float));
+	uint16_t *sep = malloc(R * V * 2), *inp = (uint16_t *)l2;
+	st_xent_rows_grad_bf16(sep, V, l, rs, tg, 0, R, V, 0.5f);
+	st_xent_rows_grad_bf16(inp, 2 * V, l2, rs, tg, 0, R, V, 0.5f);
+	st_xent_rows_grad(l, rs, tg, 0, R, V, 0.5f);
+	bad = 0;
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < V; c++)
+			bad += sep[r * V + c] != st_f32_to_bf16(l[r * V + c]) ||
+			       inp[r * 2 * V + c] != sep[r * V + c];
+	CHECK_MSG(bad == 0, "bf16 cross-entropy gradient rows differ (separate or in place: %d)", bad);
+	free(l), free(l2), free(sep);
 }
 
 /* ---- bf16 attention ---- */

@@ -66,17 +66,23 @@ static void test_scratch(void)
 			.resident = 1};
 	st_kplan p = {{0}};
 	int64_t a, b;
-	st_kplan_scratch(&p, &ks, &a, &b);
+	st_kplan_scratch(&p, &ks, 0, &a, &b);
 	CHECK(a == 0 && b == 0 && st_kplan_bf16_weights(&p));
 	p.f32[ST_KS_DOWN] = 1; /* act (N, M) */
-	st_kplan_scratch(&p, &ks, &a, &b);
+	st_kplan_scratch(&p, &ks, 0, &a, &b);
 	CHECK(a == 16 * 48 && b == 0);
 	p.f32[ST_KS_W_Q] = 1; /* h1 (N, E) as the second operand */
-	st_kplan_scratch(&p, &ks, &a, &b);
+	st_kplan_scratch(&p, &ks, 0, &a, &b);
 	CHECK(a == 16 * 48 && b == 16 * 32);
 	p.f32[ST_KS_O] = 1; /* ctx is kept in fp32: no copy */
-	st_kplan_scratch(&p, &ks, &a, &b);
+	st_kplan_scratch(&p, &ks, 0, &a, &b);
 	CHECK(a == 16 * 48 && b == 16 * 32);
+	/* act's copy made by the caller: the next largest first operand, h1 or h2 (N, E) */
+	st_kplan_scratch(&p, &ks, 1u << ST_KS_DOWN, &a, &b);
+	CHECK(a == 0 && b == 16 * 32);
+	p.f32[ST_KS_GATE_UP] = 1;
+	st_kplan_scratch(&p, &ks, 1u << ST_KS_DOWN, &a, &b);
+	CHECK(a == 16 * 32 && b == 16 * 32);
 	memset(p.f32, 1, sizeof(p.f32));
 	CHECK(!st_kplan_bf16_weights(&p));
 }

@@ -118,6 +118,63 @@ static void test_small_model_bytes(void)
 	}
 }
 
+/* Mixed kernel plans: the planned bytes are what the model allocates, and
+ * auto's count bounds every plan's. */
+static void test_mixed_plans(void)
+{
+	st_config c;
+	CHECK(LOAD(&c, "model_name=llama3-test", "per_device_batch_size=3", "max_target_length=40",
+		   "remat_policy=none", "dtype=bfloat16", "bf16_kernels=auto") == 0);
+	st_plan pauto;
+	CHECK(st_plan_compute(&pauto, &c, 1, 1, 0) == 0);
+	st_llama m = ST_LLAMA_INIT;
+	st_llama_shape s;
+	st_llama_shape_from_config(&s, &c);
+	CHECK(st_llama_init(&m, &s) == 0);
+	m.bf16 = 1;
+	uint64_t x = 12345;
+	for (int t = 0; t < 40; t++) {
+		for (int i = 0; i < ST_KS_COUNT; i++) {
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			m.kplan.f32[i] = (unsigned char)(x >> 62 & 1);
+		}
+		CHECK(st_llama_alloc_acts(&m, 3, 40, ST_REMAT_NONE) == 0);
+		char str[ST_KPLAN_STR_MAX];
+		st_kplan_format(&m.kplan, str, sizeof(str));
+		snprintf(c.bf16_kernels, sizeof(c.bf16_kernels), "%s", str);
+		st_plan p;
+		CHECK(st_plan_compute(&p, &c, 1, 1, 0) == 0);
+		CHECK_MSG(p.activations == st_llama_act_bytes(&m), "plan %s: planned %lld, allocated %lld",
+			  str, (long long)p.activations, (long long)st_llama_act_bytes(&m));
+		CHECK_MSG(p.activations <= pauto.activations, "plan %s: %lld bytes, more than auto's %lld",
+			  str, (long long)p.activations, (long long)pauto.activations);
+	}
+	st_llama_release(&m);
+}
+
+/* bf16 keeps its memory saving whatever the kernel plan: at the bench's
+ * shape (llama3-125m, 4 x 512, no remat) activations at most 0.55x fp32's
+ * (issue 14), for the all-bf16 plan, the all-fp32 one and auto's bound. */
+static void test_bf16_saving(void)
+{
+	const char *kernels[] = {"bf16_kernels=bf16", "bf16_kernels=fp32", "bf16_kernels=auto"};
+	st_config c;
+	st_plan f32;
+	CHECK(LOAD(&c, "model_name=llama3-125m", "per_device_batch_size=4", "max_target_length=512",
+		   "remat_policy=none", "dtype=float32") == 0);
+	CHECK(st_plan_compute(&f32, &c, 1, 1, 0) == 0);
+	for (int i = 0; i < 3; i++) {
+		st_plan p;
+		CHECK(LOAD(&c, "model_name=llama3-125m", "per_device_batch_size=4",
+			   "max_target_length=512", "remat_policy=none", "dtype=bfloat16", kernels[i]) == 0);
+		CHECK(st_plan_compute(&p, &c, 1, 1, 0) == 0);
+		double r = (double)p.activations / (double)f32.activations;
+		printf("bench shape, %s: activations %.3f GiB = %.3fx fp32's %.3f GiB\n", kernels[i],
+		       p.activations / 1073741824.0, r, f32.activations / 1073741824.0);
+		CHECK_MSG(r <= 0.55, "%s: activations %.3fx fp32's", kernels[i], r);
+	}
+}
+
 static void test_bad_input(void)
 {
 	st_config c;
@@ -143,6 +200,8 @@ int main(void)
 	test_llama3_8b();
 	test_llama3_70b();
 	test_small_model_bytes();
+	test_mixed_plans();
+	test_bf16_saving();
 	test_bad_input();
 	return check_result();
 }

@@ -155,11 +155,12 @@ static int64_t dim_of(const st_kshape *s, char d, int64_t cap)
 
 static int64_t dim(const st_kshape *s, char d) { return dim_of(s, d, DIM_CAP); }
 
-void st_kplan_scratch(const st_kplan *p, const st_kshape *s, int64_t *a_elems, int64_t *b_elems)
+void st_kplan_scratch(const st_kplan *p, const st_kshape *s, unsigned given, int64_t *a_elems,
+		      int64_t *b_elems)
 {
 	*a_elems = *b_elems = 0;
 	for (int i = 0; i < ST_KS_ATTN; i++) {
-		if (!p->f32[i])
+		if (!p->f32[i] || given >> i & 1)
 			continue;
 		int64_t M = dim_of(s, sites[i].m, INT64_MAX), N = dim_of(s, sites[i].n, INT64_MAX);
 		int64_t K = dim_of(s, sites[i].k, INT64_MAX);

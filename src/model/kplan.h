@@ -75,8 +75,10 @@ typedef struct st_kshape {
 
 /* Elements of the fp32 copies the fp32 kernels of plan p need at shape s
  * (uncapped): *a_elems for first operands, *b_elems for second ones (0:
- * none). */
-void st_kplan_scratch(const st_kplan *p, const st_kshape *s, int64_t *a_elems, int64_t *b_elems);
+ * none); sites in the mask `given` (bit 1 << site) have their bf16
+ * operand's copy made elsewhere by the caller. */
+void st_kplan_scratch(const st_kplan *p, const st_kshape *s, unsigned given, int64_t *a_elems,
+		      int64_t *b_elems);
 /* 1 when some site reads the weights' bf16 copy (a bf16 product of a weight). */
 int st_kplan_bf16_weights(const st_kplan *p);
 

@@ -46,7 +46,6 @@ typedef struct st_llama_acts {
 	float *xent;               /* lm-head chunk (chunk_rows, V); fused path: st_lm_head_xent's workspace */
 	st_ws xent_ws;             /* ... as that workspace (fused path) */
 	st_ws ws;                  /* the kernels' workspace: attention, RMSNorm backward */
-	uint16_t *xentb;           /* its gradient in bf16 (bf16 mode) */
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
 	uint16_t *wtmp;            /* bf16 mode, weights not resident: a weight's bf16 copy */
 	int64_t wtmp_elems;        /* its capacity */
@@ -389,6 +388,15 @@ static void acts_free(st_llama_acts *a)
 	free(a);
 }
 
+/* In a layout function: field f of *obj at base + off (base NULL: only
+ * counted), n elements of `size` bytes, rounded up to 64 bytes. */
+#define PLACE(obj, f, n, size)                                 \
+	do {                                                   \
+		if (base)                                      \
+			(obj)->f = (void *)(base + off);       \
+		off += align64((n) * (int64_t)(size));         \
+	} while (0)
+
 /* The fields of a layer_acts set; `which` selects them. */
 enum { K_NORMS = 1, K_MM = 2, K_ATTN = 4, K_ACT = 8 };
 
@@ -398,12 +406,7 @@ static int64_t layer_layout(layer_acts *la, char *base, const st_llama_shape *s,
 			    int64_t T, int which, int bf16)
 {
 	int64_t N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M, off = 0;
-#define TAKE(f, n, size)                                       \
-	do {                                                   \
-		if (base)                                      \
-			la->f = (void *)(base + off);          \
-		off += align64((n) * (int64_t)(size));         \
-	} while (0)
+#define TAKE(f, n, size) PLACE(la, f, n, size)
 #define F32(f, n) TAKE(f, n, sizeof(float))
 #define KEPT(f, n) /* bf16 in bf16 mode: a product input, or an intermediate kept \
 			  rounded (the layer in use has it in fp32, acts' f##32) */ \
@@ -467,12 +470,124 @@ static int keep_mask(enum st_remat policy)
 	return policy == ST_REMAT_NONE ? all : policy == ST_REMAT_MINIMAL ? K_MM : 0;
 }
 
+/* What phase_layout lays out. */
+typedef struct phase_set {
+	int bf16;       /* bf16 mode */
+	int fused_xent; /* fp32 mode, no tensor parallelism: st_lm_head_xent's workspace */
+	int dm2;        /* bf16 mode: the fp32 SwiGLU gate gradient (an fp32 kernel reads it) */
+	/* bf16 mode: the gradients' bf16 copies a bf16 kernel reads (grad_op):
+	 * of dx, of the SwiGLU gradients, of dq, of dk and dv */
+	int dxb, gub, dqb, dkvb;
+} phase_set;
+
+/* What the plan p needs (NULL: every site bf16). */
+static phase_set phase_needs(int bf16, int tp, const st_kplan *p)
+{
+	phase_set ps = {.bf16 = bf16, .fused_xent = !bf16 && tp <= 1};
+	if (!bf16)
+		return ps;
+#define BF(site) (!p || !p->f32[site])
+#define F32(site) (p && p->f32[site])
+	ps.dm2 = F32(ST_KS_D_GATE_UP) || F32(ST_KS_W_GATE_UP);
+	ps.dxb = BF(ST_KS_D_DOWN) || BF(ST_KS_W_DOWN) || BF(ST_KS_D_O) || BF(ST_KS_W_O);
+	ps.gub = BF(ST_KS_D_GATE_UP) && BF(ST_KS_W_GATE_UP); /* else rounded in place */
+	ps.dqb = BF(ST_KS_D_Q) || BF(ST_KS_W_Q);
+	ps.dkvb = BF(ST_KS_D_KV) || BF(ST_KS_W_KV);
+#undef F32
+#undef BF
+	return ps;
+}
+
+static int64_t xent_bytes(const st_llama_shape *s, int64_t R, const phase_set *ps)
+{
+	return ps->fused_xent ? (int64_t)st_lm_head_workspace_bytes(s->V, R) : R * s->V * 4;
+}
+
+/*
+ * The buffers each of which lives within one phase of a step share one block
+ * (laid out at base; base NULL: only counted; returns its bytes):
+ *  - a layer's backward: the gradient buffers; the MLP's (dm1, dm2 and their
+ *    bf16 copies) and the attention's (dctx, dq, dk, dv, theirs) overlap, the
+ *    MLP's backward ending before the attention's begins;
+ *  - a layer's forward (bf16 mode, also when recomputed in the backward): the
+ *    fp32 gate and up, over the gradient buffers (free then: the backward
+ *    reads the kept bf16 gate and up);
+ *  - both (bf16 mode): the fp32 set of the layer in use;
+ *  - the output layer, between the last layer's forward and its backward:
+ *    the logits chunk over everything above (the gradient it feeds the
+ *    final norm goes to dh, outside the block). The logits' gradient is
+ *    written over the chunk itself, in bf16 each row over the first half of
+ *    its own storage (lm_head_xent_split).
+ * dx (the layers' output gradient, live across phases) and dh are outside.
+ */
+static int64_t phase_layout(st_llama_acts *a, char *base, const st_llama_shape *s, int64_t N,
+			    int64_t R, const phase_set *ps)
+{
+	int64_t E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M, off = 0, end;
+	int bf = ps->bf16;
+#define PUT(f, n, size) PLACE(a, f, n, size)
+#define FURTHEST(x) (off > (x) ? off : (x))
+	if (bf) {
+		PUT(xin, N * E, 4);
+		PUT(xout, N * E, 4);
+		PUT(q32, N * HD, 4);
+		PUT(k32, N * KD, 4);
+		PUT(v32, N * KD, 4);
+		PUT(ctx32, N * HD, 4);
+		PUT(xmid32, N * E, 4);
+	}
+	int64_t part = off;
+	PUT(dm1, N * M, 4); /* the MLP's */
+	if (!bf || ps->dm2)
+		PUT(dm2, N * M, 4);
+	if (ps->gub) {
+		PUT(dm1b, N * M, 2);
+		PUT(dm2b, N * M, 2);
+	}
+	int64_t mlp_end = off;
+	end = off;
+	off = part; /* the attention's */
+	PUT(dctx, N * HD, 4);
+	PUT(dq, N * HD, 4);
+	PUT(dk, N * KD, 4);
+	PUT(dv, N * KD, 4);
+	if (ps->dqb)
+		PUT(dqb, N * HD, 2);
+	if (ps->dkvb) {
+		PUT(dkb, N * KD, 2);
+		PUT(dvb, N * KD, 2);
+	}
+	end = FURTHEST(end);
+	if (ps->dxb) {
+		/* read by the first products of each part only: over the end of
+		 * the MLP's last buffer (written after), clear of dm1 and dctx
+		 * (written while it is read) */
+		int64_t m1 = align64(N * M * 4), c1 = align64(N * HD * 4);
+		off = mlp_end - align64(N * E * 2);
+		if (off < part + (m1 > c1 ? m1 : c1))
+			off = part + (m1 > c1 ? m1 : c1);
+		PUT(dxb, N * E, 2);
+		end = FURTHEST(end);
+	}
+	if (bf) { /* a layer's forward */
+		off = part;
+		PUT(gate32, N * M, 4);
+		PUT(up32, N * M, 4);
+		end = FURTHEST(end);
+	}
+	off = 0; /* the output layer */
+	PUT(xent, xent_bytes(s, R, ps), 1);
+#undef FURTHEST
+#undef PUT
+	return off > end ? off : end;
+}
+
 /* Every buffer, in one order: allocates into c->a, or only counts. */
 static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T,
 			enum st_remat policy, const st_llama_act_opts *o)
 {
 	st_llama_acts dummy = {0}, *a = c->a ? c->a : &dummy;
-	int64_t L = s->L, N = B * T, E = s->E, HD = s->H * s->D, KD = s->K * s->D, M = s->M;
+	int64_t L = s->L, N = B * T, E = s->E, HD = s->H * s->D, M = s->M;
 	int64_t mx = HD > E ? HD : E, R = xent_chunk_rows(s->V, N);
 	int bf = o->bf16;
 	int keep = keep_mask(policy), shared = (K_NORMS | K_MM | K_ATTN | K_ACT) & ~keep;
@@ -492,13 +607,6 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 		else if (c->a)
 			a->xs[l] = x;
 	}
-	if (bf) { /* the fp32 set of the layer in use */
-		float **set[] = {&a->xin, &a->xout, &a->q32, &a->k32, &a->v32, &a->ctx32, &a->xmid32,
-				 &a->gate32, &a->up32};
-		int64_t cols[] = {E, E, HD, KD, KD, HD, E, M, M};
-		for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++)
-			*set[i] = take(c, N * cols[i] * 4);
-	}
 	a->rstdf = take(c, N * 4);
 	if (bf)
 		a->hfb = take(c, N * E * 2);
@@ -506,42 +614,26 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 		a->hf = take(c, N * E * 4);
 	a->cos_t = take(c, T * (s->D / 2) * 4);
 	a->sin_t = take(c, T * (s->D / 2) * 4);
-	float **grad[] = {&a->dx, &a->dh, &a->dm1, &a->dctx, &a->dq, &a->dk, &a->dv};
-	int64_t gcols[] = {E, mx, M, HD, HD, KD, KD};
-	for (size_t i = 0; i < sizeof(gcols) / sizeof(gcols[0]); i++)
-		*grad[i] = take(c, N * gcols[i] * 4);
+	a->dx = take(c, N * E * 4);
+	a->dh = take(c, N * mx * 4); /* also the output layer's dx */
 	a->chunk_rows = R;
-	/* fused output layer (fp32, no tensor parallelism): st_lm_head_xent's
-	 * workspace, the chunk and its row statistics; else lm_head_xent_split's
-	 * chunk */
-	int64_t xent = !bf && o->tp <= 1 ? (int64_t)st_lm_head_workspace_bytes(s->V, R) : R * s->V * 4;
-	a->xent = take(c, xent);
-	a->xent_ws = (st_ws){.mem = a->xent, .bytes = (size_t)xent, .threads = 1};
-	if (!bf) {
-		a->dm2 = take(c, N * M * 4);
-	} else {
-		a->dxb = take(c, N * E * 2);
-		a->dm1b = take(c, N * M * 2);
-		a->dm2b = take(c, N * M * 2);
-		a->dqb = take(c, N * HD * 2);
-		a->dkb = take(c, N * KD * 2);
-		a->dvb = take(c, N * KD * 2);
-		a->xentb = take(c, R * s->V * 2);
-	}
+	phase_set ps = phase_needs(bf, o->tp, o->kplan);
+	blk = take(c, phase_layout(NULL, NULL, s, N, R, &ps));
+	if (c->a && blk)
+		phase_layout(a, blk, s, N, R, &ps);
+	a->xent_ws = (st_ws){.mem = a->xent, .bytes = (size_t)xent_bytes(s, R, &ps), .threads = 1};
 	if (bf && o->kplan) {
 		st_kshape ks = {.B = B, .T = T, .E = E, .H = s->H, .K = s->K, .D = s->D, .M = M,
 				.V = s->V, .R = R};
 		int64_t na, nb;
-		st_kplan_scratch(o->kplan, &ks, &na, &nb);
+		/* act's copies go to dm1 (layer_forward, layer_backward) */
+		st_kplan_scratch(o->kplan, &ks, 1u << ST_KS_DOWN | 1u << ST_KS_W_DOWN, &na, &nb);
 		if (na)
 			a->ka.buf = take(c, na * 4);
 		if (nb)
 			a->kb.buf = take(c, nb * 4);
 		a->ka.cap = na;
 		a->kb.cap = nb;
-		/* the SwiGLU gradients in fp32 when a product reads them on the fp32 kernel */
-		if (o->kplan->f32[ST_KS_D_GATE_UP] || o->kplan->f32[ST_KS_W_GATE_UP])
-			a->dm2 = take(c, N * M * 4);
 	}
 	if (bf && o->weight_copy_elems > 0) {
 		a->wtmp = take(c, o->weight_copy_elems * 2);
@@ -568,13 +660,36 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 	a->ws.mem = take_as(c, (int64_t)a->ws.bytes, 1);
 }
 
-/* acts_layout counting only (o NULL: one process, fp32). */
+/* acts_layout counting only (o NULL: one process, fp32). any_plan: the
+ * most over the plans, which differ in the backward's sites (each of their
+ * gradients has a bf16 copy when a bf16 kernel reads it, an fp32 one when
+ * an fp32 kernel does); forward sites on fp32 take the most (their operand
+ * copies). */
 static carver layout_count(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
 			   const st_llama_act_opts *o)
 {
 	st_llama_act_opts fp32 = {.tp = 1};
 	carver c = {0};
-	acts_layout(&c, s, B, T, policy, o ? o : &fp32);
+	if (!o || !o->bf16 || !o->any_plan) {
+		acts_layout(&c, s, B, T, policy, o ? o : &fp32);
+		return c;
+	}
+	enum { NB = ST_KS_W_LOGITS - ST_KS_D_DOWN + 1 };
+	st_llama_act_opts one = *o;
+	st_kplan p;
+	memset(&p, 0, sizeof(p));
+	one.kplan = &p;
+	one.any_plan = 0;
+	for (int i = 0; i < ST_KS_D_DOWN; i++)
+		p.f32[i] = 1;
+	for (unsigned bits = 0; bits < 1u << NB; bits++) {
+		for (int i = 0; i < NB; i++)
+			p.f32[ST_KS_D_DOWN + i] = bits >> i & 1;
+		carver t = {0};
+		acts_layout(&t, s, B, T, policy, &one);
+		if (t.bytes > c.bytes)
+			c = t;
+	}
 	return c;
 }
 
@@ -810,6 +925,21 @@ static kept_f32 kept_views(const st_llama *m, const layer_acts *A)
 	return (kept_f32){a->q32, a->k32, a->v32, a->ctx32, a->xmid32, a->gate32, a->up32};
 }
 
+/* The SwiGLU output as the operand of site (down or w_down): in bf16 mode
+ * on the fp32 kernel, its exact fp32 values in dm1, which is free while
+ * either product runs (phase_layout: over the forward's used-up gate and
+ * up; in the backward, before d_down fills it), in place of a kernel copy
+ * buffer as large. */
+static opnd act_operand(const st_llama *m, const layer_acts *A, int site)
+{
+	opnd act = OPA(A, act);
+	if (m->bf16 && on_f32(m, site)) {
+		st_bf16_to_f32_array(m->acts->dm1, A->actb, m->acts->N * m->ls.M);
+		act.f = m->acts->dm1;
+	}
+	return act;
+}
+
 /* One layer on input x (stream_in). do_mm: run the matrix products (else q,
  * k, v, xmid, gate, up are already there, kept by the remat policy). out:
  * write the layer output. */
@@ -875,7 +1005,27 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 	} else
 		st_swiglu_forward(A->act, kv.gate, kv.up, N * M);
 	if (out)
-		TRY(residual_product(m, ST_KS_DOWN, out, kv.xmid, OPA(A, act), w->wd, M));
+		TRY(residual_product(m, ST_KS_DOWN, out, kv.xmid, act_operand(m, A, ST_KS_DOWN), w->wd,
+				     M));
+	return 0;
+}
+
+/* The gate and up projections' gradient products from dgate, dup (N, M),
+ * leading dimension ld: those on the fp32 kernel (f32 1) or those on the
+ * bf16 one (0). dh (N, E) is written, the weight gradients accumulated. */
+static int gate_up_grads(st_llama *m, int f32, opnd dgate, opnd dup, int64_t ld, opnd h2,
+			 const st_layer_view *w, const st_layer_view *g)
+{
+	st_llama_acts *a = m->acts;
+	int64_t N = a->N, E = m->ls.E, M = m->ls.M;
+	if (on_f32(m, ST_KS_D_GATE_UP) == f32) {
+		TRY(mm(m, ST_KS_D_GATE_UP, 'N', 'N', N, E, M, dgate, ld, OPF(w->wg), E, 0, a->dh, E));
+		TRY(mm(m, ST_KS_D_GATE_UP, 'N', 'N', N, E, M, dup, ld, OPF(w->wu), E, 1, a->dh, E));
+	}
+	if (on_f32(m, ST_KS_W_GATE_UP) == f32) {
+		TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dgate, ld, h2, E, 1, g->wg, E));
+		TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dup, ld, h2, E, 1, g->wu, E));
+	}
 	return 0;
 }
 
@@ -890,43 +1040,45 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	float *dx = a->dx;
 	opnd h1 = OPA(A, h1), h2 = OPA(A, h2);
 
-	/* MLP: out = xmid + down(swiglu(gate(h2), up(h2))) */
+	/* MLP: out = xmid + down(swiglu(gate(h2), up(h2))); the weight
+	 * gradient first, as act's fp32 copy may be in dm1 */
 	opnd dxo = grad_op(m, dx, a->dxb, N * E, ST_KS_D_DOWN, ST_KS_W_DOWN);
+	TRY(mm(m, ST_KS_W_DOWN, 'T', 'N', E, M, N, dxo, E, act_operand(m, A, ST_KS_W_DOWN), M, 1,
+	       g->wd, M));
 	TRY(mm(m, ST_KS_D_DOWN, 'N', 'N', N, M, E, dxo, E, OPF(w->wd), M, 0, a->dm1, M));
-	TRY(mm(m, ST_KS_W_DOWN, 'T', 'N', E, M, N, dxo, E, OPA(A, act), M, 1, g->wd, M));
 	/* the kept intermediates (bf16 mode: their fp32 values, already there
 	 * when the forward pass was just recomputed) */
 	kept_f32 kv = kept_views(m, A);
-	const float *gate = kv.gate, *up = kv.up;
 	if (m->bf16 && a->policy == ST_REMAT_NONE) {
 		st_bf16_to_f32_array(kv.q, A->qb, N * HD);
 		st_bf16_to_f32_array(kv.k, A->kb, N * KD);
 		st_bf16_to_f32_array(kv.v, A->vb, N * KD);
 		st_bf16_to_f32_array(kv.ctx, A->ctxb, N * HD);
 		st_bf16_to_f32_array(kv.xmid, A->xmidb, N * E);
-		st_bf16_to_f32_array(kv.gate, A->gateb, N * M);
-		st_bf16_to_f32_array(kv.up, A->upb, N * M);
 	}
-	opnd dgate, dup;
-	if (m->bf16 && (on_f32(m, ST_KS_D_GATE_UP) || on_f32(m, ST_KS_W_GATE_UP))) {
-		/* an fp32 kernel reads them: fp32, and bf16 copies if a bf16 one does too */
-		st_swiglu_backward(a->dm2, a->dm1, a->dm1, gate, up, N * M);
-		dgate = grad_op(m, a->dm2, a->dm2b, N * M, ST_KS_D_GATE_UP, ST_KS_W_GATE_UP);
-		dup = grad_op(m, a->dm1, a->dm1b, N * M, ST_KS_D_GATE_UP, ST_KS_W_GATE_UP);
-	} else if (m->bf16) {
-		st_swiglu_backward_bf16(a->dm2b, a->dm1b, a->dm1, gate, up, N * M);
-		bf16_written(m);
-		dgate = (opnd){.h = a->dm2b};
-		dup = (opnd){.h = a->dm1b};
+	/* in bf16 mode the SwiGLU backward reads the kept bf16 gate and up (their
+	 * fp32 copies lie under dm1 by now: phase_layout) */
+	int fd = on_f32(m, ST_KS_D_GATE_UP), fw = on_f32(m, ST_KS_W_GATE_UP);
+	if (!m->bf16) {
+		st_swiglu_backward(a->dm2, a->dm1, a->dm1, kv.gate, kv.up, N * M);
+		TRY(gate_up_grads(m, 1, OPF(a->dm2), OPF(a->dm1), M, h2, w, g));
+	} else if (fd || fw) {
+		/* fp32 gradients for the fp32 kernel's products; then, for a bf16
+		 * one, rounded in place (each row over the first half of its own
+		 * storage: ld 2M) */
+		st_swiglu_backward_gu16(a->dm2, a->dm1, a->dm1, A->gateb, A->upb, N * M);
+		TRY(gate_up_grads(m, 1, OPF(a->dm2), OPF(a->dm1), M, h2, w, g));
+		if (!fd || !fw) {
+			opnd dg = {.h = st_bf16_rows_in_place(a->dm2, N, M)};
+			opnd du = {.h = st_bf16_rows_in_place(a->dm1, N, M)};
+			bf16_written(m);
+			TRY(gate_up_grads(m, 0, dg, du, 2 * M, h2, w, g));
+		}
 	} else {
-		st_swiglu_backward(a->dm2, a->dm1, a->dm1, gate, up, N * M);
-		dgate = OPF(a->dm2);
-		dup = OPF(a->dm1);
+		st_swiglu_backward_bf16(a->dm2b, a->dm1b, a->dm1, A->gateb, A->upb, N * M);
+		bf16_written(m);
+		TRY(gate_up_grads(m, 0, (opnd){.h = a->dm2b}, (opnd){.h = a->dm1b}, M, h2, w, g));
 	}
-	TRY(mm(m, ST_KS_D_GATE_UP, 'N', 'N', N, E, M, dgate, M, OPF(w->wg), E, 0, a->dh, E));
-	TRY(mm(m, ST_KS_D_GATE_UP, 'N', 'N', N, E, M, dup, M, OPF(w->wu), E, 1, a->dh, E));
-	TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dgate, M, h2, E, 1, g->wg, E));
-	TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dup, M, h2, E, 1, g->wu, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	TRY(st_rmsnorm_backward(dx, g->ln2, a->dh, kv.xmid, w->ln2, A->rstd2, N, E, &a->ws));
 
@@ -951,6 +1103,21 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	TRY(mm(m, ST_KS_W_KV, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
 	TRY(st_rmsnorm_backward(dx, g->ln1, a->dh, x, w->ln1, A->rstd1, N, E, &a->ws));
+	return 0;
+}
+
+/* The output layer's gradient products for a chunk of nr rows (x: its
+ * inputs) from dl (nr, Vl) with leading dimension ld: those on the fp32
+ * kernel (f32 1) or those on the bf16 one (0). dx (nr, E) is written, dW
+ * accumulated. */
+static int logits_grads(st_llama *m, int f32, opnd dl, int64_t ld, opnd x, int64_t nr, float *dx,
+			float *dW)
+{
+	int64_t E = m->s.E, Vl = m->ls.V;
+	if (on_f32(m, ST_KS_D_LOGITS) == f32)
+		TRY(mm(m, ST_KS_D_LOGITS, 'N', 'N', nr, E, Vl, dl, ld, OPF(m->p.lm_head), E, 0, dx, E));
+	if (on_f32(m, ST_KS_W_LOGITS) == f32)
+		TRY(mm(m, ST_KS_W_LOGITS, 'T', 'N', Vl, E, nr, dl, ld, x, E, 1, dW, E));
 	return 0;
 }
 
@@ -990,17 +1157,24 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 			continue;
 		for (int64_t r = 0; r < nr; r++)
 			rscale[r] = (float)(scale * exp((double)lmax[r] - (double)gmax[r]) / rsum[r]);
-		opnd dl;
-		if (!on_f32(m, ST_KS_D_LOGITS) && !on_f32(m, ST_KS_W_LOGITS)) {
-			st_xent_rows_grad_bf16(a->xentb, l, rscale, a->targets + r0, v0, nr, Vl, scale);
-			bf16_written(m);
-			dl = (opnd){.h = a->xentb};
-		} else {
+		/* the gradient over the logits, in fp32 when an fp32 kernel reads
+		 * it; then, for a bf16 one, rounded in place (each row over the
+		 * first half of its own storage: ld 2 Vl) */
+		int fd = on_f32(m, ST_KS_D_LOGITS), fw = on_f32(m, ST_KS_W_LOGITS);
+		uint16_t *g16 = (uint16_t *)l;
+		if (fd || fw) {
 			st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
-			dl = grad_op(m, l, a->xentb, nr * Vl, ST_KS_D_LOGITS, ST_KS_W_LOGITS);
+			TRY(logits_grads(m, 1, OPF(l), Vl, op_at(x, r0 * E), nr, dx + r0 * E, dW));
+			if (!fd || !fw)
+				st_bf16_rows_in_place(l, nr, Vl);
+		} else {
+			st_xent_rows_grad_bf16(g16, 2 * Vl, l, rscale, a->targets + r0, v0, nr, Vl, scale);
 		}
-		TRY(mm(m, ST_KS_D_LOGITS, 'N', 'N', nr, E, Vl, dl, Vl, OPF(W), E, 0, dx + r0 * E, E));
-		TRY(mm(m, ST_KS_W_LOGITS, 'T', 'N', Vl, E, nr, dl, Vl, op_at(x, r0 * E), E, 1, dW, E));
+		if (!fd || !fw) {
+			bf16_written(m);
+			TRY(logits_grads(m, 0, (opnd){.h = g16}, 2 * Vl, op_at(x, r0 * E), nr, dx + r0 * E,
+					 dW));
+		}
 	}
 	if (dx)
 		TRY(tp_sum(m, dx, N * E));

@@ -191,6 +191,8 @@ typedef struct st_llama_act_opts {
 	int64_t weight_copy_elems; /* bf16 mode with weights not resident: the largest linear tensor */
 	int threads;               /* OpenMP threads of the kernels' workspace; 0: omp_get_max_threads() */
 	const st_kplan *kplan;     /* bf16 mode: the plan, for its fp32 kernels' operand copies (NULL: all bf16) */
+	int any_plan;              /* bf16 mode, the plan not decided yet (bf16_kernels auto): the
+				      most any plan takes; kplan is then not read */
 } st_llama_act_opts;
 /* The same figure computed without allocating (for planning), from the same
  * layout code; o NULL: one process, fp32. s is the process's shape

@@ -72,7 +72,8 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	 * as large as the largest product weight, counted with the activations */
 	/* bf16_kernels: an explicit plan's fp32 operand copies and weight copy;
 	 * auto (decided when the run starts) counts the most it can take: every
-	 * site's fp32 operand copies and the bf16 weight copy */
+	 * site's fp32 operand copies, every gradient's bf16 copy and the bf16
+	 * weight copy */
 	st_kplan kp;
 	int kauto = st_kplan_is_auto(c->bf16_kernels);
 	if (kauto)
@@ -83,7 +84,7 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	}
 	st_llama_act_opts ao = {.tp = (int)tp, .bf16 = bf16,
 				.weight_copy_elems = bf16 && F > 1 ? st_llama_largest_linear(&m) : 0,
-				.kplan = bf16 ? &kp : NULL};
+				.kplan = bf16 ? &kp : NULL, .any_plan = bf16 && kauto};
 	p->activations = st_llama_act_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
 	/* the kernels' workspace as st_llama_alloc_acts allocates it, its
 	 * per-thread slices for this process's OpenMP threads (OMP_NUM_THREADS:

@@ -1,6 +1,7 @@
 #include "kernels/cpu/bf16.h"
 
 #include <cpuid.h>
+#include <string.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels/cpu/simd.h"
@@ -56,6 +57,28 @@ void st_bf16_to_f32_array(float *dst, const uint16_t *src, int64_t n)
 		int64_t i0 = b * CONV_BLOCK, len = n - i0 < CONV_BLOCK ? n - i0 : CONV_BLOCK;
 		to_f32_range(dst + i0, src + i0, len);
 	}
+}
+
+uint16_t *st_bf16_rows_in_place(float *x, int64_t rows, int64_t cols)
+{
+#pragma omp parallel for schedule(static) if (rows * cols > 2 * CONV_BLOCK)
+	for (int64_t r = 0; r < rows; r++) {
+		const float *src = x + r * cols;
+		char *dst = (char *)src; /* each block is read before its results land on it */
+		int64_t c = 0;
+#ifdef __AVX512F__
+		for (; c < cols; c += 16) {
+			__mmask16 m = cols - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - c)) - 1);
+			__m256i h = st_cvt_bf16_16(_mm512_maskz_loadu_ps(m, src + c));
+			_mm256_mask_storeu_epi16(dst + 2 * c, m, h);
+		}
+#endif
+		for (; c < cols; c++) { /* stored through memcpy: kept after the loads before it */
+			uint16_t h = st_f32_to_bf16(src[c]);
+			memcpy(dst + 2 * c, &h, sizeof(h));
+		}
+	}
+	return (uint16_t *)x;
 }
 
 static void round_range(uint16_t *h, float *x, int64_t n)

@@ -45,6 +45,11 @@ void st_bf16_to_f32_array(float *dst, const uint16_t *src, int64_t n);
 /* h[i] = bf16(x[i]) and x[i] = fp32(h[i]) (x rounded to bf16 in place), in
  * one pass, i < n. */
 void st_bf16_round_keep(uint16_t *h, float *x, int64_t n);
+/* x (rows, cols) rounded to bf16 in place, each row's values over the first
+ * half of its own storage: returns them as bf16 (rows, cols) with leading
+ * dimension 2 * cols (x's values are gone). Rows are independent, so threads
+ * never write what another one reads. */
+uint16_t *st_bf16_rows_in_place(float *x, int64_t rows, int64_t cols);
 
 /*
  * 1 when bf16 matrix products run natively: the CPU has AVX512_BF16 (cpuid

@@ -31,6 +31,12 @@ static inline void put(void *dst, int bf16, int64_t i, float v)
 		((float *)dst)[i] = v;
 }
 
+/* Scalar load of an fp32 or bf16 value (plain-loop builds). */
+static inline float get(const void *src, int bf16, int64_t i)
+{
+	return bf16 ? st_bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+}
+
 static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const float *w,
 			int64_t N, int64_t C, float eps)
 {
@@ -257,8 +263,9 @@ void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, i
 	swiglu_fwd(act, 1, gate, up, n);
 }
 
-static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, const float *gate,
-		       const float *up, int64_t n)
+/* gate and up are fp32, or bf16 when in16 (their exact fp32 values used) */
+static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, const void *gate,
+		       const void *up, int in16, int64_t n)
 {
 	int64_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -266,13 +273,13 @@ static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, cons
 		int64_t i0 = blk * EW_BLOCK, i1 = i0 + EW_BLOCK < n ? i0 + EW_BLOCK : n;
 #if ST_HAVE_AVX512
 		__m512 one = _mm512_set1_ps(1.0f);
-		size_t sz = bf16 ? 2 : 4;
+		size_t sz = bf16 ? 2 : 4, isz = in16 ? 2 : 4;
 		for (int64_t i = i0; i < i1; i += 16) {
 			__mmask16 mk = st_mask16(i1 - i);
 			/* read everything first: outputs may alias inputs */
-			__m512 g = _mm512_maskz_loadu_ps(mk, gate + i);
+			__m512 g = st_load16((const char *)gate + i * isz, in16, mk);
 			__m512 da = _mm512_maskz_loadu_ps(mk, dact + i);
-			__m512 u = _mm512_maskz_loadu_ps(mk, up + i);
+			__m512 u = st_load16((const char *)up + i * isz, in16, mk);
 			__m512 e = st_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
 			__m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, e));
 			__m512 dasg = _mm512_mul_ps(da, sg);
@@ -282,8 +289,8 @@ static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, cons
 		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
-			float g = gate[i];
-			float da = dact[i], u = up[i]; /* read first: outputs may alias inputs */
+			float g = get(gate, in16, i);
+			float da = dact[i], u = get(up, in16, i); /* read first: outputs may alias inputs */
 			float sg = 1.0f / (1.0f + expf(-g));
 			put(dup, bf16, i, da * sg * g);
 			put(dgate, bf16, i, da * sg * u * (1.0f + g * (1.0f - sg)));
@@ -295,13 +302,19 @@ static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, cons
 void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float *gate,
 			const float *up, int64_t n)
 {
-	swiglu_bwd(dgate, dup, 0, dact, gate, up, n);
+	swiglu_bwd(dgate, dup, 0, dact, gate, up, 0, n);
 }
 
-void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact, const float *gate,
-			     const float *up, int64_t n)
+void st_swiglu_backward_gu16(float *dgate, float *dup, const float *dact, const uint16_t *gate,
+			     const uint16_t *up, int64_t n)
 {
-	swiglu_bwd(dgate, dup, 1, dact, gate, up, n);
+	swiglu_bwd(dgate, dup, 0, dact, gate, up, 1, n);
+}
+
+void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact,
+			     const uint16_t *gate, const uint16_t *up, int64_t n)
+{
+	swiglu_bwd(dgate, dup, 1, dact, gate, up, 1, n);
 }
 
 void st_embedding_forward(float *x, const float *emb, const int32_t *tokens, int64_t N,
@@ -382,16 +395,19 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 	}
 }
 
-/* dst row r = l row r * rscale[r], minus scale at the target column; dst is
- * fp32 (may be l itself) or bf16. */
-static void xent_rows_grad(void *dst, int bf16, const float *l, const float *rscale,
+/* dst row r (at dst + r * ldd elements) = l row r * rscale[r], minus scale at
+ * the target column; dst is fp32 (may be l itself, ldd = V) or bf16 (may be
+ * l itself with ldd = 2V: each row over the first half of its own fp32
+ * storage; each block of values is read before its results are stored, and
+ * those land on values already read). */
+static void xent_rows_grad(void *dst, int bf16, int64_t ldd, const float *l, const float *rscale,
 			   const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale)
 {
 	size_t sz = bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static)
 	for (int64_t r = 0; r < nr; r++) {
 		const float *lr = l + r * V;
-		char *dr = (char *)dst + (size_t)(r * V) * sz;
+		char *dr = (char *)dst + (size_t)(r * ldd) * sz;
 		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
 		float tval = tg >= 0 && tg < V ? lr[tg] * rscale[r] - scale : 0.0f;
 #if ST_HAVE_AVX512
@@ -400,25 +416,30 @@ static void xent_rows_grad(void *dst, int bf16, const float *l, const float *rsc
 			__mmask16 mk = st_mask16(V - c);
 			st_store16(dr + c * sz, bf16, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, lr + c), f));
 		}
-#else
-		for (int64_t c = 0; c < V; c++)
-			put(dr, bf16, c, lr[c] * rscale[r]);
-#endif
 		if (tg >= 0 && tg < V)
 			put(dr, bf16, tg, tval);
+#else
+		for (int64_t c = 0; c < V; c++) {
+			/* stored through memcpy: the compiler must keep each store
+			 * after the loads before it (dst may overlay l) */
+			float v = c == tg ? tval : lr[c] * rscale[r];
+			uint16_t h = st_f32_to_bf16(v);
+			memcpy(dr + (size_t)c * sz, bf16 ? (const void *)&h : (const void *)&v, sz);
+		}
+#endif
 	}
 }
 
 void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
 		       int64_t nr, int64_t V, float scale)
 {
-	xent_rows_grad(l, 0, l, rscale, targets, v0, nr, V, scale);
+	xent_rows_grad(l, 0, V, l, rscale, targets, v0, nr, V, scale);
 }
 
-void st_xent_rows_grad_bf16(uint16_t *out, const float *l, const float *rscale,
+void st_xent_rows_grad_bf16(uint16_t *out, int64_t ldo, const float *l, const float *rscale,
 			    const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale)
 {
-	xent_rows_grad(out, 1, l, rscale, targets, v0, nr, V, scale);
+	xent_rows_grad(out, 1, ldo, l, rscale, targets, v0, nr, V, scale);
 }
 
 /* The output layer's workspace: a chunk of logits, then per row the sum of

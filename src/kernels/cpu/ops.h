@@ -116,11 +116,15 @@ void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n
 /* dgate, dup (overwrite) from dact; either may alias dact. */
 void st_swiglu_backward(float *dgate, float *dup, const float *dact, const float *gate,
 			const float *up, int64_t n);
+/* bf16 gate and up (bf16 mode keeps them so): the same with their exact
+ * fp32 values; either output may alias dact. */
+void st_swiglu_backward_gu16(float *dgate, float *dup, const float *dact, const uint16_t *gate,
+			     const uint16_t *up, int64_t n);
 /* bf16 outputs, each the fp32 result above rounded once; outputs must not
- * overlap the inputs. */
+ * overlap the inputs. The backward reads bf16 gate and up, as _gu16. */
 void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, int64_t n);
-void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact, const float *gate,
-			     const float *up, int64_t n);
+void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact,
+			     const uint16_t *gate, const uint16_t *up, int64_t n);
 
 /* x(N,C) = emb[tokens] (emb (V,C)). */
 void st_embedding_forward(float *x, const float *emb, const int32_t *tokens, int64_t N,
@@ -150,9 +154,11 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 		      int64_t v0, int64_t nr, int64_t V);
 void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
 		       int64_t nr, int64_t V, float scale);
-/* The same written to a separate bf16 array (each value the fp32 result
- * above rounded once); l is left unchanged. */
-void st_xent_rows_grad_bf16(uint16_t *out, const float *l, const float *rscale,
+/* The same written as bf16 (each value the fp32 result above rounded once),
+ * row r at out + r * ldo: a separate array (ldo >= V; l is left unchanged),
+ * or l itself with ldo = 2V (each row's bf16 values over the first half of
+ * its fp32 storage, so the chunk needs no second buffer). */
+void st_xent_rows_grad_bf16(uint16_t *out, int64_t ldo, const float *l, const float *rscale,
 			    const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale);
 
 /*

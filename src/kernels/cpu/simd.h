@@ -61,6 +61,16 @@ static inline void st_store16(void *dst, int bf16, __mmask16 m, __m512 x)
 		_mm512_mask_storeu_ps(dst, m, x);
 }
 
+/* Load the first lanes (mask) of src, fp32 or bf16 (widened exactly); the
+ * other lanes are 0. */
+static inline __m512 st_load16(const void *src, int bf16, __mmask16 m)
+{
+	if (!bf16)
+		return _mm512_maskz_loadu_ps(m, src);
+	__m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src));
+	return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
 /* Mask of the first n lanes (n in 0..16). */
 static inline __mmask16 st_mask16(int64_t n)
 {
