@@ -616,6 +616,24 @@ static void test_bf16_outputs(void)
 			       inp[r * 2 * V + c] != sep[r * V + c];
 	CHECK_MSG(bad == 0, "bf16 cross-entropy gradient rows differ (separate or in place: %d)", bad);
 	free(l), free(l2), free(sep);
+
+	/* rows rounded in place (rows of 37, and of 2048 so that threads split
+	 * them): each value as st_f32_to_bf16 gives it, row r at 2 * cols * r */
+	int64_t shapes[][2] = {{9, 37}, {64, 2048}};
+	for (int k = 0; k < 2; k++) {
+		int64_t nr = shapes[k][0], nc = shapes[k][1];
+		float *v = randn(nr * nc, 56 + k, 3.0), *keep = malloc(nr * nc * sizeof(float));
+		v[0] = NAN, v[nc + 1] = 1e-40f, v[2] = -INFINITY; /* quiet NaN, subnormal kept */
+		memcpy(keep, v, nr * nc * sizeof(float));
+		uint16_t *h = st_bf16_rows_in_place(v, nr, nc);
+		bad = (void *)h != (void *)v;
+		for (int64_t r = 0; r < nr; r++)
+			for (int64_t c = 0; c < nc; c++)
+				bad += h[r * 2 * nc + c] != st_f32_to_bf16(keep[r * nc + c]);
+		CHECK_MSG(bad == 0, "st_bf16_rows_in_place %lld x %lld: %d values differ", (long long)nr,
+			  (long long)nc, bad);
+		free(v), free(keep);
+	}
 }
 
 /* ---- bf16 attention ---- */
