@@ -16,7 +16,7 @@ BUILD   ?= build
 OPT     ?= -O2 -march=native
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -MMD -MP
-LDLIBS  += -ldnnl -lyaml -ljansson -ldeflate -lcrypto -lm -fopenmp
+LDLIBS  += -ldnnl -lyaml -ljansson -lisal -lcrypto -lm -fopenmp
 LDLIBS  += -lpcre2-8 # src/text: the tokenizer's pre-tokenizer regexes
 
 # SAN=1: the sanitized build, in build-san/ unless BUILD is given

@@ -4,8 +4,9 @@
  *
  * The gzip/zlib polynomial (IEEE 802.3, reflected), with zlib's values:
  * st_crc32(0, buf, n) equals zlib's crc32(0, buf, n) and Python's
- * zlib.crc32(buf). Computed by libdeflate (PCLMULQDQ where the CPU has it;
- * figures in docs/checkpoints.md). Chain calls to checksum data in parts:
+ * zlib.crc32(buf). Computed by Intel's ISA-L (carry-less multiplies,
+ * 512-bit where the CPU has VPCLMULQDQ; figures in docs/checkpoints.md).
+ * Chain calls to checksum data in parts:
  *
  *   uint32_t c = st_crc32(0, a, na);
  *   c = st_crc32(c, b, nb);              // == st_crc32(0, a ++ b, na + nb)
@@ -23,8 +24,7 @@ uint32_t st_crc32(uint32_t crc, const void *data, size_t n);
 /*
  * CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of
  * TFRecord files and iSCSI: st_crc32c(0, "123456789", 9) == 0xE3069283.
- * Chained like st_crc32. A byte-wise table (built once, thread-safe): meant
- * for small records, not bulk data.
+ * Chained like st_crc32. ISA-L's too.
  */
 uint32_t st_crc32c(uint32_t crc, const void *data, size_t n);
 
