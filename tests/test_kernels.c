@@ -584,6 +584,10 @@ static void test_bf16_outputs(void)
 	st_swiglu_backward_bf16(dgh, duh, d, gh, uh, n);
 	memcpy(du2, d, n * sizeof(float)); /* dup over dact, as the model calls it */
 	st_swiglu_backward_gu16(dg2, du2, du2, gh, uh, n);
+	uint16_t *ah2 = malloc(n * 2);
+	st_swiglu_forward_gu16(ah2, gh, uh, n);
+	CHECK_MSG(memcmp(ah, ah2, n * 2) == 0, "swiglu forward from bf16 gate/up differs");
+	free(ah2);
 	bad = 0;
 	for (int i = 0; i < n; i++)
 		bad += ah[i] != st_f32_to_bf16(a[i]) || dgh[i] != st_f32_to_bf16(dg[i]) ||

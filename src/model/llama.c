@@ -818,6 +818,22 @@ static const float *f32_operand(opnd x, struct kcopy *k, int64_t rows, int64_t l
 	return k->buf;
 }
 
+/* The bf16 second operand of a bf16 product: its bf16 values, or for a
+ * weight its resident bf16 copy, or one made now in acts' weight buffer. */
+static const uint16_t *bf16_second(st_llama *m, opnd B, char tb, int64_t N, int64_t K, int64_t ldb)
+{
+	if (B.h)
+		return B.h;
+	if (m->wbf16 && B.f >= m->params && B.f < m->params + m->nparams)
+		return m->wbf16 + (B.f - m->params); /* a resident weight: its bf16 copy */
+	st_llama_acts *a = m->acts;
+	int64_t nb = (tb == 'N' ? K : N) * ldb;
+	if (nb > a->wtmp_elems)
+		ST_BUG("bf16 weight copy too small: %lld > %lld", (long long)nb, (long long)a->wtmp_elems);
+	st_f32_to_bf16_array(a->wtmp, B.f, nb);
+	return a->wtmp;
+}
+
 /*
  * Every matrix product of the model. In bf16 mode (dtype=bfloat16) both
  * operands are bf16 and the product accumulates in fp32 (MaxText's bf16
@@ -841,19 +857,20 @@ static int mm(st_llama *m, int site, char ta, char tb, int64_t M, int64_t N, int
 	}
 	if (!A.h)
 		ST_BUG("bf16 product without a bf16 first operand");
-	const uint16_t *bb = B.h;
-	if (!bb && m->wbf16 && B.f >= m->params && B.f < m->params + m->nparams) {
-		bb = m->wbf16 + (B.f - m->params); /* a resident weight: its bf16 copy */
-	} else if (!bb) {
-		st_llama_acts *a = m->acts;
-		int64_t nb = (tb == 'N' ? K : N) * ldb;
-		if (nb > a->wtmp_elems)
-			ST_BUG("bf16 weight copy too small: %lld > %lld", (long long)nb,
-			       (long long)a->wtmp_elems);
-		st_f32_to_bf16_array(a->wtmp, B.f, nb);
-		bb = a->wtmp;
-	}
-	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, A.h, lda, bb, ldb, beta, C, ldc);
+	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, A.h, lda, bf16_second(m, B, tb, N, K, ldb), ldb,
+			    beta, C, ldc);
+}
+
+/* A bf16 product's output rounded to bf16 by the product itself (in place
+ * of an fp32 output rounded by st_bf16_round_keep), for a site on the bf16
+ * kernel: C16 = A B^T, B a weight (N, K). */
+static int mm_out16(st_llama *m, int64_t M, int64_t N, int64_t K, opnd A, const float *W,
+		    uint16_t *C16)
+{
+	if (!A.h)
+		ST_BUG("bf16 product without a bf16 first operand");
+	return st_gemm_bf16_out('N', 'T', M, N, K, 1.0f, A.h, K, bf16_second(m, OPF(W), 'T', N, K, K),
+				K, 0, C16, N);
 }
 
 /* out(N,E) = res + a(N,k) W^T, W (E,k): a residual add of a row-parallel
@@ -988,19 +1005,22 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 		st_bf16_to_f32_array(kv.xmid, A->xmidb, N * E);
 	}
 	norm_forward(m, A->h2, A->h2b, A->rstd2, kv.xmid, w->ln2);
-	if (do_mm) {
+	/* in bf16 mode gate and up are kept in bf16 only: made so by the bf16
+	 * kernel's product itself, or by rounding the fp32 kernel's output; the
+	 * SwiGLU reads them in bf16 (kv.gate, kv.up are scratch) */
+	if (do_mm && m->bf16 && !on_f32(m, ST_KS_GATE_UP)) {
+		TRY(mm_out16(m, N, M, E, h2, w->wg, A->gateb));
+		TRY(mm_out16(m, N, M, E, h2, w->wu, A->upb));
+	} else if (do_mm) {
 		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, kv.gate, M));
 		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, kv.up, M));
 		if (m->bf16) {
-			st_bf16_round_keep(A->gateb, kv.gate, N * M);
-			st_bf16_round_keep(A->upb, kv.up, N * M);
+			st_f32_to_bf16_array(A->gateb, kv.gate, N * M);
+			st_f32_to_bf16_array(A->upb, kv.up, N * M);
 		}
-	} else if (m->bf16) {
-		st_bf16_to_f32_array(kv.gate, A->gateb, N * M);
-		st_bf16_to_f32_array(kv.up, A->upb, N * M);
 	}
 	if (m->bf16) {
-		st_swiglu_forward_bf16(A->actb, kv.gate, kv.up, N * M);
+		st_swiglu_forward_gu16(A->actb, A->gateb, A->upb, N * M);
 		bf16_written(m);
 	} else
 		st_swiglu_forward(A->act, kv.gate, kv.up, N * M);

@@ -228,7 +228,8 @@ void st_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
 /* Elementwise loops run over blocks of EW_BLOCK values: one task each. */
 #define EW_BLOCK 4096
 
-static void swiglu_fwd(void *act, int bf16, const float *gate, const float *up, int64_t n)
+/* gate and up are fp32, or bf16 when in16 (their exact fp32 values used) */
+static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, int in16, int64_t n)
 {
 	int64_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -236,18 +237,19 @@ static void swiglu_fwd(void *act, int bf16, const float *gate, const float *up, 
 		int64_t i0 = blk * EW_BLOCK, i1 = i0 + EW_BLOCK < n ? i0 + EW_BLOCK : n;
 #if ST_HAVE_AVX512
 		__m512 one = _mm512_set1_ps(1.0f);
+		size_t isz = in16 ? 2 : 4;
 		for (int64_t i = i0; i < i1; i += 16) {
 			__mmask16 mk = st_mask16(i1 - i);
-			__m512 g = _mm512_maskz_loadu_ps(mk, gate + i);
+			__m512 g = st_load16((const char *)gate + i * isz, in16, mk);
 			__m512 e = st_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
 			__m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
 			st_store16((char *)act + i * (bf16 ? 2 : 4), bf16, mk,
-				   _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(mk, up + i)));
+				   _mm512_mul_ps(silu, st_load16((const char *)up + i * isz, in16, mk)));
 		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
-			float g = gate[i];
-			put(act, bf16, i, g / (1.0f + expf(-g)) * up[i]);
+			float g = get(gate, in16, i);
+			put(act, bf16, i, g / (1.0f + expf(-g)) * get(up, in16, i));
 		}
 #endif
 	}
@@ -255,12 +257,17 @@ static void swiglu_fwd(void *act, int bf16, const float *gate, const float *up, 
 
 void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n)
 {
-	swiglu_fwd(act, 0, gate, up, n);
+	swiglu_fwd(act, 0, gate, up, 0, n);
 }
 
 void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, int64_t n)
 {
-	swiglu_fwd(act, 1, gate, up, n);
+	swiglu_fwd(act, 1, gate, up, 0, n);
+}
+
+void st_swiglu_forward_gu16(uint16_t *act, const uint16_t *gate, const uint16_t *up, int64_t n)
+{
+	swiglu_fwd(act, 1, gate, up, 1, n);
 }
 
 /* gate and up are fp32, or bf16 when in16 (their exact fp32 values used) */

@@ -123,6 +123,8 @@ void st_swiglu_backward_gu16(float *dgate, float *dup, const float *dact, const 
 /* bf16 outputs, each the fp32 result above rounded once; outputs must not
  * overlap the inputs. The backward reads bf16 gate and up, as _gu16. */
 void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, int64_t n);
+/* ... from bf16 gate and up (their exact fp32 values) */
+void st_swiglu_forward_gu16(uint16_t *act, const uint16_t *gate, const uint16_t *up, int64_t n);
 void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact,
 			     const uint16_t *gate, const uint16_t *up, int64_t n);
 
