@@ -21,6 +21,14 @@
 uint32_t st_crc32(uint32_t crc, const void *data, size_t n);
 
 /*
+ * The CRC-32 of a ++ b from crc_a = st_crc32(0, a, na), crc_b =
+ * st_crc32(0, b, nb) and nb alone, so that parts checksummed separately (on
+ * several threads) give the checksum of the whole. About 64 multiplications
+ * of 32-bit polynomials: cheap beside checksumming a part of a few KB.
+ */
+uint32_t st_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t nb);
+
+/*
  * CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of
  * TFRecord files and iSCSI: st_crc32c(0, "123456789", 9) == 0xE3069283.
  * Chained like st_crc32. A byte-wise table (built once, thread-safe): meant
