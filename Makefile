@@ -37,7 +37,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # every benchmark but mpi_allreduce (openmpi): built with the rest, so that they keep compiling
-BENCH    := $(BUILD)/bench/collectives $(BUILD)/bench/train_step $(BUILD)/bench/attention
+BENCH    := $(BUILD)/bench/collectives $(BUILD)/bench/train_step $(BUILD)/bench/attention $(BUILD)/bench/restore
 
 all: $(BUILD)/slicetrain $(TESTS) $(BENCH)
 
