@@ -16,7 +16,7 @@ BUILD   ?= build
 OPT     ?= -O2 -march=native
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -MMD -MP
-LDLIBS  += -ldnnl -lyaml -ljansson -lisal -lcrypto -lm -fopenmp
+LDLIBS  += -ldnnl -lyaml -ljansson -lisal -lz -lcrypto -lm -fopenmp
 LDLIBS  += -lpcre2-8 # src/text: the tokenizer's pre-tokenizer regexes
 
 # SAN=1: the sanitized build, in build-san/ unless BUILD is given
@@ -37,7 +37,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # every benchmark but mpi_allreduce (openmpi): built with the rest, so that they keep compiling
-BENCH    := $(BUILD)/bench/collectives $(BUILD)/bench/train_step $(BUILD)/bench/attention
+BENCH    := $(BUILD)/bench/collectives $(BUILD)/bench/train_step $(BUILD)/bench/attention $(BUILD)/bench/restore
 
 all: $(BUILD)/slicetrain $(TESTS) $(BENCH)
 

@@ -10,7 +10,7 @@
 #   scripts/install-deps.sh --ray    plus .venv-ray/ (Ray Train 2.60.0 from PyPI, pinned, and the
 #                                    manifest validators) for deploy/ray and make test-ray (docs/ray.md)
 set -euo pipefail
-pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libisal-dev libssl-dev libpcre2-dev)
+pkgs=(gcc make libc6-dev libdnnl-dev libyaml-dev libjansson-dev libisal-dev zlib1g-dev libssl-dev libpcre2-dev)
 pkgs+=(fortunes python3 python3-venv) # the default job's text, and a venv to train its tokenizer
 if [ "${1:-}" = "--test" ]; then
 	pkgs+=(python3 python3-numpy python3-torch python3-venv)

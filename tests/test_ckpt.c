@@ -6,6 +6,9 @@
  * agreement on the step across processes (threads standing in for
  * processes, with an in-process communicator); async overlap; pruning;
  * failure policies; malformed manifests and done records; verify and list;
+ * pieces larger than a restore part (read in parts on several threads):
+ * values, a flipped byte in any part, two damaged tensors, truncation, on
+ * disk and on tmpfs;
  * Hugging Face export (sharded) and import.
  *
  * The communicator here is a stand-in for src/comm (threads as processes):
@@ -248,8 +251,9 @@ static st_ckpt_opts opts_for(const char *dir, int p, int P)
 	return o;
 }
 
-/* Save checkpoint `step` (values: version) as P processes with row splits. */
-static void save_as(const char *dir, int P, int64_t step, int version, int async)
+/* Save checkpoint `step` of tensors (values: version) as P processes with row splits. */
+static void save_model(const char *dir, const struct tdef *tensors, int nt, int P, int64_t step, int version,
+		       int async)
 {
 	st_ckpt_saver *s[8] = {0};
 	struct plist pl[8];
@@ -260,7 +264,7 @@ static void save_as(const char *dir, int P, int64_t step, int version, int async
 	}
 	for (int p = P - 1; p >= 0; p--) {
 		st_ckpt_meta m = meta_for(step);
-		make_pieces(&pl[p], model, NT, p, P, 0, version);
+		make_pieces(&pl[p], tensors, nt, p, P, 0, version);
 		CHECK_MSG(st_ckpt_save(s[p], &m, pl[p].n, pl[p].p) == 0, "%s", st_errmsg());
 	}
 	for (int p = 0; p < P; p++) {
@@ -273,16 +277,22 @@ static void save_as(const char *dir, int P, int64_t step, int version, int async
 	}
 }
 
-/* Restore as process p of P (split by rows or columns); returns rc, checks values against version. */
-static int restore_as(const char *dir, int p, int P, int by_cols, int version, int64_t *step)
+static void save_as(const char *dir, int P, int64_t step, int version, int async)
+{
+	save_model(dir, model, NT, P, step, version, async);
+}
+
+/* Restore tensors as process p of P (split by rows or columns); returns rc, checks values against version. */
+static int restore_model(const char *dir, const struct tdef *tensors, int nt, int p, int P, int by_cols,
+			 int version, int64_t *step)
 {
 	struct plist pl;
 	st_ckpt_meta m;
 	int found = 0;
-	make_pieces(&pl, model, NT, p, P, by_cols, -1);
+	make_pieces(&pl, tensors, nt, p, P, by_cols, -1);
 	int rc = st_ckpt_restore_latest(dir, NULL, &m, pl.n, pl.p, &found);
 	if (rc == 0 && found) {
-		CHECK_MSG(mismatches(&pl, model, NT, version) == 0, "process %d of %d (%s): wrong values", p, P,
+		CHECK_MSG(mismatches(&pl, tensors, nt, version) == 0, "process %d of %d (%s): wrong values", p, P,
 			  by_cols ? "columns" : "rows");
 		CHECK(m.next_sample == m.step * 8 && m.data_shuffle_seed == 7 && m.init_weights_seed == -3 &&
 		      m.global_batch == 8 && strstr(m.mesh, "fsdp=4"));
@@ -294,6 +304,11 @@ static int restore_as(const char *dir, int p, int P, int by_cols, int version, i
 	}
 	free_pieces(&pl);
 	return rc;
+}
+
+static int restore_as(const char *dir, int p, int P, int by_cols, int version, int64_t *step)
+{
+	return restore_model(dir, model, NT, p, P, by_cols, version, step);
 }
 
 /* ------------------------------------------------ tests */
@@ -654,6 +669,109 @@ static void test_tmpfs(void)
 	save_as(dir, 2, 4, 4, 1);
 	CHECK(restore_as(dir, 0, 1, 1, 4, &step) == 0 && step == 4);
 	rm_tree(dir);
+}
+
+/* ---- pieces larger than a restore part (4 MB): read in parts on several threads ---- */
+
+static const struct tdef big_model[] = {
+	{"big.weight", 2, {1031, 1029}}, /* 4.2 MB: two or three parts */
+	{"odd.bias", 1, {1001, 0}},      /* leaves the next tensor's data off the block alignment */
+	{"huge.bias", 1, {3000017, 0}},  /* 12 MB: four parts */
+};
+#define NBIG ((int)(sizeof(big_model) / sizeof(big_model[0])))
+
+/* Where tensor name's first stored piece starts in step_dir's shard file (the only one here). */
+static off_t data_offset(const char *step_dir, const char *name)
+{
+	struct ck_manifest m;
+	off_t at = -1;
+	if (ck_manifest_load(&m, step_dir, -1) == 0) {
+		struct ck_tensor *t = ck_manifest_find(&m, name);
+		if (t)
+			at = (off_t)t->pieces[0].data_offset;
+		ck_manifest_free(&m);
+	}
+	CHECK_MSG(at >= 0, "%s: no tensor %s", step_dir, name);
+	return at;
+}
+
+/* flip_byte counting from the start of the file */
+static void flip_at(const char *path, off_t at)
+{
+	struct stat st;
+	CHECK(stat(path, &st) == 0);
+	flip_byte(path, st.st_size - at);
+}
+
+/* st_ckpt_restore_step of big_model as one process: rc, values checked when it succeeds */
+static int restore_big(const char *step_dir, int version)
+{
+	struct plist pl;
+	st_ckpt_meta m;
+	make_pieces(&pl, big_model, NBIG, 0, 1, 0, -1);
+	int rc = st_ckpt_restore_step(step_dir, NULL, &m, pl.n, pl.p);
+	if (rc == 0) {
+		CHECK_MSG(mismatches(&pl, big_model, NBIG, version) == 0, "%s: wrong values", step_dir);
+		st_ckpt_meta_release(&m);
+	}
+	free_pieces(&pl);
+	return rc;
+}
+
+/* Corrupt and repair the shard of dir/1 (one process): each flipped byte named by its tensor,
+ * the first in the requested order when there are two, a truncated file as truncated. */
+static void damage_big(const char *dir)
+{
+	char step_dir[1200], shard[1300];
+	snprintf(step_dir, sizeof(step_dir), "%s/1", dir);
+	snprintf(shard, sizeof(shard), "%s/shard-00000-of-00001.safetensors", step_dir);
+	off_t big = data_offset(step_dir, "big.weight"), huge = data_offset(step_dir, "huge.bias");
+	const off_t in_huge[] = {0, 5000000, 12000067}; /* first, a middle and the last part */
+	for (int k = 0; k < 3; k++) {
+		flip_at(shard, huge + in_huge[k]);
+		CHECK(restore_big(step_dir, 3) == ST_EIO);
+		CHECK_MSG(strstr(st_errmsg(), "checksum mismatch in tensor huge.bias"), "byte %lld: %s",
+			  (long long)in_huge[k], st_errmsg());
+		flip_at(shard, huge + in_huge[k]);
+	}
+	CHECK_MSG(restore_big(step_dir, 3) == 0, "repaired: %s", st_errmsg());
+	/* two damaged tensors: the first requested is reported, whichever thread finds which */
+	flip_at(shard, huge + 7000000);
+	flip_at(shard, big + 4200000);
+	CHECK(restore_big(step_dir, 3) == ST_EIO);
+	CHECK_MSG(strstr(st_errmsg(), "checksum mismatch in tensor big.weight"), "%s", st_errmsg());
+	flip_at(shard, big + 4200000);
+	flip_at(shard, huge + 7000000);
+	/* a file that ends in the middle of huge.bias */
+	CHECK(truncate(shard, huge + 6000000) == 0);
+	CHECK(restore_big(step_dir, 3) == ST_EIO);
+	CHECK_MSG(strstr(st_errmsg(), "file is truncated: tensor huge.bias"), "%s", st_errmsg());
+}
+
+static void test_large(void)
+{
+	DIRVAR(dir, "large");
+	DIRVAR(dir2, "large2");
+	int64_t step;
+	/* the same mesh (each requested piece is a stored one: read in parts), and resharded */
+	save_model(dir, big_model, NBIG, 1, 1, 3, 0);
+	CHECK_MSG(restore_model(dir, big_model, NBIG, 0, 1, 0, 3, &step) == 0 && step == 1, "%s", st_errmsg());
+	save_model(dir2, big_model, NBIG, 2, 1, 4, 1);
+	for (int P = 1; P <= 3; P++)
+		for (int p = 0; p < P; p++)
+			CHECK_MSG(restore_model(dir2, big_model, NBIG, p, P, P == 3, 4, &step) == 0 && step == 1,
+				  "%d of %d: %s", p, P, st_errmsg());
+	damage_big(dir);
+	/* the same without O_DIRECT (tmpfs): parts read buffered */
+	char shm[] = "/dev/shm/test_ckpt.XXXXXX";
+	if (!mkdtemp(shm)) {
+		check_skip_hw("tmpfs case of large pieces: cannot create a directory in /dev/shm");
+		return;
+	}
+	save_model(shm, big_model, NBIG, 1, 1, 3, 0);
+	CHECK_MSG(restore_model(shm, big_model, NBIG, 0, 1, 0, 3, &step) == 0 && step == 1, "%s", st_errmsg());
+	damage_big(shm);
+	rm_tree(shm);
 }
 
 /* the copy stall for a large piece (printed for the record; bounded loosely) */
@@ -1072,6 +1190,7 @@ int main(void)
 	test_defer();
 	test_stall();
 	test_tmpfs();
+	test_large();
 	test_prune();
 	test_policies();
 	test_tiling();

@@ -2,6 +2,8 @@
  * test_tfevents.c - src/base/tfevents.c and CRC-32C (src/base/crc.c).
  *
  * CRC-32C against published vectors (RFC 3720 B.4 and the usual "123456789");
+ * st_crc32_combine (the restore's parts) against st_crc32 of the whole, at
+ * every split of a buffer and with a part of 5 MB, and zlib's "123456789";
  * records byte for byte against what Python's protobuf and TensorBoard's own
  * RecordWriter produce for the same events (the bytes below were printed by
  * tensorboard 2.21.0: Event(...).SerializeToString() through
@@ -288,6 +290,34 @@ static int rm_rf(const char *dir)
 	return system(cmd);
 }
 
+/* parts checksummed apart and combined == the whole (the restore checks a piece read in parts) */
+static void test_crc32_combine(void)
+{
+	size_t n = (size_t)5 << 20;
+	unsigned char *buf = malloc(n);
+	uint64_t x = 88172645463325252ull;
+	CHECK(buf);
+	if (!buf)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		buf[i] = (unsigned char)x;
+	}
+	CHECK(st_crc32(0, "123456789", 9) == 0xCBF43926u);
+	CHECK(st_crc32_combine(st_crc32(0, "1234", 4), st_crc32(0, "56789", 5), 5) == 0xCBF43926u);
+	uint32_t whole = st_crc32(0, buf, 1000);
+	int bad = 0;
+	for (size_t k = 0; k <= 1000; k++) /* every split, empty parts included */
+		bad += st_crc32_combine(st_crc32(0, buf, k), st_crc32(0, buf + k, 1000 - k), 1000 - k) != whole;
+	CHECK_MSG(bad == 0, "%d of 1001 splits combine wrongly", bad);
+	/* a large second part, and three parts combined left to right */
+	CHECK(st_crc32_combine(st_crc32(0, buf, 3), st_crc32(0, buf + 3, n - 3), n - 3) == st_crc32(0, buf, n));
+	uint32_t c = st_crc32_combine(st_crc32(0, buf, 4096), st_crc32(0, buf + 4096, 777), 777);
+	c = st_crc32_combine(c, st_crc32(0, buf + 4873, n - 4873), n - 4873);
+	CHECK(c == st_crc32(0, buf, n));
+	free(buf);
+}
+
 int main(void)
 {
 	if (!mkdtemp(tmpdir)) {
@@ -295,6 +325,7 @@ int main(void)
 		return 1;
 	}
 	test_crc32c();
+	test_crc32_combine();
 	test_encoding();
 	test_writer();
 	test_errors();

@@ -2,6 +2,7 @@
 
 #include <isa-l/crc.h>
 #include <limits.h>
+#include <zlib.h>
 
 /* ISA-L picks its kernel for this CPU when first called (carry-less
  * multiplies on 512-bit vectors where the CPU has VPCLMULQDQ). */
@@ -22,4 +23,9 @@ uint32_t st_crc32c(uint32_t crc, const void *data, size_t n)
 		n -= (size_t)len;
 	}
 	return ~crc;
+}
+
+uint32_t st_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t nb)
+{
+	return (uint32_t)crc32_combine64(crc_a, crc_b, (z_off64_t)nb);
 }

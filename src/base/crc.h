@@ -22,6 +22,13 @@
 uint32_t st_crc32(uint32_t crc, const void *data, size_t n);
 
 /*
+ * The CRC-32 of a ++ b from crc_a = st_crc32(0, a, na), crc_b =
+ * st_crc32(0, b, nb) and nb alone, so that parts checksummed separately (on
+ * several threads) give the checksum of the whole. zlib's crc32_combine64.
+ */
+uint32_t st_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t nb);
+
+/*
  * CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of
  * TFRecord files and iSCSI: st_crc32c(0, "123456789", 9) == 0xE3069283.
  * Chained like st_crc32. ISA-L's too.

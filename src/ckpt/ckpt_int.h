@@ -120,6 +120,23 @@ void ck_reader_release(struct ck_reader *r);
 /* Read stored piece p of t whole into dst and verify its checksum (ST_EIO naming file and tensor). */
 int ck_read_stored(struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, float *dst);
 /*
+ * The same in parts: bytes [at, at + len) of stored piece p into dst (which
+ * receives those bytes only), *crc their CRC-32 alone; ST_EIO naming file
+ * and tensor for a failed read or a file that ends too soon (the messages
+ * of ck_read_stored). Combine the parts' CRCs in order (st_crc32_combine)
+ * and pass the piece's to ck_check_crc (ST_EIO: checksum mismatch).
+ */
+int ck_read_part(struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, uint64_t at, uint64_t len,
+		 char *dst, uint32_t *crc);
+int ck_check_crc(const struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, uint32_t crc);
+/*
+ * The stored piece whose box is exactly want's (it alone fills want: a
+ * manifest's pieces tile their tensor), its tensor in *t; NULL when there is
+ * none or want does not fit this checkpoint (ck_fill_piece says why).
+ */
+const struct ck_piece *ck_same_piece(const struct ck_manifest *m, const st_ckpt_piece *want,
+				     const struct ck_tensor **t);
+/*
  * Fill want->data from the stored pieces that intersect it. ST_EINVAL if the
  * tensor is missing or its shape differs; ST_EIO if the data is damaged.
  */

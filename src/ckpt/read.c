@@ -2,7 +2,9 @@
  * read.c - reading pieces of one committed checkpoint: each requested box
  * is filled from the stored pieces that intersect it, each stored piece read
  * whole with pread (only the byte ranges needed, no mapping that a truncated
- * file could turn into SIGBUS) and its checksum verified before use.
+ * file could turn into SIGBUS) and its checksum verified before use. A
+ * stored piece can also be read in parts (restore.c reads large ones on
+ * several threads) and its checksum combined from theirs.
  *
  * Stored pieces are read in chunks with O_DIRECT into an aligned buffer of
  * the reader (no copy through the page cache, which costs as much CPU as
@@ -11,6 +13,14 @@
  * is in the cache. Where the file system refuses O_DIRECT (tmpfs), chunks
  * are read buffered straight into the destination, with the same checksum
  * per chunk.
+ *
+ * The destination of a restore is usually fresh memory, and faulting it in
+ * a page at a time from the copy is the largest cost of a restore; each
+ * chunk's destination pages are faulted in with one MADV_POPULATE_WRITE
+ * first (fewer traps; figures in docs/checkpoints.md). Reading straight
+ * into the destination is not done: O_DIRECT needs the file offset and the
+ * address aligned alike, and a shard's data starts after a header of any
+ * length.
  */
 #include "ckpt/ckpt_int.h"
 
@@ -24,9 +34,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #define READ_CHUNK ((size_t)4 << 20) /* bytes per read */
 #define READ_SLICE ((size_t)256 << 10) /* checksummed then copied while in the cache */
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* Fault in the whole pages of [p, p + n) at once; only a hint (an older
+ * kernel refuses it, and the copy then faults them one by one). */
+static void populate(void *p, uint64_t n)
+{
+	const uintptr_t page = 4096;
+	uintptr_t from = ((uintptr_t)p + page - 1) & ~(page - 1), to = ((uintptr_t)p + n) & ~(page - 1);
+	if (to > from)
+		(void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
+}
 
 void ck_reader_init(struct ck_reader *r, const char *dir, const struct ck_manifest *m)
 {
@@ -137,6 +162,7 @@ static int64_t read_range(struct ck_reader *r, int file, int fd, char *dst, uint
 		uint64_t len = a + (uint64_t)k - at;
 		if (len > n - done)
 			len = n - done;
+		populate(dst + done, len);
 		/* checksum, then copy, in slices that stay in the cache */
 		for (uint64_t x = 0; x < len; x += READ_SLICE) {
 			size_t m = len - x < READ_SLICE ? (size_t)(len - x) : READ_SLICE;
@@ -151,6 +177,7 @@ static int64_t read_range(struct ck_reader *r, int file, int fd, char *dst, uint
 	}
 	while (done < n) {
 		size_t want = n - done > READ_CHUNK ? READ_CHUNK : (size_t)(n - done);
+		populate(dst + done, want);
 		ssize_t k = pread_full(fd, dst + done, want, (off_t)(off + done), 0);
 		if (k < 0)
 			return k;
@@ -163,28 +190,45 @@ static int64_t read_range(struct ck_reader *r, int file, int fd, char *dst, uint
 	return (int64_t)done;
 }
 
-int ck_read_stored(struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, float *dst)
+int ck_read_part(struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, uint64_t at, uint64_t len,
+		 char *dst, uint32_t *crc)
 {
 	const char *fname = r->m->files[p->file].name;
 	char box[96];
-	uint32_t crc = 0;
 	int fd, rc;
 
+	*crc = 0;
+	if (at > p->nbytes || len > p->nbytes - at)
+		ST_BUG("ck_read_part: bytes %" PRIu64 "+%" PRIu64 " outside a piece of %" PRIu64, at, len, p->nbytes);
 	if ((rc = open_file(r, p->file, &fd)) < 0)
 		return rc;
-	int64_t got = read_range(r, p->file, fd, (char *)dst, p->data_offset, p->nbytes, &crc);
+	int64_t got = read_range(r, p->file, fd, dst, p->data_offset + at, len, crc);
 	if (got < 0)
 		return st_fail(ST_EIO, "%s/%s: read failed (tensor %s): %s", r->dir, fname, t->name,
 			       strerror((int)-got));
-	if ((uint64_t)got < p->nbytes)
+	if ((uint64_t)got < len)
 		return st_fail(ST_EIO, "%s/%s: file is truncated: tensor %s%s needs bytes up to %" PRIu64,
 			       r->dir, fname, t->name, ck_box_str(&p->box, box, sizeof(box)),
 			       p->data_offset + p->nbytes);
-	r->bytes_read += (int64_t)p->nbytes;
+	r->bytes_read += (int64_t)len;
+	return 0;
+}
+
+int ck_check_crc(const struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, uint32_t crc)
+{
+	char box[96];
 	if (crc != p->crc)
 		return st_fail(ST_EIO, "%s/%s: checksum mismatch in tensor %s%s (manifest crc32 %08x, data %08x)",
-			       r->dir, fname, t->name, ck_box_str(&p->box, box, sizeof(box)), p->crc, crc);
+			       r->dir, r->m->files[p->file].name, t->name, ck_box_str(&p->box, box, sizeof(box)),
+			       p->crc, crc);
 	return 0;
+}
+
+int ck_read_stored(struct ck_reader *r, const struct ck_tensor *t, const struct ck_piece *p, float *dst)
+{
+	uint32_t crc;
+	int rc = ck_read_part(r, t, p, 0, p->nbytes, (char *)dst, &crc);
+	return rc < 0 ? rc : ck_check_crc(r, t, p, crc);
 }
 
 static int same_box(const struct ck_box *a, const struct ck_box *b)
@@ -212,6 +256,27 @@ static void copy_box(float *dst, const struct ck_box *db, const float *src, cons
 	}
 }
 
+static int same_global_shape(const struct ck_tensor *t, const st_ckpt_piece *want)
+{
+	return t->ndim == want->ndim && t->shape[0] == want->global_shape[0] &&
+	       (t->ndim == 1 || t->shape[1] == want->global_shape[1]);
+}
+
+const struct ck_piece *ck_same_piece(const struct ck_manifest *m, const st_ckpt_piece *want,
+				     const struct ck_tensor **tensor)
+{
+	const struct ck_tensor *t = ck_manifest_find(m, want->name);
+	struct ck_box wb = ck_piece_box(want);
+	if (!t || !same_global_shape(t, want))
+		return NULL;
+	for (int i = 0; i < t->npieces; i++)
+		if (t->pieces[i].box.ndim == wb.ndim && same_box(&wb, &t->pieces[i].box)) {
+			*tensor = t;
+			return &t->pieces[i];
+		}
+	return NULL;
+}
+
 int ck_fill_piece(struct ck_reader *r, const st_ckpt_piece *want)
 {
 	struct ck_tensor *t = ck_manifest_find(r->m, want->name);
@@ -224,8 +289,7 @@ int ck_fill_piece(struct ck_reader *r, const st_ckpt_piece *want)
 	if (!t)
 		return st_fail(ST_EINVAL, "%s: tensor %s is not in this checkpoint (a different model?)", r->dir,
 			       want->name);
-	if (t->ndim != want->ndim || t->shape[0] != want->global_shape[0] ||
-	    (t->ndim == 2 && t->shape[1] != want->global_shape[1]))
+	if (!same_global_shape(t, want))
 		return st_fail(ST_EINVAL, "%s: tensor %s: the model wants shape [%" PRId64 "%s%" PRId64 "], the "
 			       "checkpoint holds [%" PRId64 "%s%" PRId64 "] (a different model shape)", r->dir, want->name,
 			       want->global_shape[0], want->ndim == 2 ? ", " : "",

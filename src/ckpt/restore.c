@@ -56,56 +56,167 @@ static int64_t total_bytes(int n, const st_ckpt_piece *pieces)
 	return b;
 }
 
-/* Readers working on one restore: pieces are independent (each fills its
+/* Readers working on one restore: tasks are independent (each fills its
  * own destination), so reading, checksumming and the first touch of the
- * destination memory run on several threads; more than the cores, since
- * part of the time is spent waiting for the disk. */
-#define RESTORE_READERS 4
+ * destination memory run on several threads. Many more than the cores: a
+ * reader that checksums and copies, or waits for a core, has no read in
+ * flight (each holds a 4 MB buffer; 4 readers were slower:
+ * docs/checkpoints.md). */
+#define RESTORE_READERS 8
+/* Bytes of one task of a large piece: one read of read.c (its READ_CHUNK),
+ * a multiple of the direct reads' alignment (part boundaries are aligned in
+ * the file: no block read twice) */
+#define RESTORE_PART ((uint64_t)4 << 20)
 
 /*
- * Fill pieces[0..n) from the checkpoint in step_dir. Pieces are handed out
+ * One task of a restore. A requested piece that is exactly one stored piece
+ * (a restore onto the mesh that saved it) is read in parts of RESTORE_PART
+ * bytes, so that a large tensor is read by several threads at once and the
+ * disk always has reads in flight while other threads checksum and copy;
+ * the part that completes a piece combines the parts' checksums and checks
+ * the piece's. Any other requested piece (resharding) is one task,
+ * ck_fill_piece.
+ */
+struct restore_task {
+	int piece;                     /* index of the requested piece */
+	const struct ck_tensor *t;     /* NULL: the whole piece through ck_fill_piece */
+	const struct ck_piece *stored;
+	uint64_t at, len;              /* bytes of the stored piece */
+	uint32_t crc;                  /* of those bytes, once read */
+	int first, nparts;             /* the piece's tasks */
+};
+
+/* The tasks of pieces[0..n) in order (*out malloc'd), or ST_ENOMEM. */
+static int plan_tasks(const struct ck_manifest *m, int n, const st_ckpt_piece *pieces, struct restore_task **out,
+		      int *count)
+{
+	struct restore_task *tasks = NULL;
+	int ntasks = 0;
+	/* pass 0 counts, pass 1 fills */
+	for (int pass = 0; pass < 2; pass++) {
+		ntasks = 0;
+		for (int i = 0; i < n; i++) {
+			const struct ck_tensor *t = NULL;
+			const struct ck_piece *sp = ck_same_piece(m, &pieces[i], &t);
+			struct restore_task k = {.piece = i, .first = ntasks, .nparts = 1};
+			if (!sp || sp->nbytes == 0) {
+				if (pass)
+					tasks[ntasks] = k;
+				ntasks++;
+				continue;
+			}
+			/* cuts where the file offset is a multiple of RESTORE_PART past the piece's first block */
+			uint64_t base = sp->data_offset / ST_ATOMIC_FILE_ALIGN * ST_ATOMIC_FILE_ALIGN;
+			uint64_t end = sp->data_offset + sp->nbytes;
+			k.nparts = (int)((end - base + RESTORE_PART - 1) / RESTORE_PART);
+			for (int j = 0; j < k.nparts; j++, ntasks++) {
+				if (!pass)
+					continue;
+				uint64_t from = j ? base + (uint64_t)j * RESTORE_PART : sp->data_offset;
+				uint64_t to = j + 1 < k.nparts ? base + (uint64_t)(j + 1) * RESTORE_PART : end;
+				k.t = t;
+				k.stored = sp;
+				k.at = from - sp->data_offset;
+				k.len = to - from;
+				tasks[ntasks] = k;
+			}
+		}
+		if (!pass && !(tasks = malloc((size_t)(ntasks > 0 ? ntasks : 1) * sizeof(*tasks))))
+			return st_fail(ST_ENOMEM, "out of memory");
+	}
+	*out = tasks;
+	*count = ntasks;
+	return 0;
+}
+
+/* Run task i with reader r; *bytes: the bytes it placed. The part that
+ * completes its piece checks the piece's checksum (*last: 1). */
+static int run_task(struct ck_reader *r, struct restore_task *tasks, int i, int *parts_left, st_ckpt_piece *pieces,
+		    int64_t *bytes, int *last)
+{
+	struct restore_task *k = &tasks[i];
+	int rc, left;
+
+	*last = 0;
+	if (!k->t) {
+		*bytes = ck_piece_numel(&pieces[k->piece]) * (int64_t)sizeof(float);
+		return ck_fill_piece(r, &pieces[k->piece]);
+	}
+	*bytes = (int64_t)k->len;
+	if ((rc = ck_read_part(r, k->t, k->stored, k->at, k->len, (char *)pieces[k->piece].data + k->at, &k->crc)) < 0)
+		return rc;
+#pragma omp atomic capture seq_cst
+	left = --parts_left[k->piece];
+	if (left > 0)
+		return 0;
+	uint32_t crc = tasks[k->first].crc;
+	for (int j = k->first + 1; j < k->first + k->nparts; j++)
+		crc = st_crc32_combine(crc, tasks[j].crc, tasks[j].len);
+	*last = 1;
+	return ck_check_crc(r, k->t, k->stored, crc);
+}
+
+/*
+ * Fill pieces[0..n) from the checkpoint in step_dir. Tasks are handed out
  * in increasing order; on failure the error reported is that of the lowest
- * failing piece, as a sequential loop would report it (every lower piece
- * was handed out before and completes).
+ * failing task, as a sequential loop would report it (every lower task was
+ * handed out before and completes; a checksum mismatch counts as the
+ * piece's last part, where a sequential read would find it).
  */
 static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n, st_ckpt_piece *pieces,
 		       st_progress *prog)
 {
-	int next = 0, failed = 0, err_rc = 0, err_at = n;
+	struct restore_task *tasks;
+	int ntasks, next = 0, failed = 0, err_rc = 0, err_at, rc;
 	char err_msg[1024] = "";
-	int nthreads = n < RESTORE_READERS ? (n > 0 ? n : 1) : RESTORE_READERS;
+
+	if ((rc = plan_tasks(m, n, pieces, &tasks, &ntasks)) < 0)
+		return rc;
+	int *parts_left = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+	if (!parts_left) {
+		free(tasks);
+		return st_fail(ST_ENOMEM, "out of memory");
+	}
+	for (int i = 0; i < ntasks; i++)
+		parts_left[tasks[i].piece] = tasks[i].nparts;
+	err_at = ntasks;
+	int nthreads = ntasks < RESTORE_READERS ? (ntasks > 0 ? ntasks : 1) : RESTORE_READERS;
 #pragma omp parallel num_threads(nthreads)
 	{
 		struct ck_reader r;
 		ck_reader_init(&r, step_dir, m);
 		for (;;) {
-			int i, stop;
+			int i, stop, last;
+			int64_t bytes;
 #pragma omp atomic read
 			stop = failed;
 			if (stop)
 				break;
 #pragma omp atomic capture
 			i = next++;
-			if (i >= n)
+			if (i >= ntasks)
 				break;
-			int rc = ck_fill_piece(&r, &pieces[i]);
+			int trc = run_task(&r, tasks, i, parts_left, pieces, &bytes, &last);
+			int at = last ? tasks[i].first + tasks[i].nparts - 1 : i;
 #pragma omp critical(ck_restore_state)
 			{
-				if (rc < 0 && i < err_at) {
-					err_at = i;
-					err_rc = rc;
+				if (trc < 0 && at < err_at) {
+					err_at = at;
+					err_rc = trc;
 					snprintf(err_msg, sizeof(err_msg), "%s", st_errmsg());
 				}
-				if (rc == 0)
-					st_progress_add(prog, ck_piece_numel(&pieces[i]) * (int64_t)sizeof(float));
+				if (trc == 0)
+					st_progress_add(prog, bytes);
 			}
-			if (rc < 0) {
+			if (trc < 0) {
 #pragma omp atomic write
 				failed = 1;
 			}
 		}
 		ck_reader_release(&r);
 	}
+	free(parts_left);
+	free(tasks);
 	return err_rc < 0 ? st_fail(err_rc, "%s", err_msg) : 0;
 }
 
