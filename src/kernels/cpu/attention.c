@@ -26,7 +26,9 @@
  * not depend on the thread count (tests/test_kernels.c checks both).
  *
  * The tile products are AVX-512 micro-kernels (4 rows x 64 columns of fp32
- * accumulators) when head_dim is a multiple of 16, plain loops otherwise.
+ * accumulators) when head_dim is a multiple of 16; in builds without
+ * AVX-512, AVX2 ones (6 rows x 16 columns, the same FMAs in the same order,
+ * so the same results) when it is a multiple of 8; plain loops otherwise.
  * K (and V, in backward) are first transposed per (batch, kv head) into
  * (D, Tpad) arrays so score tiles read contiguous key vectors.
  *
@@ -72,6 +74,76 @@ static void transpose_kv(const attn *a, float *xt, const float *x)
 static size_t kv_bytes(const attn *a) { return (size_t)(a->B * a->K * a->D * a->Tpad) * sizeof(float); }
 
 /* ---- tile products ---- */
+
+#if ST_HAVE_AVX2
+/* R rows x NV 8-float vectors of C (ld ldc) from sum_k a(r, k) B[k] (k
+ * increasing, one FMA each), a(r, k) = A[r*sr + k*sc], B[k] = Bm + k*ldb:
+ * zero: C = scale * sum; else C += sum (scale unused). 12 accumulators, 2
+ * vectors of B and a broadcast: 15 of the 16 registers. */
+static inline __attribute__((always_inline)) void acc_block8(float *C, int64_t ldc, const float *A,
+							      int64_t sr, int64_t sc, int64_t kn,
+							      const float *Bm, int64_t ldb, int R,
+							      int NV, int zero, float scale)
+{
+	__m256 c[6][2];
+	#pragma GCC unroll 6
+	for (int i = 0; i < R; i++)
+		#pragma GCC unroll 2
+		for (int j = 0; j < NV; j++)
+			c[i][j] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(C + i * ldc + 8 * j);
+	for (int64_t k = 0; k < kn; k++) {
+		__m256 b[2];
+		#pragma GCC unroll 2
+		for (int j = 0; j < NV; j++)
+			b[j] = _mm256_loadu_ps(Bm + k * ldb + 8 * j);
+		#pragma GCC unroll 6
+		for (int i = 0; i < R; i++) {
+			__m256 x = _mm256_broadcast_ss(A + i * sr + k * sc);
+			#pragma GCC unroll 2
+			for (int j = 0; j < NV; j++)
+				c[i][j] = _mm256_fmadd_ps(x, b[j], c[i][j]);
+		}
+	}
+	__m256 vs = _mm256_set1_ps(scale);
+	#pragma GCC unroll 6
+	for (int i = 0; i < R; i++)
+		#pragma GCC unroll 2
+		for (int j = 0; j < NV; j++)
+			_mm256_storeu_ps(C + i * ldc + 8 * j, zero ? _mm256_mul_ps(c[i][j], vs) : c[i][j]);
+}
+
+/* C (m x ncols, ld ldc; ncols a multiple of 8) from A (m x kn, read as in
+ * acc_block8) and Bm (kn x ncols, ld ldb), in blocks of 6 rows x 16
+ * columns. */
+static void acc_tiles8(float *C, int64_t ldc, int64_t m, int64_t ncols, const float *A, int64_t sr,
+		       int64_t sc, int64_t kn, const float *Bm, int64_t ldb, int zero, float scale)
+{
+#define ACC8(R)                                                                                    \
+	(nv == 2 ? acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 2, zero, scale)                   \
+		 : acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 1, zero, scale))
+	for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
+		int nv = ncols - c0 >= 16 ? 2 : 1;
+		const float *b = Bm + c0;
+		int64_t r = 0;
+		for (; r + 6 <= m; r += 6) {
+			float *c = C + r * ldc + c0;
+			const float *ar = A + r * sr;
+			ACC8(6);
+		}
+		float *c = C + r * ldc + c0;
+		const float *ar = A + r * sr;
+		switch (m - r) {
+		case 5: ACC8(5); break;
+		case 4: ACC8(4); break;
+		case 3: ACC8(3); break;
+		case 2: ACC8(2); break;
+		case 1: ACC8(1); break;
+		default: break;
+		}
+	}
+#undef ACC8
+}
+#endif
 
 /* S (m x BK, ld BK) = scale * A (m x D, ld lda) BT (D x BK, ld ldb). */
 static void tile_scores(const attn *a, float *S, const float *A, int64_t lda, int64_t m,
@@ -130,6 +202,12 @@ static void tile_scores(const attn *a, float *S, const float *A, int64_t lda, in
 			_mm512_storeu_ps(S + r * BK + 32, _mm512_mul_ps(c2, vs));
 			_mm512_storeu_ps(S + r * BK + 48, _mm512_mul_ps(c3, vs));
 		}
+		return;
+	}
+#endif
+#if ST_HAVE_AVX2
+	if (a->vec8) {
+		acc_tiles8(S, BK, m, BK, A, lda, 1, D, BT, ldb, 1, scale);
 		return;
 	}
 #endif
@@ -221,6 +299,12 @@ static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const floa
 				}
 			}
 		}
+		return;
+	}
+#endif
+#if ST_HAVE_AVX2
+	if (a->vec8) {
+		acc_tiles8(C, ldc, m, D, A, sr, sc, kn, Bm, ldb, 0, 1.0f);
 		return;
 	}
 #endif

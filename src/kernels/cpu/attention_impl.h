@@ -32,7 +32,8 @@
 typedef struct attn {
 	int64_t B, T, H, K, D, group, Tpad, nb;
 	float scale;
-	int vec; /* AVX-512 code paths */
+	int vec;  /* AVX-512 code paths */
+	int vec8; /* AVX2+FMA tile products (fp32, attention.c) where vec is 0 */
 } attn;
 
 /* The partition set by st_attention_set_partition (0 auto, 1 fused, 2 split). */
@@ -50,6 +51,7 @@ static inline void attn_init(attn *a, int64_t B, int64_t T, int64_t H, int64_t K
 	a->Tpad = a->nb * BK;
 	a->scale = (float)(1.0 / sqrt((double)D));
 	a->vec = ST_HAVE_AVX512 && D % 16 == 0;
+	a->vec8 = !a->vec && ST_HAVE_AVX2 && D % 8 == 0;
 }
 
 /* Per-thread slices of a workspace: `threads` of `bytes` each from mem.

@@ -1,5 +1,6 @@
 /*
- * simd.h - private vector helpers for the CPU kernels (AVX-512 builds).
+ * simd.h - private vector helpers for the CPU kernels (AVX-512 builds; ST_HAVE_AVX2
+ * for the 8-wide paths of builds without AVX-512).
  *
  * st_exp16: e^x for 16 floats, Cody-Waite range reduction and Cephes' expf
  * polynomial, then scalef: about 1 ulp over the whole range, 0 for x below
@@ -78,6 +79,15 @@ static inline __mmask16 st_mask16(int64_t n)
 }
 #else
 #define ST_HAVE_AVX512 0
+#endif
+
+/* AVX2 with FMA (every x86-64 CPU since about 2013): 8-wide fp32 paths of
+ * some kernels where the build has no AVX-512 (attention's tile products). */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ST_HAVE_AVX2 1
+#else
+#define ST_HAVE_AVX2 0
 #endif
 
 #endif
