@@ -182,6 +182,7 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 		B[i] = (float)((i * 5) % 11) * 0.01f;
 	st_f32_to_bf16_array(Ah, A, (int64_t)M * K);
 	st_f32_to_bf16_array(Bh, B, (int64_t)N * K);
+	enum st_gemm_backend be = st_gemm_f32_backend();
 	st_gemm_set_f32_backend(dtype == 1 ? ST_GEMM_MATMUL : ST_GEMM_SGEMM);
 	double t[9];
 	int rc = 0;
@@ -201,7 +202,7 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 		     (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
 		     1e-6 * (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec);
 	*cpu_share = cpu / ((now_s() - w0) * threads);
-	st_gemm_set_f32_backend(ST_GEMM_SGEMM);
+	st_gemm_set_f32_backend(be);
 	free(A), free(B), free(C), free(Ah), free(Bh);
 	return rc ? 0 : 2.0 * M * N * K / median(t, 9) / 1e9;
 }

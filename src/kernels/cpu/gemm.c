@@ -217,15 +217,78 @@ static int gemm_any(int dtype, char ta, char tb, int64_t M, int64_t N, int64_t K
 	return rc;
 }
 
-static enum st_gemm_backend f32_backend = ST_GEMM_SGEMM;
+/* -1: not chosen yet (st_gemm_f32_backend decides on first use). */
+static int f32_backend = -1;
 
-void st_gemm_set_f32_backend(enum st_gemm_backend b) { f32_backend = b; }
+void st_gemm_set_f32_backend(enum st_gemm_backend b) { f32_backend = (int)b; }
+
+enum st_gemm_backend st_gemm_f32_backend(void)
+{
+	if (f32_backend < 0) {
+		unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+		f32_backend = (isa & avx512) == avx512 ? ST_GEMM_SGEMM : ST_GEMM_TILES;
+	}
+	return (enum st_gemm_backend)f32_backend;
+}
+
+static int sgemm_failed(char transa, char transb, int64_t M, int64_t N, int64_t K, int s)
+{
+	return st_fail(ST_EINTERNAL, "oneDNN sgemm(%c%c, %lld x %lld x %lld) failed: status %d", transa,
+		       transb, (long long)M, (long long)N, (long long)K, s);
+}
+
+/* ST_GEMM_TILES: C in tiles whose size depends on the shape only, never on
+ * the thread count, each one single-threaded sgemm (oneDNN runs sequentially
+ * inside a parallel region, so also for a single tile), the tiles spread
+ * over the threads. 512 x 1024 where C is large (smaller tiles ran oneDNN's
+ * AVX2 sgemm at half its rate, bench figures in docs/performance.md),
+ * halved down to 128 until there are 8 tiles, so that small products still
+ * use every thread of a 2-8 core machine. */
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static void tile_shape(int64_t M, int64_t N, int64_t *tm, int64_t *tn)
+{
+	int64_t a = cdiv(M < 512 ? M : 512, 128) * 128, b = cdiv(N < 1024 ? N : 1024, 128) * 128;
+	while (cdiv(M, a) * cdiv(N, b) < 8 && (a > 128 || b > 128)) {
+		if (b >= a)
+			b = cdiv(b / 2, 128) * 128;
+		else
+			a = cdiv(a / 2, 128) * 128;
+	}
+	*tm = a;
+	*tn = b;
+}
+
+static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+		       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+		       int64_t ldc)
+{
+	int64_t TILE_M, TILE_N;
+	tile_shape(M, N, &TILE_M, &TILE_N);
+	int64_t tn = (N + TILE_N - 1) / TILE_N, nt = (M + TILE_M - 1) / TILE_M * tn;
+	int err = dnnl_success;
+#pragma omp parallel for schedule(dynamic)
+	for (int64_t t = 0; t < nt; t++) {
+		int64_t i0 = t / tn * TILE_M, j0 = t % tn * TILE_N;
+		int64_t m = M - i0 < TILE_M ? M - i0 : TILE_M, n = N - j0 < TILE_N ? N - j0 : TILE_N;
+		const float *a = transa == 'N' ? A + i0 * lda : A + i0;
+		const float *b = transb == 'N' ? B + j0 : B + j0 * ldb;
+		dnnl_status_t s = dnnl_sgemm(transa, transb, m, n, K, alpha, a, lda, b, ldb, beta,
+					     C + i0 * ldc + j0, ldc);
+		if (s != dnnl_success) {
+#pragma omp atomic write
+			err = (int)s;
+		}
+	}
+	return err == dnnl_success ? 0 : sgemm_failed(transa, transb, M, N, K, err);
+}
 
 int st_gemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
 	    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
 	    int64_t ldc)
 {
-	if (f32_backend == ST_GEMM_MATMUL)
+	enum st_gemm_backend be = st_gemm_f32_backend();
+	if (be == ST_GEMM_MATMUL)
 		return gemm_any(DT_F32, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	if (M <= 0 || N <= 0)
 		return 0;
@@ -233,11 +296,10 @@ int st_gemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alp
 		scale_only(DT_F32, M, N, beta, C, ldc);
 		return 0;
 	}
+	if (be == ST_GEMM_TILES)
+		return sgemm_tiles(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	dnnl_status_t s = dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-	if (s != dnnl_success)
-		return st_fail(ST_EINTERNAL, "oneDNN sgemm(%c%c, %lld x %lld x %lld) failed: status %d",
-			       transa, transb, (long long)M, (long long)N, (long long)K, (int)s);
-	return 0;
+	return s == dnnl_success ? 0 : sgemm_failed(transa, transb, M, N, K, (int)s);
 }
 
 int st_gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,

@@ -8,10 +8,15 @@
  *   dx = dy W         st_gemm('N','N', ntok, in, out, ...)
  *   dW += dy^T x      st_gemm('T','N', out, in, ntok, ..., beta=1)
  *
- * fp32 runs through oneDNN's dnnl_sgemm by default: on this project's
- * AVX-512 machines (oneDNN 2.6) it measured 10-20% faster than the matmul
- * primitive over the model's shapes (docs/performance.md), and it is
- * bit-identical at any thread count for them. bf16 has no sgemm-like entry
+ * fp32 runs through oneDNN's dnnl_sgemm: on this project's AVX-512 machines
+ * (oneDNN 2.6) it measured 10-20% faster than the matmul primitive over the
+ * model's shapes (docs/performance.md), and it is bit-identical at any
+ * thread count for them. On CPUs without AVX-512 oneDNN's AVX2 sgemm (and
+ * matmul) split K over the threads for some shapes (small M x N, long K),
+ * so the result would depend on the thread count; there st_gemm cuts C into
+ * tiles whose size depends on the shape only and runs one single-threaded
+ * sgemm per tile
+ * (ST_GEMM_TILES), whatever the thread count. bf16 has no sgemm-like entry
  * point and always uses the matmul primitive, as fp32 can with
  * st_gemm_set_f32_backend(ST_GEMM_MATMUL).
  *
@@ -25,10 +30,11 @@
  * parallel regions; concurrent matmul calls from several threads are
  * serialized.
  *
- * Determinism: for the model's shapes both paths split the work over blocks
- * of M and N, never over K, so each element of C is one fixed-order dot
- * product and results are bit-identical for any thread count;
- * tests/test_kernels.c checks the model's shapes at 1 and 2 threads.
+ * Determinism: with AVX-512, for the model's shapes, both oneDNN paths split
+ * the work over blocks of M and N, never over K, so each element of C is one
+ * fixed-order dot product and results are bit-identical for any thread
+ * count; without it, the tiles make them so. tests/test_kernels.c checks the
+ * model's shapes at 1 to 4 threads.
  */
 #ifndef ST_KERNELS_GEMM_H
 #define ST_KERNELS_GEMM_H
@@ -64,9 +70,13 @@ int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, 
 const char *st_gemm_impl(int dtype, char transa, char transb, int64_t M, int64_t N, int64_t K,
 			 int64_t lda, int64_t ldb, int64_t ldc, float beta);
 
-enum st_gemm_backend { ST_GEMM_SGEMM, ST_GEMM_MATMUL };
-/* Which oneDNN entry point st_gemm uses (process-wide; default SGEMM). */
+/* SGEMM: one sgemm call over all threads; MATMUL: the matmul primitive;
+ * TILES: tiles of C sized by the shape only, one single-threaded sgemm each. */
+enum st_gemm_backend { ST_GEMM_SGEMM, ST_GEMM_MATMUL, ST_GEMM_TILES };
+/* Which one st_gemm uses (process-wide). By default TILES where oneDNN runs
+ * without AVX-512 (its effective ISA) and SGEMM elsewhere. */
 void st_gemm_set_f32_backend(enum st_gemm_backend b);
+enum st_gemm_backend st_gemm_f32_backend(void);
 
 /* Destroy every cached primitive (they are recreated on demand). */
 void st_gemm_cache_clear(void);
