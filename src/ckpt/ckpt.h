@@ -195,7 +195,7 @@ typedef struct st_ckpt_stats {
 	int64_t last_bytes;       /* bytes of this process's last shard file */
 	int64_t last_direct_bytes; /* defer_copy: ... of which written straight from the caller's pieces (the
 				     rest went through the host buffer: unaligned, or copied by the release) */
-	double last_bg_cpu_s;     /* CPU time of the last save's background thread (copy, checksum, write, commit) */
+	double last_bg_cpu_s;     /* CPU time of the last save's background threads (copy, checksum, write, commit) */
 	double total_bg_cpu_s;    /* ... summed over every save */
 	char last_error[512];     /* message of the last failure, "" if none */
 } st_ckpt_stats;

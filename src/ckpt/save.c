@@ -35,7 +35,7 @@
 #define DEFAULT_COMMIT_TIMEOUT_MS 1800000
 #define MAX_COPY_THREADS 8
 #define CK_SLACK ((size_t)1 << 20) /* spare bytes, so that a header a little longer next time fits */
-#define WRITE_CHUNK ((size_t)4 << 20) /* defer_copy: the writer's unit (a release waits for at most one) */
+#define WRITE_CHUNK ((size_t)8 << 20) /* defer_copy: the writer's unit (a release waits for at most one) */
 
 struct job_piece {
 	char *name, *key;
@@ -67,25 +67,30 @@ struct extent {
  * defer_copy: the writer writes the pieces while the caller trains on (its
  * pieces unchanged until st_ckpt_saver_release), extent by extent in file
  * order (planned once the file is open: the alignment is the file
- * system's), each checksummed just before it is written. The release takes
- * the extents not claimed yet (takeover: all of them if the writer has not
- * planned yet), copies them into the host buffer, waits for the one in
- * flight, and returns; the writer then writes them from the host buffer.
+ * system's), and a second thread checksums them, extent by extent, from
+ * the same memory (so the checksum's pass over memory is not on the
+ * write's path). The release stops both, waits for the extent each has in
+ * flight, and copies into the host buffer everything from the first extent
+ * either had not reached (all of it if the writer has not planned yet);
+ * the writer then writes and checksums the rest from the host buffer.
  */
 struct defer {
 	struct seg *segs; /* the sources, in file order; the concatenation of their bytes */
 	int nsegs;
 	size_t total;
 	struct extent *ext; /* the plan (the writer's, under mu) */
-	size_t next, n;   /* the next extent to claim, the count (under mu) */
-	size_t taken;     /* under mu, with takeover: the release copied bytes [taken, total) */
+	size_t next, n;   /* the next extent to write, the count (under mu) */
+	size_t crc_next;  /* the next extent to checksum (under mu) */
+	size_t taken;     /* under mu, with takeover: the writer goes on from here, in the host buffer */
 	int takeover;     /* under mu: the release took what the writer had not claimed */
 	int inflight;     /* under mu: the writer reads the caller's memory */
+	int crc_inflight; /* under mu: the checksum thread reads it */
 	int copied;       /* under mu: the release's copy is in the host buffer */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int pending;      /* the caller's: a save may still read its pieces */
 	size_t direct;    /* bytes written straight from the caller's memory (the writer's) */
+	double crc_cpu_s; /* CPU time of the checksum thread (the writer's, after joining it) */
 };
 
 struct st_ckpt_saver {
@@ -198,8 +203,9 @@ static void free_job(st_ckpt_saver *s)
 	s->defer.total = 0;
 	free(s->defer.ext);
 	s->defer.ext = NULL;
-	s->defer.n = s->defer.next = 0;
+	s->defer.n = s->defer.next = s->defer.crc_next = 0;
 	s->defer.direct = 0;
+	s->defer.crc_cpu_s = 0;
 	free(s->crc);
 	s->crc = NULL;
 	s->have_crc = 0;
@@ -581,7 +587,7 @@ static void run_job(st_ckpt_saver *s)
 	s->stats.last_commit_s = wrote && s->o.process == 0 ? t2 - t1 : 0;
 	s->stats.last_bytes = bytes;
 	s->stats.last_direct_bytes = (int64_t)s->defer.direct;
-	s->stats.last_bg_cpu_s = thread_cpu_s() - cpu0;
+	s->stats.last_bg_cpu_s = thread_cpu_s() - cpu0 + s->defer.crc_cpu_s;
 	s->stats.total_bg_cpu_s += s->stats.last_bg_cpu_s;
 	if (rc < 0) {
 		s->stats.failed++;
@@ -780,26 +786,68 @@ static int plan_extents(struct defer *d, size_t data0, size_t A)
 	return 0;
 }
 
+/* The checksum of bytes [from, to) of the pieces (in order after crc_pos), from the caller's memory. */
+static void crc_from_pieces(st_ckpt_saver *s, size_t from, size_t to)
+{
+	const struct defer *d = &s->defer;
+	size_t data0 = s->used - d->total, pos = 0;
+	for (int i = 0; i < d->nsegs && pos < to; i++) {
+		const struct seg *g = &d->segs[i];
+		size_t lo = from > pos ? from - pos : 0, hi = to - pos < g->n ? to - pos : g->n;
+		if (lo < hi)
+			crc_feed(s, g->src + lo, data0 + pos + hi);
+		pos += g->n;
+	}
+}
+
+static double thread_cpu_s(void);
+
+/* The checksum thread: the extents in order, from the caller's memory, until done or a release. */
+static void *crc_main(void *arg)
+{
+	st_ckpt_saver *s = arg;
+	struct defer *d = &s->defer;
+	double cpu0 = thread_cpu_s();
+	for (;;) {
+		pthread_mutex_lock(&d->mu);
+		if (d->takeover || d->crc_next == d->n) {
+			pthread_mutex_unlock(&d->mu);
+			d->crc_cpu_s = thread_cpu_s() - cpu0;
+			return NULL;
+		}
+		const struct extent *e = &d->ext[d->crc_next++];
+		d->crc_inflight = 1;
+		pthread_mutex_unlock(&d->mu);
+		crc_from_pieces(s, e->from, e->to);
+		pthread_mutex_lock(&d->mu);
+		d->crc_inflight = 0;
+		pthread_cond_broadcast(&d->cv);
+		pthread_mutex_unlock(&d->mu);
+	}
+}
+
 /*
  * The writer's part of a deferred save, after the header: the extents in
- * order, each checksummed just before it is written (a copied one while it
- * is still in the cache). Stops when the release takes over, then writes
- * what the release copied into the host buffer. Write errors are f's
- * (sticky); ST_ENOMEM when the plan cannot be made.
+ * order (an unaligned one copied into the host buffer first), while
+ * crc_main checksums them. Stops when the release takes over, then writes
+ * and checksums what the release copied into the host buffer. Write errors
+ * are f's (sticky); ST_ENOMEM when the plan cannot be made.
  */
 static int defer_write(st_ckpt_saver *s, st_atomic_file *f)
 {
 	struct defer *d = &s->defer;
 	size_t data0 = s->used - d->total, first;
 	char *img = s->buf + data0;
-	int rc = 0;
+	pthread_t crc_thread;
+	int rc = 0, crc_started, werr = 0;
 	pthread_mutex_lock(&d->mu);
 	if (!d->takeover)
 		rc = plan_extents(d, data0, st_atomic_file_align(f));
 	pthread_mutex_unlock(&d->mu);
 	if (rc < 0) /* a release copies all: nothing was planned */
 		return rc;
-	for (;;) {
+	crc_started = pthread_create(&crc_thread, NULL, crc_main, s) == 0;
+	while (!werr) {
 		pthread_mutex_lock(&d->mu);
 		if (d->takeover || d->next == d->n) {
 			pthread_mutex_unlock(&d->mu);
@@ -816,24 +864,29 @@ static int defer_write(st_ckpt_saver *s, st_atomic_file *f)
 		} else {
 			d->direct += e->to - e->from;
 		}
-		crc_feed(s, p, data0 + e->to);
-		int werr = st_atomic_file_write(f, p, e->to - e->from) < 0;
+		werr = st_atomic_file_write(f, p, e->to - e->from) < 0; /* sticky: the commit reports it */
 		pthread_mutex_lock(&d->mu);
 		d->inflight = 0;
 		pthread_cond_broadcast(&d->cv);
 		pthread_mutex_unlock(&d->mu);
-		if (werr) /* sticky: the commit reports it; a release copies what is left, unused */
-			return 0;
+	}
+	if (crc_started) {
+		pthread_join(crc_thread, NULL);
+	} else {
+		crc_main(s); /* on this thread: its CPU time is this thread's */
+		d->crc_cpu_s = 0;
 	}
 	pthread_mutex_lock(&d->mu);
 	while (d->takeover && !d->copied)
 		pthread_cond_wait(&d->cv, &d->mu);
 	first = d->takeover ? d->taken : d->total;
 	pthread_mutex_unlock(&d->mu);
-	if (first < d->total) {
-		crc_feed(s, img + first, data0 + d->total);
+	if (werr)
+		return 0;
+	if (s->crc_pos < data0 + d->total) /* the release copied from here on too */
+		crc_feed(s, img + (s->crc_pos - data0), data0 + d->total);
+	if (first < d->total)
 		st_atomic_file_write(f, img + first, d->total - first);
-	}
 	s->have_crc = 1;
 	return 0;
 }
@@ -842,21 +895,29 @@ int st_ckpt_saver_release(st_ckpt_saver *s, double *held_s)
 {
 	struct defer *d = &s->defer;
 	double t0 = st_mono_s();
-	size_t first;
+	size_t from;
 	*held_s = 0;
 	if (!d->pending)
 		return 0;
-	/* what the writer has not claimed yet is copied here, on a few threads (memory-bound) */
+	/* stop the writer and the checksum, wait for the extent each has in flight ... */
 	pthread_mutex_lock(&d->mu);
 	d->takeover = 1;
-	d->taken = first = !d->ext ? 0 : d->next < d->n ? d->ext[d->next].from : d->total;
-	d->next = d->n;
-	pthread_mutex_unlock(&d->mu);
-	if (first < d->total)
-		parallel_copy(d->segs, d->nsegs, first, d->total);
-	pthread_mutex_lock(&d->mu);
-	while (d->inflight) /* the extent being written straight from the pieces */
+	if (!d->ext) {
+		d->taken = from = 0;
+	} else {
+		size_t w = d->next < d->n ? d->ext[d->next].from : d->total;
+		size_t c = d->crc_next < d->n ? d->ext[d->crc_next].from : d->total;
+		d->taken = w;
+		from = c < w ? c : w;
+		d->next = d->crc_next = d->n;
+	}
+	while (d->inflight || d->crc_inflight)
 		pthread_cond_wait(&d->cv, &d->mu);
+	pthread_mutex_unlock(&d->mu);
+	/* ... then copy what either has not reached, on a few threads (memory-bound) */
+	if (from < d->total)
+		parallel_copy(d->segs, d->nsegs, from, d->total);
+	pthread_mutex_lock(&d->mu);
 	d->copied = 1;
 	pthread_cond_broadcast(&d->cv);
 	pthread_mutex_unlock(&d->mu);
@@ -979,8 +1040,8 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 		s->defer.segs = segs;
 		s->defer.nsegs = n;
 		s->defer.total = total;
-		s->defer.next = s->defer.n = s->defer.taken = 0;
-		s->defer.takeover = s->defer.inflight = s->defer.copied = 0;
+		s->defer.next = s->defer.n = s->defer.crc_next = s->defer.taken = 0;
+		s->defer.takeover = s->defer.inflight = s->defer.crc_inflight = s->defer.copied = 0;
 		s->crc_pos = hlen;
 		s->crc_cur = 0;
 		s->defer.pending = 1;
