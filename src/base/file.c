@@ -47,6 +47,17 @@ static int sticky(st_atomic_file *f, int code)
 	return f->err;
 }
 
+/* The block O_DIRECT needs on fd (memory address, length, offset): what
+ * statx reports, ST_ATOMIC_FILE_ALIGN where it reports nothing. */
+static size_t direct_align(int fd)
+{
+	struct statx sx;
+	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+	    sx.stx_dio_offset_align && sx.stx_dio_mem_align)
+		return sx.stx_dio_offset_align > sx.stx_dio_mem_align ? sx.stx_dio_offset_align : sx.stx_dio_mem_align;
+	return ST_ATOMIC_FILE_ALIGN;
+}
+
 static int open_tmp(st_atomic_file *f, const char *path, int direct)
 {
 	*f = (st_atomic_file)ST_ATOMIC_FILE_INIT;
@@ -63,6 +74,7 @@ static int open_tmp(st_atomic_file *f, const char *path, int direct)
 	int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
 	f->fd = direct ? open(f->tmp, flags | O_DIRECT, 0644) : -1;
 	f->direct = f->fd >= 0;
+	f->align = f->direct ? direct_align(f->fd) : 1;
 	if (f->fd < 0 && (!direct || errno == EINVAL)) /* EINVAL: no O_DIRECT on this file system */
 		f->fd = open(f->tmp, flags, 0644);
 	if (f->fd < 0) {
@@ -79,10 +91,13 @@ int st_atomic_file_open_direct(st_atomic_file *f, const char *path) { return ope
 
 int st_atomic_file_is_direct(const st_atomic_file *f) { return f->fd >= 0 && f->direct; }
 
+size_t st_atomic_file_align(const st_atomic_file *f) { return st_atomic_file_is_direct(f) ? f->align : 1; }
+
 /* Later writes of f go through the page cache. */
 static int stop_direct(st_atomic_file *f)
 {
 	f->direct = 0;
+	f->align = 1;
 	int fl = fcntl(f->fd, F_GETFL);
 	if (fl < 0 || fcntl(f->fd, F_SETFL, fl & ~O_DIRECT) < 0)
 		return sticky(f, st_fail(ST_EIO, "%s: cannot leave O_DIRECT: %s", f->tmp, strerror(errno)));
@@ -118,7 +133,7 @@ int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n)
 		ST_BUG("st_atomic_file_write on a file that is not open");
 	const char *p = buf;
 	if (f->direct) {
-		size_t whole = (uintptr_t)p % ST_ATOMIC_FILE_ALIGN ? 0 : n / ST_ATOMIC_FILE_ALIGN * ST_ATOMIC_FILE_ALIGN;
+		size_t whole = (uintptr_t)p % f->align ? 0 : n / f->align * f->align;
 		if (whole && write_all(f, p, whole) < 0)
 			return f->err;
 		p += whole;

@@ -24,11 +24,14 @@
  * (checkpoint shards): whole blocks go to the disk with O_DIRECT, bypassing
  * the page cache (no copy into it, no cached pages pushing the caller's
  * memory out). Alignment rules, per st_atomic_file_write call while the
- * file is direct: buf must be ST_ATOMIC_FILE_ALIGN-aligned; its first
- * n / ST_ATOMIC_FILE_ALIGN whole blocks are written directly, and a
- * remainder (a partial last block) is written buffered, after which the file
- * stays buffered for the rest of its writes. So: aligned buffers of whole
- * blocks, then at most one last write of any length. An unaligned buf also
+ * file is direct, with B = st_atomic_file_align(f) (the file system's
+ * O_DIRECT alignment, from statx; ST_ATOMIC_FILE_ALIGN where it does not
+ * say; a divisor of ST_ATOMIC_FILE_ALIGN on the disks we run on, 512 on
+ * most): buf must be B-aligned; its first n / B whole blocks are written
+ * directly, and a remainder (a partial last block) is written buffered,
+ * after which the file stays buffered for the rest of its writes. So:
+ * aligned buffers of whole blocks, then at most one last write of any
+ * length. An unaligned buf also
  * switches the file to buffered writes (correct, only slower). Where the
  * file system refuses O_DIRECT (tmpfs, some network file systems), at open
  * or at the first write, the file is written buffered instead, silently.
@@ -61,6 +64,7 @@
 typedef struct st_atomic_file {
 	int fd;        /* -1 when not open */
 	int direct;    /* writes still go out with O_DIRECT (direct mode only) */
+	size_t align;  /* their block: memory address, length and offset (1 when buffered) */
 	int err;       /* first error (sticky), 0 if none */
 	char *path;    /* final path */
 	char *tmp;     /* temporary path, "<path>.tmp.<pid>" */
@@ -76,6 +80,9 @@ int st_atomic_file_open_direct(st_atomic_file *f, const char *path);
 /* 1 while f's writes go out with O_DIRECT: opened direct, accepted by the
  * file system, and no partial block or unaligned buffer written yet. */
 int st_atomic_file_is_direct(const st_atomic_file *f);
+/* The block of f's direct writes (see above); 1 while f's writes are buffered
+ * (any address and length then). */
+size_t st_atomic_file_align(const st_atomic_file *f);
 /* Append n bytes. After a failure every later write returns the same error. */
 int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n);
 /* Overwrite n bytes at offset, inside what was written already (a header

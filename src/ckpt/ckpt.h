@@ -88,10 +88,14 @@ typedef struct st_ckpt_opts {
 	uint64_t save_id;        /* optional: the same value on every process of one group (e.g. the
 				    rendezvous round); process 0 only accepts done records carrying it */
 	/* With async: st_ckpt_save does not copy the pieces; the background thread
-	 * copies them (checksumming each chunk as it lands), and the caller keeps
-	 * the pieces' memory unchanged until st_ckpt_saver_release (or the next
-	 * st_ckpt_save, st_ckpt_wait, st_ckpt_saver_free). A trainer calls the
-	 * release just before its optimizer update. */
+	 * writes them straight from the caller's memory where that memory is
+	 * aligned to the file system's O_DIRECT block (st_atomic_file_align in
+	 * base/file.h; base/pages.h buffers are) and through the host buffer
+	 * elsewhere, checksumming as it goes, and
+	 * the caller keeps the pieces' memory unchanged until
+	 * st_ckpt_saver_release (or the next st_ckpt_save, st_ckpt_wait,
+	 * st_ckpt_saver_free), which copies what is not written yet into the host
+	 * buffer. A trainer calls the release just before its optimizer update. */
 	int defer_copy;
 	/* Test hook: called by the writer (the background thread when async) before it writes a save. */
 	void (*before_write)(void *arg, int64_t step);
@@ -183,13 +187,15 @@ typedef struct st_ckpt_stats {
 	int64_t last_step;        /* step of the last save started, -1 if none */
 	double last_stall_s;      /* time the last st_ckpt_save blocked its caller (wait + copy) */
 	double last_wait_s;       /* ... of which waiting for the previous save */
-	double last_copy_s;       /* ... of which copying pieces to host buffers (defer_copy: the
-				     background copy and checksum, not a stall) */
+	double last_copy_s;       /* ... of which copying pieces to host buffers (defer_copy: 0, the
+				     pieces are written from where they are; see last_hold_s) */
 	double last_hold_s;       /* defer_copy: time st_ckpt_saver_release blocked its caller */
 	double last_write_s;      /* background: shard write + fsync + rename + done record */
 	double last_commit_s;     /* process 0: waiting for done records + manifest + prune */
 	int64_t last_bytes;       /* bytes of this process's last shard file */
-	double last_bg_cpu_s;     /* CPU time of the last save's background thread (copy, checksum, write, commit) */
+	int64_t last_direct_bytes; /* defer_copy: ... of which written straight from the caller's pieces (the
+				     rest went through the host buffer: unaligned, or copied by the release) */
+	double last_bg_cpu_s;     /* CPU time of the last save's background threads (copy, checksum, write, commit) */
 	double total_bg_cpu_s;    /* ... summed over every save */
 	char last_error[512];     /* message of the last failure, "" if none */
 } st_ckpt_stats;

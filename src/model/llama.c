@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/pages.h"
 #include "base/rng.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/gemm.h"
@@ -279,8 +280,9 @@ int st_llama_init_tp(st_llama *m, const st_llama_shape *s, int tp, int tp_rank, 
 			add_tensor(m, i, &off);
 	m->nparams = off;
 	if (resident && m->tensors) {
-		m->params = calloc((size_t)m->nparams, sizeof(float));
-		m->grads = calloc((size_t)m->nparams, sizeof(float));
+		/* page-aligned: a checkpoint writes them with O_DIRECT (base/pages.h) */
+		m->params = st_pages_alloc((size_t)m->nparams * sizeof(float));
+		m->grads = st_pages_alloc((size_t)m->nparams * sizeof(float));
 	}
 	if (!m->tensors || !m->p.layers || !m->g.layers || (resident && (!m->params || !m->grads))) {
 		st_llama_release(m);
@@ -1349,8 +1351,8 @@ void st_llama_release(st_llama *m)
 {
 	free(m->wbf16);
 	acts_free(m->acts);
-	free(m->params);
-	free(m->grads);
+	st_pages_free(m->params, (size_t)m->nparams * sizeof(float));
+	st_pages_free(m->grads, (size_t)m->nparams * sizeof(float));
 	free(m->tensors);
 	free(m->p.layers);
 	free(m->g.layers);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/pages.h"
 #include "ckpt/ckpt.h"
 #include "optim/adamw.h"
 
@@ -35,10 +36,12 @@ int st_shard_init(st_shard *s, const st_llama *m, const st_par *p)
 	/* one fsdp member with a resident model: the shard is the model's own
 	 * blocks (same layout), so no copies between them */
 	s->alias = F == 1 && m->params;
-	s->p = s->alias ? m->params : malloc((size_t)(s->n ? s->n : 1) * sizeof(float));
-	s->g = s->alias ? m->grads : calloc((size_t)(s->n ? s->n : 1), sizeof(float));
-	s->m = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
-	s->v = calloc((size_t)(s->n ? s->n : 1), sizeof(float));
+	/* page-aligned: a checkpoint writes them with O_DIRECT (base/pages.h) */
+	size_t bytes = (size_t)s->n * sizeof(float);
+	s->p = s->alias ? m->params : st_pages_alloc(bytes);
+	s->g = s->alias ? m->grads : st_pages_alloc(bytes);
+	s->m = st_pages_alloc(bytes);
+	s->v = st_pages_alloc(bytes);
 	if (!s->p || !s->g || !s->m || !s->v)
 		goto oom;
 	return 0;
@@ -60,12 +63,13 @@ void st_shard_release(st_shard *s)
 	free(s->cols);
 	free(s->off);
 	free(s->counts);
+	size_t bytes = (size_t)s->n * sizeof(float);
 	if (!s->alias) {
-		free(s->p);
-		free(s->g);
+		st_pages_free(s->p, bytes);
+		st_pages_free(s->g, bytes);
 	}
-	free(s->m);
-	free(s->v);
+	st_pages_free(s->m, bytes);
+	st_pages_free(s->v, bytes);
 	memset(s, 0, sizeof(*s));
 }
 

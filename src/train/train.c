@@ -1178,10 +1178,11 @@ static int finish(trainer *t)
 		st_ckpt_stats st;
 		st_ckpt_saver_stats(t->saver, &st);
 		if (st.saves > 0)
-			st_info("checkpoints: %lld saved, %lld failed; the last: %.1f MB written in %.3f s (%.0f MB/s), "
-				"commit %.3f s; background CPU %.3f s per save", (long long)st.committed, (long long)st.failed,
-				1e-6 * (double)st.last_bytes, st.last_write_s,
-				1e-6 * (double)st.last_bytes / (st.last_write_s > 0 ? st.last_write_s : 1), st.last_commit_s,
+			st_info("checkpoints: %lld saved, %lld failed; the last: %.1f MB written in %.3f s (%.0f MB/s; "
+				"%.1f MB straight from the state), commit %.3f s; background CPU %.3f s per save",
+				(long long)st.committed, (long long)st.failed, 1e-6 * (double)st.last_bytes, st.last_write_s,
+				1e-6 * (double)st.last_bytes / (st.last_write_s > 0 ? st.last_write_s : 1),
+				1e-6 * (double)st.last_direct_bytes, st.last_commit_s,
 				st.total_bg_cpu_s / (double)(st.committed + st.failed > 0 ? st.committed + st.failed : 1));
 	}
 	return rc;

@@ -1,0 +1,29 @@
+/*
+ * pages.h - large zeroed buffers that start on a page boundary.
+ *
+ * What calloc gives for large sizes (fresh zero pages, faulted in on first
+ * use), plus the alignment: a checkpoint save writes the optimizer state
+ * straight from these buffers with O_DIRECT, which needs the memory address
+ * (and the file offset) aligned to the disk's block size (ckpt/save.c,
+ * docs/checkpoints.md). The model's parameters and gradients and the
+ * shard's state are allocated here.
+ *
+ *   float *p = st_pages_alloc(n * sizeof(float));   // NULL: out of memory
+ *   ...
+ *   st_pages_free(p, n * sizeof(float));            // the same byte count; NULL is fine
+ *
+ * Under AddressSanitizer the buffer comes from posix_memalign (zeroed), so
+ * that ASan still sees overruns past its end.
+ */
+#ifndef ST_BASE_PAGES_H
+#define ST_BASE_PAGES_H
+
+#include <stddef.h>
+
+/* Alignment of st_pages_alloc's buffers: at least the block size of O_DIRECT. */
+#define ST_PAGES_ALIGN 4096
+
+void *st_pages_alloc(size_t bytes);
+void st_pages_free(void *p, size_t bytes);
+
+#endif
