@@ -172,6 +172,34 @@ static void test_bf16(void)
 }
 
 /*
+ * dtype=bfloat16 on a CPU without bf16 products (and on any other): bf16
+ * storage with every site on the fp32 kernels. Loss and gradients close to
+ * fp32's but not equal (the activations and weight copy really are bf16),
+ * the same bits under every remat policy.
+ */
+static void test_bf16_storage_fp32_kernels(void)
+{
+	double lf, l[2];
+	float *gf, *g[2];
+	int64_t n;
+	st_kplan kp;
+	memset(kp.f32, 1, sizeof(kp.f32));
+	run_mode(&sh, 0, ST_REMAT_NONE, &lf, &gf, &n);
+	run_plan(&sh, 1, &kp, 0, ST_REMAT_NONE, &l[0], &g[0], &n);
+	run_plan(&sh, 1, &kp, 0, ST_REMAT_FULL, &l[1], &g[1], &n);
+	CHECK_MSG(l[0] == l[1] && memcmp(g[0], g[1], (size_t)n * sizeof(float)) == 0,
+		  "bf16 storage on the fp32 kernels: remat full differs from none");
+	CHECK_MSG(fabs(l[0] - lf) / lf < 1e-2, "bf16 storage on the fp32 kernels: loss %.6f vs fp32 %.6f",
+		  l[0], lf);
+	CHECK(memcmp(g[0], gf, (size_t)n * sizeof(float)) != 0);
+	double worst = worst_rel(&sh, g[0], gf, NULL);
+	CHECK_MSG(worst < 3e-2, "bf16 storage on the fp32 kernels: gradient relative error %.3g", worst);
+	printf("bf16 storage on the fp32 kernels: loss %.6f vs fp32 %.6f, worst gradient relative L2 error %.3g\n",
+	       l[0], lf, worst);
+	free(gf), free(g[0]), free(g[1]);
+}
+
+/*
  * bf16 by measured rate (model/kplan.h): in bf16 mode each product site and
  * attention pass runs on the kernel its plan names. Moving any one site to
  * the fp32 kernel changes the gradients' bits (the switch is in effect and
@@ -293,6 +321,7 @@ int main(void)
 	test_remat_policies();
 	test_activation_memory();
 	test_bf16();
+	test_bf16_storage_fp32_kernels();
 	test_bf16_kernels();
 	return check_result();
 }

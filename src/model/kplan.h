@@ -17,7 +17,9 @@
  *   auto            time both kernels once per site at the run's shape (rank
  *                   0 decides and broadcasts; the decision is logged in the
  *                   explicit form below and stored in the checkpoint, whose
- *                   plan a resumed run reuses)
+ *                   plan a resumed run reuses); every site on fp32, untimed,
+ *                   where the CPU has no bf16 products (st_cpu_has_bf16),
+ *                   which also refuses an explicit plan with a bf16 site
  *   bf16 | fp32     every site on that kernel
  *   SITE:K,...      every site named once, K bf16 or fp32, e.g. the logged
  *                   plan "q:bf16,kv:bf16,...,d_attn:fp32"

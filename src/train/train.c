@@ -99,7 +99,7 @@ static void print_header(const trainer *t)
 	st_info("batch %lld x %lld tokens per device, gradient accumulation %lld, remat %s, %s, %d threads",
 		(long long)t->B, (long long)t->T, (long long)t->accum,
 		remat_name(c->remat_policy),
-		c->dtype == ST_DTYPE_BF16 ? "bf16 products, fp32 weights" : "fp32", omp_get_max_threads());
+		c->dtype == ST_DTYPE_BF16 ? "bf16 activations and products (per bf16_kernels), fp32 weights" : "fp32", omp_get_max_threads());
 }
 
 /* Weights, gradients and two AdamW moments, in fp32. */
@@ -488,6 +488,9 @@ static int decide_kernels(trainer *t)
 	} else if (t->ckpt_kernels[0]) {
 		rc = st_kplan_parse(&plan, t->ckpt_kernels);
 		from = "the checkpoint";
+	} else if (p->rank == 0 && !st_cpu_has_bf16()) {
+		memset(plan.f32, 1, sizeof(plan.f32));
+		from = "this CPU (no bf16 products)";
 	} else if (p->rank == 0) {
 		st_kshape ks;
 		st_llama_kernel_shape(&t->model, t->rows, t->T, &ks);
@@ -497,6 +500,18 @@ static int decide_kernels(trainer *t)
 		if (rc == 0)
 			st_info("bf16 kernels timed on this CPU in %.2f s (rank 0, %d threads; fp32 time / bf16 time):",
 				st_mono_s() - t0, omp_get_max_threads());
+	}
+	if (rc == 0 && !st_cpu_has_bf16() && st_kplan_count_f32(&plan) < ST_KS_COUNT) {
+		char line[ST_KPLAN_STR_MAX];
+		st_kplan_format(&plan, line, sizeof(line));
+		if (!st_kplan_is_auto(c->bf16_kernels))
+			return st_fail(ST_EINVAL, "bf16_kernels=%s runs sites on the bf16 kernel, but %s: use "
+				       "bf16_kernels=fp32 (or auto)", c->bf16_kernels, st_cpu_bf16_message());
+		if (t->lead)
+			st_warn("the checkpoint's kernel plan (%s) runs sites on the bf16 kernel, but %s: every "
+				"site on fp32; results will not match the uninterrupted run bit for bit",
+				line, st_cpu_bf16_message());
+		memset(plan.f32, 1, sizeof(plan.f32));
 	}
 	if (rc < 0)
 		return rc;
@@ -965,9 +980,12 @@ static int trainer_setup(trainer *t)
 				   p->coord[ST_AXIS_TENSOR], p->tp, resident)) < 0)
 		return rc;
 	if (c->dtype == ST_DTYPE_BF16) {
-		t->model.bf16 = st_cpu_has_bf16();
-		if (!t->model.bf16)
-			st_warn("dtype bfloat16: %s; running in float32", st_cpu_bf16_message());
+		/* bf16 storage everywhere; without bf16 products every site runs on
+		 * the fp32 kernels (decide_kernels) */
+		t->model.bf16 = 1;
+		if (!st_cpu_has_bf16() && t->lead)
+			st_info("dtype bfloat16: %s; bf16 storage, every product on the fp32 kernels",
+				st_cpu_bf16_message());
 	}
 	int restored = 0;
 	if ((rc = st_shard_init(&t->shard, &t->model, p)) < 0 || (rc = bound_setup(t, 0)) < 0)

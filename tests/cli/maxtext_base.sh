@@ -15,7 +15,7 @@ grep -q '32 layers' "$TMP/err" || fail "layers not printed"
 grep -q 'heads 32 (kv 8)' "$TMP/err" || fail "heads not printed"
 grep -q 'Total TFLOPs: 95.5' "$TMP/err" || fail "MaxText's 95.5 TFLOPs per step not printed: $(grep TFLOPs "$TMP/err")"
 grep -q 'needs .* GiB' "$TMP/err" || fail "no clear memory error"
-grep -q 'bf16 products, fp32 weights' "$TMP/err" || fail "MaxText's default dtype=bfloat16 should run bf16 products"
+grep -q 'bf16 activations and products' "$TMP/err" || fail "MaxText's default dtype=bfloat16 should run bf16 products"
 cat "$TMP/err"
 
 # small override_model_config shape trains

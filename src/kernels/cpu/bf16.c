@@ -127,7 +127,7 @@ int st_cpu_has_bf16(void) { return cpuid_has_avx512_bf16() && onednn_has_bf16();
 const char *st_cpu_bf16_message(void)
 {
 	if (!cpuid_has_avx512_bf16())
-		return "this CPU has no AVX512_BF16 instructions; bf16 matrix products would be emulated";
+		return "this CPU has no AVX512_BF16 instructions (no bf16 matrix products for it in oneDNN)";
 	if (!onednn_has_bf16())
 		return "oneDNN will not use AVX512_BF16 here (DNNL_MAX_CPU_ISA, or the OS does not "
 		       "enable AVX-512 state)";

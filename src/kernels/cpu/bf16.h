@@ -54,8 +54,10 @@ uint16_t *st_bf16_rows_in_place(float *x, int64_t rows, int64_t cols);
 /*
  * 1 when bf16 matrix products run natively: the CPU has AVX512_BF16 (cpuid
  * leaf 7.1 EAX bit 5) and oneDNN will use it (its effective ISA, which
- * honours DNNL_MAX_CPU_ISA and the OS's AVX-512 state). 0 otherwise: callers
- * should fall back to fp32 and say so, e.g. with st_cpu_bf16_message().
+ * honours DNNL_MAX_CPU_ISA and the OS's AVX-512 state). 0 otherwise: oneDNN
+ * refuses bf16 products, so callers run them on the fp32 kernels (the
+ * trainer keeps bf16 storage with every kernel-plan site on fp32) and say so,
+ * e.g. with st_cpu_bf16_message().
  */
 int st_cpu_has_bf16(void);
 /* One line explaining why bf16 is unavailable ("" when it is available). */
