@@ -23,7 +23,7 @@ for mesh in ici_fsdp_parallelism=2 ici_tensor_parallelism=2 "ici_fsdp_parallelis
 			if ! "$SLICETRAIN" launch --num-slices 1 --devices-per-slice 2 -- "${args[@]}" >"$TMP/run" 2>&1; then
 				# bf16_kernels=bf16 where the CPU has no bf16 products: refused, with the reason
 				if grep -q 'runs sites on the bf16 kernel, but' "$TMP/run"; then
-					no_bf16+=("$name") why=$(grep -m1 -o 'but .*: use' "$TMP/run")
+					no_bf16+=("$name") why=$(sed -n 's/.*on the bf16 kernel, but \(.*\): use.*/\1/p' "$TMP/run" | head -1)
 					continue
 				fi
 				fail "$name: run failed: $(tail -2 "$TMP/run")"; continue
