@@ -515,19 +515,24 @@ int main(int argc, char **argv)
 	       "bf16 rate)\n");
 
 	printf("\nratios of median tokens/s (targets: fp32 >= 1.30x torch, bf16 >= 1.50x torch's bf16; bf16 >= "
-	       "1.6x fp32 where bf16 products are faster,\n the fp32 kernels' bf16 >= 0.97x fp32: what a CPU "
-	       "whose bf16 products are slower runs); per repetition in brackets\n");
+	       "1.6x fp32 where oneDNN's bf16 products are faster,\n else >= 0.97x; the fp32 kernels' bf16 >= 0.97x fp32: "
+	       "what a CPU whose bf16 products are slower runs); per repetition in brackets\n");
 	struct { int a, b; double target; } rat[] = {{R_ST32, R_PEER0 + 0, 1.3}, {R_ST32, R_PEER0 + 1, 1.3},
 						     {R_STBF16, R_PEER0 + 2, 1.5}, {R_STBF16, R_PEER0 + 3, 1.5},
 						     {R_STBF16, R_ST32, 1.6}, {R_STB32, R_ST32, 0.97}};
 	for (int ti = 0; ti < nthreads; ti++) {
+		/* bf16 / fp32: 1.6x where oneDNN's bf16 products beat its fp32 ones
+		 * at this thread count, else (slower or none) 0.97x */
+		double mm32 = fmax(med_of(m, reps, ti, R_SGEMM, 2), med_of(m, reps, ti, R_MATMUL, 2));
+		int bf16_faster = med_of(m, reps, ti, R_MMBF16, 2) > mm32;
 		for (size_t j = 0; j < sizeof(rat) / sizeof(rat[0]); j++) {
 			double x = med_of(m, reps, ti, rat[j].a, 0), y = med_of(m, reps, ti, rat[j].b, 0);
 			if (x <= 0 || y <= 0)
 				continue;
+			double target = rat[j].a == R_STBF16 && rat[j].b == R_ST32 && !bf16_faster ? 0.97 : rat[j].target;
 			printf("%-3d %-19s / %-19s %6.2fx", threads[ti], row_name[rat[j].a], row_name[rat[j].b], x / y);
-			if (rat[j].target > 0)
-				printf("  %s", x / y >= rat[j].target ? "met" : "NOT met");
+			if (target > 0)
+				printf("  %s (%.2fx)", x / y >= target ? "met" : "NOT met", target);
 			printf("  [");
 			for (int k = 0; k < reps; k++) {
 				meas *p = &m[k][ti][rat[j].a], *q = &m[k][ti][rat[j].b];
