@@ -2,7 +2,10 @@
 # - exact: the eval reads the training's G samples (the first G of its own
 #   file: unshuffled) and its loss after step s is the training loss of step
 #   s+1, which the next step computes on the same samples with the same
-#   weights (to 1e-12: training shuffles them, so only the sum's order differs);
+#   weights (to 1e-12: training shuffles them, so only the sum's order differs;
+#   1e-8 on CPUs without AVX-512, where a row's bits from oneDNN's AVX2 sgemm
+#   depend on where it falls in the product (rows of a product's tail come
+#   out differently: measured on a Zen 3), and training shuffles the rows);
 # - MaxText's eval line and the eval/... records of the metrics file;
 # - training is the same bits with eval on and off (losses and final weights),
 #   on one process with gradient accumulation and on 2 processes with ZeRO-3;
@@ -44,7 +47,9 @@ base=("$ST_ROOT/configs/base.yml" model_name=llama3-test max_target_length=32 le
 	dataset_path="$TMP/g8.npy" grain_eval_files="$TMP/g12.npy" eval_steps=1 \
 	eval_interval=1 metrics_file="$TMP/exact.jsonl" >"$TMP/exact.out" 2>"$TMP/exact.err" \
 	|| fail "exact: exit $?: $(tail -2 "$TMP/exact.err")"
-/usr/bin/python3 - "$TMP/exact.jsonl" <<'PY' || fail "exact: eval loss is not the next step's training loss"
+tol=1e-12
+grep -qw avx512f /proc/cpuinfo || tol=1e-8
+/usr/bin/python3 - "$TMP/exact.jsonl" "$tol" <<'PY' || fail "exact: eval loss is not the next step's training loss"
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 train = {r["step"]: r["learning/loss"] for r in recs if "learning/loss" in r}
@@ -57,7 +62,7 @@ for s in range(5):
     assert e["eval/total_loss"] / e["eval/total_weights"] == e["eval/avg_loss"], e
     worst = max(worst, abs(e["eval/avg_loss"] - train[s + 1]) / train[s + 1])
 print(f"eval after step s vs training loss of step s+1, steps 0-4: worst rel diff {worst:.1e}")
-sys.exit(0 if worst <= 1e-12 else 1)
+sys.exit(0 if worst <= float(sys.argv[2]) else 1)
 PY
 # MaxText's line, after the step's own line, on every eval
 grep -E '^eval metrics after step: [0-9]+, loss=[0-9]+\.[0-9]{3}, total_weights=256\.0$' "$TMP/exact.out" >"$TMP/lines"
