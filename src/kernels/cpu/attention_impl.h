@@ -33,7 +33,7 @@ typedef struct attn {
 	int64_t B, T, H, K, D, group, Tpad, nb;
 	float scale;
 	int vec;  /* AVX-512 code paths */
-	int vec8; /* AVX2+FMA tile products (fp32, attention.c) where vec is 0 */
+	int vec8; /* AVX2+FMA paths where vec is 0: fp32 tile products (attention.c), softmax rows */
 } attn;
 
 /* The partition set by st_attention_set_partition (0 auto, 1 fused, 2 split). */
@@ -152,6 +152,29 @@ static inline float softmax_row(const attn *a, float *s, int64_t lim, float *m, 
 			vsum = _mm512_add_ps(vsum, p);
 		}
 		sum = _mm512_reduce_add_ps(vsum);
+		*alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+		*m = mnew;
+		return sum;
+	}
+#endif
+#if ST_HAVE_AVX2
+	if (a->vec8) {
+		__m256 vmax = _mm256_set1_ps(-INFINITY);
+		#pragma GCC unroll 8
+		for (int j = 0; j < BK / 8; j++)
+			vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + 8 * j),
+								     st_lanes_below8(lim, j)));
+		mx = st_hmax8(vmax);
+		float mnew = mx > mold ? mx : mold;
+		__m256 vm = _mm256_set1_ps(mnew), vsum = _mm256_setzero_ps();
+		#pragma GCC unroll 8
+		for (int j = 0; j < BK / 8; j++) {
+			__m256 p = st_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * j), vm));
+			p = _mm256_and_ps(p, st_lanes_below8(lim, j));
+			_mm256_storeu_ps(s + 8 * j, p);
+			vsum = _mm256_add_ps(vsum, p);
+		}
+		sum = st_hsum8(vsum);
 		*alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
 		*m = mnew;
 		return sum;
@@ -283,6 +306,21 @@ static inline void attn_grads_rows(const attn *a, int64_t ib, int64_t jb, int64_
 				__m512 g = _mm512_sub_ps(_mm512_loadu_ps(ds + 16 * j), vd);
 				_mm512_storeu_ps(p + 16 * j, pv);
 				_mm512_storeu_ps(ds + 16 * j, _mm512_mul_ps(_mm512_mul_ps(pv, g), vs));
+			}
+			continue;
+		}
+#endif
+#if ST_HAVE_AVX2
+		if (a->vec8) {
+			__m256 vl = _mm256_set1_ps(L[r]), vd = _mm256_set1_ps(Di[r]);
+			__m256 vs = _mm256_set1_ps(scale);
+			#pragma GCC unroll 8
+			for (int j = 0; j < BK / 8; j++) {
+				__m256 pv = _mm256_and_ps(st_exp8(_mm256_sub_ps(_mm256_loadu_ps(p + 8 * j), vl)),
+							  st_lanes_below8(lim, j));
+				__m256 g = _mm256_sub_ps(_mm256_loadu_ps(ds + 8 * j), vd);
+				_mm256_storeu_ps(p + 8 * j, pv);
+				_mm256_storeu_ps(ds + 8 * j, _mm256_mul_ps(_mm256_mul_ps(pv, g), vs));
 			}
 			continue;
 		}

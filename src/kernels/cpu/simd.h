@@ -86,6 +86,55 @@ static inline __mmask16 st_mask16(int64_t n)
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define ST_HAVE_AVX2 1
+
+/* st_exp16's e^x for 8 floats: the same reduction and polynomial; 2^n as
+ * two normal powers of two (n in -150..128), so that results below 2^-126
+ * come out subnormal as with scalef. */
+static inline __m256 st_exp8(__m256 x)
+{
+	x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x); /* x second: a NaN comes through */
+	x = _mm256_min_ps(_mm256_set1_ps(88.8f), x);
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i ni = _mm256_cvtps_epi32(n), bias = _mm256_set1_epi32(127);
+	__m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+	__m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+	__m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+	return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+/* Lanes 8*j + i < lim: all ones (i = 0..7). */
+static inline __m256 st_lanes_below8(int64_t lim, int j)
+{
+	__m256i idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * j));
+	int l = lim < 0 ? 0 : lim > 1 << 20 ? 1 << 20 : (int)lim;
+	return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(l), idx));
+}
+
+static inline float st_hmax8(__m256 v)
+{
+	__m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+	m = _mm_max_ss(m, _mm_movehdup_ps(m));
+	return _mm_cvtss_f32(m);
+}
+
+static inline float st_hsum8(__m256 v)
+{
+	__m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+	m = _mm_add_ss(m, _mm_movehdup_ps(m));
+	return _mm_cvtss_f32(m);
+}
 #else
 #define ST_HAVE_AVX2 0
 #endif
