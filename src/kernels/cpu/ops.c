@@ -246,6 +246,16 @@ static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, in
 			st_store16((char *)act + i * (bf16 ? 2 : 4), bf16, mk,
 				   _mm512_mul_ps(silu, st_load16((const char *)up + i * isz, in16, mk)));
 		}
+#elif ST_HAVE_AVX2
+		for (int64_t i = i0; i < i1; i += 8) { /* e^-g 8 at a time */
+			int n8 = i1 - i < 8 ? (int)(i1 - i) : 8;
+			float g[8] = {0}, e[8];
+			for (int k = 0; k < n8; k++)
+				g[k] = get(gate, in16, i + k);
+			_mm256_storeu_ps(e, st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g))));
+			for (int k = 0; k < n8; k++)
+				put(act, bf16, i + k, g[k] / (1.0f + e[k]) * get(up, in16, i + k));
+		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
 			float g = get(gate, in16, i);
@@ -293,6 +303,22 @@ static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, cons
 			__m512 t = _mm512_fmadd_ps(g, _mm512_sub_ps(one, sg), one);
 			st_store16((char *)dup + i * sz, bf16, mk, _mm512_mul_ps(dasg, g));
 			st_store16((char *)dgate + i * sz, bf16, mk, _mm512_mul_ps(_mm512_mul_ps(dasg, u), t));
+		}
+#elif ST_HAVE_AVX2
+		for (int64_t i = i0; i < i1; i += 8) { /* e^-g 8 at a time */
+			int n8 = i1 - i < 8 ? (int)(i1 - i) : 8;
+			float g[8] = {0}, da[8], u[8], e[8];
+			for (int k = 0; k < n8; k++) { /* read first: outputs may alias inputs */
+				g[k] = get(gate, in16, i + k);
+				da[k] = dact[i + k];
+				u[k] = get(up, in16, i + k);
+			}
+			_mm256_storeu_ps(e, st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g))));
+			for (int k = 0; k < n8; k++) {
+				float sg = 1.0f / (1.0f + e[k]);
+				put(dup, bf16, i + k, da[k] * sg * g[k]);
+				put(dgate, bf16, i + k, da[k] * sg * u[k] * (1.0f + g[k] * (1.0f - sg)));
+			}
 		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
@@ -389,6 +415,30 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 				s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
 		}
 		sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+#elif ST_HAVE_AVX2
+		__m256 vmax = _mm256_set1_ps(-INFINITY);
+		int64_t c = 0;
+		for (; c + 8 <= V; c += 8)
+			vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(lr + c));
+		mx = st_hmax8(vmax);
+		for (; c < V; c++)
+			mx = lr[c] > mx ? lr[c] : mx;
+		__m256 vm = _mm256_set1_ps(mx);
+		__m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+		for (c = 0; c < V; c += 8) {
+			int n8 = V - c < 8 ? (int)(V - c) : 8;
+			float x[8], y[8];
+			for (int k = 0; k < 8; k++)
+				x[k] = k < n8 ? lr[c + k] : -INFINITY; /* e^-Inf = 0 past the row */
+			__m256 p = st_exp8(_mm256_sub_ps(_mm256_loadu_ps(x), vm));
+			_mm256_storeu_ps(y, p);
+			memcpy(lr + c, y, (size_t)n8 * sizeof(float));
+			s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+			s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+		}
+		double part[4];
+		_mm256_storeu_pd(part, _mm256_add_pd(s0, s1));
+		sum = (part[0] + part[1]) + (part[2] + part[3]);
 #else
 		for (int64_t c = 0; c < V; c++)
 			mx = lr[c] > mx ? lr[c] : mx;
