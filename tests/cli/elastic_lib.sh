@@ -9,7 +9,7 @@
 #   the launcher while it runs.
 # el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS, times
 #   $el_scale: 2 on a sanitized build, 3 with sanitized workers, where
-#   el_steps is 30 instead of 40); its
+#   el_steps is 30 instead of 40; twice that without AVX-512); its
 #   exit status in $el_rc; then no descendant may still run (else a failure).
 # el_summary NAME: the summary line of the run's stdout, as KEY=VALUE lines.
 # el_events NAME METRICS: the kinds of the event lines of METRICS, in order.
@@ -46,6 +46,9 @@ if grep -qa __asan_init "$SLICETRAIN"; then
 		el_scale=3 el_steps=30
 	fi
 fi
+# the waits twice as long on a CPU without AVX-512 (about half the speed;
+# tests/run.sh scales the tests' time limits the same way)
+grep -qw avx512f /proc/cpuinfo || el_scale=$((el_scale * ${ST_CPU_TIMEOUT_SCALE:-2}))
 el_keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=$el_batch max_target_length=$el_seq
 	checkpoint_period=5 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o")
 
