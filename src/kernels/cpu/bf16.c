@@ -21,6 +21,9 @@ void st_f32_to_bf16_serial(uint16_t *dst, const float *src, int64_t n)
 		_mm256_mask_storeu_epi16(dst + i, m, h);
 		i = n;
 	}
+#elif ST_HAVE_AVX2
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(dst + i), st_cvt_bf16_8(_mm256_loadu_ps(src + i)));
 #endif
 	for (; i < n; i++)
 		dst[i] = st_f32_to_bf16(src[i]);
@@ -34,6 +37,9 @@ static void to_f32_range(float *dst, const uint16_t *src, int64_t n)
 		__m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
 		_mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
 	}
+#elif ST_HAVE_AVX2
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, st_widen_bf16_8(src + i));
 #endif
 	for (; i < n; i++)
 		dst[i] = st_bf16_to_f32(src[i]);
@@ -72,6 +78,9 @@ uint16_t *st_bf16_rows_in_place(float *x, int64_t rows, int64_t cols)
 			__m256i h = st_cvt_bf16_16(_mm512_maskz_loadu_ps(m, src + c));
 			_mm256_mask_storeu_epi16(dst + 2 * c, m, h);
 		}
+#elif ST_HAVE_AVX2
+		for (; c + 8 <= cols; c += 8) /* 32 bytes read, then 16 stored below them */
+			_mm_storeu_si128((__m128i *)(dst + 2 * c), st_cvt_bf16_8(_mm256_loadu_ps(src + c)));
 #endif
 		for (; c < cols; c++) { /* stored through memcpy: kept after the loads before it */
 			uint16_t h = st_f32_to_bf16(src[c]);
@@ -89,6 +98,11 @@ static void round_range(uint16_t *h, float *x, int64_t n)
 		__m256i b = st_cvt_bf16_16(_mm512_loadu_ps(x + i));
 		_mm256_storeu_si256((__m256i *)(h + i), b);
 		_mm512_storeu_ps(x + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+	}
+#elif ST_HAVE_AVX2
+	for (; i + 8 <= n; i += 8) {
+		_mm_storeu_si128((__m128i *)(h + i), st_cvt_bf16_8(_mm256_loadu_ps(x + i)));
+		_mm256_storeu_ps(x + i, st_widen_bf16_8(h + i));
 	}
 #endif
 	for (; i < n; i++) {

@@ -112,6 +112,28 @@ static inline __m256 st_exp8(__m256 x)
 	return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
 
+/* 8 floats -> 8 bf16, st_cvt_bf16_16's rule (round to nearest even,
+ * subnormals kept, NaN quiet). */
+static inline __m128i st_cvt_bf16_8(__m256 x)
+{
+	__m256i u = _mm256_castps_si256(x);
+	__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+	__m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+	__m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+	r = _mm256_blendv_epi8(r, q, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+	/* 32 -> 16 bits (every value fits): per 128-bit lane, then the two
+	 * lanes' low halves together */
+	__m256i p = _mm256_packus_epi32(r, r);
+	return _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
+}
+
+/* 8 bf16 -> 8 floats (exact). */
+static inline __m256 st_widen_bf16_8(const uint16_t *src)
+{
+	__m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src));
+	return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
 /* Lanes 8*j + i < lim: all ones (i = 0..7). */
 static inline __m256 st_lanes_below8(int64_t lim, int j)
 {
