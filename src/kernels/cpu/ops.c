@@ -427,12 +427,13 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 		__m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
 		for (c = 0; c < V; c += 8) {
 			int n8 = V - c < 8 ? (int)(V - c) : 8;
-			float x[8], y[8];
-			for (int k = 0; k < 8; k++)
+			float x[8], y[8]; /* the row's last partial block only */
+			for (int k = 0; n8 < 8 && k < 8; k++)
 				x[k] = k < n8 ? lr[c + k] : -INFINITY; /* e^-Inf = 0 past the row */
-			__m256 p = st_exp8(_mm256_sub_ps(_mm256_loadu_ps(x), vm));
-			_mm256_storeu_ps(y, p);
-			memcpy(lr + c, y, (size_t)n8 * sizeof(float));
+			__m256 p = st_exp8(_mm256_sub_ps(_mm256_loadu_ps(n8 == 8 ? lr + c : x), vm));
+			_mm256_storeu_ps(n8 == 8 ? lr + c : y, p);
+			if (n8 < 8)
+				memcpy(lr + c, y, (size_t)n8 * sizeof(float));
 			s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
 			s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
 		}

@@ -10,6 +10,21 @@
 #ifndef ST_KERNELS_SIMD_H
 #define ST_KERNELS_SIMD_H
 
+/* st_exp16 / st_exp8: x clamped to [ST_EXP_LO, ST_EXP_HI], n = round(x
+ * log2 e), r = x - n ln 2 in two parts (Cody-Waite), then e^r by Cephes'
+ * expf polynomial: 1 + r + r^2 (C5 + r (C4 + ... r C0)). */
+#define ST_EXP_LO (-104.0f)
+#define ST_EXP_HI 88.8f
+#define ST_EXP_LOG2E 1.44269504088896341f
+#define ST_EXP_LN2_HI 0.693359375f
+#define ST_EXP_LN2_LO (-2.12194440e-4f)
+#define ST_EXP_C0 1.9875691500e-4f
+#define ST_EXP_C1 1.3981999507e-3f
+#define ST_EXP_C2 8.3334519073e-3f
+#define ST_EXP_C3 4.1665795894e-2f
+#define ST_EXP_C4 1.6666665459e-1f
+#define ST_EXP_C5 5.0000001201e-1f
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 #define ST_HAVE_AVX512 1
@@ -17,18 +32,18 @@
 static inline __m512 st_exp16(__m512 x)
 {
 	/* max/min with x second: a NaN in x comes through */
-	x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-	x = _mm512_min_ps(_mm512_set1_ps(88.8f), x);
-	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+	x = _mm512_max_ps(_mm512_set1_ps(ST_EXP_LO), x);
+	x = _mm512_min_ps(_mm512_set1_ps(ST_EXP_HI), x);
+	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(ST_EXP_LOG2E)),
 					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	__m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-	r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-	__m512 p = _mm512_set1_ps(1.9875691500e-4f);
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+	__m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ST_EXP_LN2_HI), x);
+	r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ST_EXP_LN2_LO), r);
+	__m512 p = _mm512_set1_ps(ST_EXP_C0);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ST_EXP_C1));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ST_EXP_C2));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ST_EXP_C3));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ST_EXP_C4));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ST_EXP_C5));
 	p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
 	return _mm512_scalef_ps(p, n);
 }
@@ -92,18 +107,18 @@ static inline __mmask16 st_mask16(int64_t n)
  * come out subnormal as with scalef. */
 static inline __m256 st_exp8(__m256 x)
 {
-	x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x); /* x second: a NaN comes through */
-	x = _mm256_min_ps(_mm256_set1_ps(88.8f), x);
-	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+	x = _mm256_max_ps(_mm256_set1_ps(ST_EXP_LO), x); /* x second: a NaN comes through */
+	x = _mm256_min_ps(_mm256_set1_ps(ST_EXP_HI), x);
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(ST_EXP_LOG2E)),
 				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ST_EXP_LN2_HI), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ST_EXP_LN2_LO), r);
+	__m256 p = _mm256_set1_ps(ST_EXP_C0);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ST_EXP_C1));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ST_EXP_C2));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ST_EXP_C3));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ST_EXP_C4));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ST_EXP_C5));
 	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
 	__m256i ni = _mm256_cvtps_epi32(n), bias = _mm256_set1_epi32(127);
 	__m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
