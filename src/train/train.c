@@ -502,15 +502,13 @@ static int decide_kernels(trainer *t)
 				st_mono_s() - t0, omp_get_max_threads());
 	}
 	if (rc == 0 && !st_cpu_has_bf16() && st_kplan_count_f32(&plan) < ST_KS_COUNT) {
-		char line[ST_KPLAN_STR_MAX];
-		st_kplan_format(&plan, line, sizeof(line));
 		if (!st_kplan_is_auto(c->bf16_kernels))
 			return st_fail(ST_EINVAL, "bf16_kernels=%s runs sites on the bf16 kernel, but %s: use "
 				       "bf16_kernels=fp32 (or auto)", c->bf16_kernels, st_cpu_bf16_message());
 		if (t->lead)
 			st_warn("the checkpoint's kernel plan (%s) runs sites on the bf16 kernel, but %s: every "
 				"site on fp32; results will not match the uninterrupted run bit for bit",
-				line, st_cpu_bf16_message());
+				t->ckpt_kernels, st_cpu_bf16_message());
 		memset(plan.f32, 1, sizeof(plan.f32));
 	}
 	if (rc < 0)
