@@ -475,7 +475,7 @@ static int decide_kernels(trainer *t)
 {
 	const st_config *c = t->c;
 	const st_par *p = &t->par;
-	st_kplan plan;
+	st_kplan plan = {{0}}; /* rank 0's, broadcast, unless given by the key or checkpoint */
 	double ratio[ST_KS_COUNT];
 	const char *from = "timing on rank 0";
 	int rc = 0, timed = 0;
@@ -501,7 +501,9 @@ static int decide_kernels(trainer *t)
 			st_info("bf16 kernels timed on this CPU in %.2f s (rank 0, %d threads; fp32 time / bf16 time):",
 				st_mono_s() - t0, omp_get_max_threads());
 	}
-	if (rc == 0 && !st_cpu_has_bf16() && st_kplan_count_f32(&plan) < ST_KS_COUNT) {
+	/* a plan from the key or the checkpoint, on a CPU without bf16 products */
+	int given = !st_kplan_is_auto(c->bf16_kernels) || t->ckpt_kernels[0];
+	if (rc == 0 && given && !st_cpu_has_bf16() && st_kplan_count_f32(&plan) < ST_KS_COUNT) {
 		if (!st_kplan_is_auto(c->bf16_kernels))
 			return st_fail(ST_EINVAL, "bf16_kernels=%s runs sites on the bf16 kernel, but %s: use "
 				       "bf16_kernels=fp32 (or auto)", c->bf16_kernels, st_cpu_bf16_message());
