@@ -145,6 +145,8 @@ run_one() {
 	echo "$secs $cpu" >"$dir/secs"
 	if [ -n "$why" ]; then
 		printf 'FAIL %-44s %7ss %7s cpu  %s\n' "$name" "$secs" "$cpu" "$why"
+		# the failed checks first (other processes' output may bury them), then the tail
+		grep -E 'CHECK(_NEAR)? failed' "$out" | head -n 20 | sed 's/^/    check: /'
 		sed 's/^/    /' "$out" | tail -n 40
 		echo fail >"$dir/status"
 	elif [ $rc -eq $SKIP_EXIT ]; then
