@@ -31,6 +31,7 @@
 #include "base/err.h"
 #include "base/file.h"
 #include "base/pages.h"
+#include "base/crc.h"
 #include "check.h"
 #include "ckpt/ckpt.h"
 #include "ckpt/ckpt_int.h"
@@ -608,7 +609,8 @@ static void test_defer(void)
 	st_ckpt_piece p[3], q[3];
 	int delay_ms = 300;
 	for (int i = 0; i < 3; i++) {
-		p[i] = (st_ckpt_piece){names[i], 1, {sizes[i], 0}, {0, 0}, {sizes[i], 0}, malloc((size_t)sizes[i] * 4)};
+		p[i] = (st_ckpt_piece){.name = names[i], .ndim = 1, .global_shape = {sizes[i], 0}, .shape = {sizes[i], 0},
+				       .data = malloc((size_t)sizes[i] * 4)};
 		q[i] = p[i];
 		q[i].data = malloc((size_t)sizes[i] * 4);
 	}
@@ -729,7 +731,8 @@ static void test_direct(void)
 	if (!block || !other || !odd)
 		return;
 	for (int i = 0; i < 4; i++)
-		p[i] = (st_ckpt_piece){names[i], 1, {sizes[i], 0}, {0, 0}, {sizes[i], 0}, data[i]};
+		p[i] = (st_ckpt_piece){.name = names[i], .ndim = 1, .global_shape = {sizes[i], 0}, .shape = {sizes[i], 0},
+				       .data = data[i]};
 	/* no release: all but c and the partial blocks around it straight from memory */
 	save_deferred(dir, 1, 4, p, 0, &direct);
 	CHECK_MSG(direct >= (3 * big - 8192) * 4 && direct < (3 * big + 1001) * 4,
@@ -755,6 +758,85 @@ static void test_direct(void)
 	st_pages_free(block, (size_t)(2 * big + 1001) * 4);
 	st_pages_free(other, (size_t)big * 4);
 	free(odd);
+}
+
+/*
+ * Checksums the caller gives (st_ckpt_piece.crc32, as the trainer's update
+ * computes them): stored as given, in every way of saving (deferred with and
+ * without a release, async copy, synchronous); a checkpoint saved with right
+ * ones restores and verifies, one with a wrong one is committed but fails to
+ * restore and to verify (the saver used the given value, it did not checksum
+ * the piece itself). Given for only some pieces: the saver checksums all.
+ */
+static void test_given_crc(void)
+{
+	DIRVAR(dir, "given");
+	const int64_t sizes[3] = {(3 << 20) + 5, 1000, 4 << 20};
+	const char *names[3] = {"a", "optimizer.mu.a", "b"};
+	st_ckpt_piece p[3], q[3];
+	float *block = st_pages_alloc((size_t)(sizes[0] + sizes[1] + sizes[2]) * 4);
+	CHECK(block != NULL);
+	if (!block)
+		return;
+	for (int i = 0, off = 0; i < 3; off += (int)sizes[i], i++) {
+		p[i] = (st_ckpt_piece){.name = names[i], .ndim = 1, .global_shape = {sizes[i], 0}, .shape = {sizes[i], 0},
+				       .data = block + off};
+		q[i] = p[i];
+		q[i].data = malloc((size_t)sizes[i] * 4);
+	}
+	/* mode: 0 deferred, 1 deferred with a release at once, 2 async copy, 3 synchronous; wrong: piece 2's crc + 1; 2: only piece 0 given */
+	int step = 0;
+	for (int mode = 0; mode < 4; mode++)
+		for (int wrong = 0; wrong < 3; wrong++) {
+			step++;
+			st_ckpt_opts o = opts_for(dir, 0, 1);
+			st_ckpt_saver *s;
+			st_ckpt_meta m = meta_for(step);
+			st_ckpt_stats st;
+			double held;
+			o.defer_copy = mode < 2;
+			o.async = mode < 3;
+			for (int i = 0; i < 3; i++) {
+				for (int64_t k = 0; k < sizes[i]; k++)
+					p[i].data[k] = (float)(k % 7919) * 0.5f + (float)(step + i);
+				p[i].crc32 = st_crc32(0, p[i].data, (size_t)sizes[i] * 4) + (wrong == 1 && i == 2);
+				p[i].has_crc32 = wrong < 2 || i == 0;
+			}
+			CHECK(st_ckpt_saver_create(&s, &o) == 0);
+			CHECK_MSG(st_ckpt_save(s, &m, 3, p) == 0, "%s", st_errmsg());
+			if (mode == 1) {
+				CHECK(st_ckpt_saver_release(s, &held) == 1);
+				for (int i = 0; i < 3; i++) /* the update, while the writer may still write */
+					memset(p[i].data, 0xff, (size_t)sizes[i] * 4);
+			}
+			CHECK(st_ckpt_wait(s) == 0);
+			st_ckpt_saver_stats(s, &st);
+			CHECK(st.committed == 1 && st.failed == 0);
+			st_ckpt_saver_free(s);
+			char sd[1300];
+			int64_t pieces, bytes;
+			snprintf(sd, sizeof(sd), "%s/%d", dir, step);
+			int rc = st_ckpt_restore_step(sd, NULL, &m, 3, q);
+			if (rc == 0)
+				st_ckpt_meta_release(&m);
+			int vr = st_ckpt_verify(sd, &pieces, &bytes);
+			if (wrong == 1) {
+				CHECK_MSG(rc < 0 && vr < 0, "mode %d: a wrong given checksum was not what the saver stored "
+					  "(restore %d, verify %d)", mode, rc, vr);
+				continue;
+			}
+			CHECK_MSG(rc == 0 && vr == 0, "mode %d wrong %d: restore %d, verify %d: %s", mode, wrong, rc, vr,
+				  st_errmsg());
+			for (int i = 0; i < 3 && rc == 0; i++) {
+				int64_t bad = 0;
+				for (int64_t k = 0; k < sizes[i]; k++)
+					bad += q[i].data[k] != (float)(k % 7919) * 0.5f + (float)(step + i);
+				CHECK_MSG(bad == 0, "mode %d piece %d: %lld values differ", mode, i, (long long)bad);
+			}
+		}
+	for (int i = 0; i < 3; i++)
+		free(q[i].data);
+	st_pages_free(block, (size_t)(sizes[0] + sizes[1] + sizes[2]) * 4);
 }
 
 /* a file system without O_DIRECT (tmpfs, on kernels that refuse it): buffered writes */
@@ -878,7 +960,7 @@ static void test_large(void)
 static void test_stall(void)
 {
 	const int64_t n = 32 << 20; /* 128 MB */
-	st_ckpt_piece p = {"big", 1, {n, 0}, {0, 0}, {n, 0}, malloc((size_t)n * 4)};
+	st_ckpt_piece p = {.name = "big", .ndim = 1, .global_shape = {n, 0}, .shape = {n, 0}, .data = malloc((size_t)n * 4)};
 	st_ckpt_opts o = opts_for(tp("stall"), 0, 1);
 	st_ckpt_saver *s;
 	st_ckpt_stats st;
@@ -1289,6 +1371,7 @@ int main(void)
 	test_async();
 	test_defer();
 	test_direct();
+	test_given_crc();
 	test_stall();
 	test_tmpfs();
 	test_large();

@@ -54,8 +54,9 @@ static int pieces_for(st_ckpt_piece *out, int p, int P, int by_cols, int64_t fil
 		if (hi <= lo)
 			continue;
 		st_ckpt_piece *x = &out[n++];
-		*x = (st_ckpt_piece){model[t].name, model[t].ndim, {model[t].shape[0], model[t].shape[1]}, {0, 0},
-				     {model[t].shape[0], model[t].shape[1]}, NULL};
+		*x = (st_ckpt_piece){.name = model[t].name, .ndim = model[t].ndim,
+				     .global_shape = {model[t].shape[0], model[t].shape[1]},
+				     .shape = {model[t].shape[0], model[t].shape[1]}};
 		x->offset[dim] = lo;
 		x->shape[dim] = hi - lo;
 		int64_t rows = x->ndim == 2 ? x->shape[0] : 1, cols = x->ndim == 2 ? x->shape[1] : x->shape[0];

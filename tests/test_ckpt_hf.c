@@ -107,9 +107,10 @@ static int make_pieces(const st_llama *m, float *moments, int p, int P, st_ckpt_
 				snprintf(names[n], 96, "%s", t->name);
 			else
 				snprintf(names[n], 96, "optimizer.%s.%s", k == 1 ? "mu" : "nu", t->name);
-			*x = (st_ckpt_piece){names[n], t->ndim, {t->shape[0], t->ndim == 2 ? t->shape[1] : 0},
-					     {lo, 0}, {hi - lo, t->ndim == 2 ? t->shape[1] : 0},
-					     base + t->offset + lo * cols};
+			*x = (st_ckpt_piece){.name = names[n], .ndim = t->ndim,
+					     .global_shape = {t->shape[0], t->ndim == 2 ? t->shape[1] : 0}, .offset = {lo, 0},
+					     .shape = {hi - lo, t->ndim == 2 ? t->shape[1] : 0},
+					     .data = base + t->offset + lo * cols};
 			n++;
 		}
 	}
@@ -195,8 +196,10 @@ static void round_trip(int llama31)
 			if (hi <= lo)
 				continue;
 			snprintf(wn[n], 96, "%s", t->name);
-			want[n] = (st_ckpt_piece){wn[n], t->ndim, {t->shape[0], t->ndim == 2 ? t->shape[1] : 0}, {lo, 0},
-						  {hi - lo, t->ndim == 2 ? t->shape[1] : 0}, m2.params + t->offset + lo * cols};
+			want[n] = (st_ckpt_piece){.name = wn[n], .ndim = t->ndim,
+						  .global_shape = {t->shape[0], t->ndim == 2 ? t->shape[1] : 0}, .offset = {lo, 0},
+						  .shape = {hi - lo, t->ndim == 2 ? t->shape[1] : 0},
+						  .data = m2.params + t->offset + lo * cols};
 			n++;
 		}
 		CHECK_MSG(st_ckpt_load_params(hf, &c, NULL, n, want) == 0, "%s", st_errmsg());

@@ -4,6 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
+#include "base/crc.h"
+#include "base/err.h"
 #include "check.h"
 #include "kernels/cpu/bf16.h"
 #include "optim/adamw.h"
@@ -92,8 +96,63 @@ static void test_adamw_bf16_copy(void)
 	free(p0); free(p1); free(g); free(m0); free(v0); free(m1); free(v1); free(pb);
 }
 
+/* The update's checksums (st_adamw_update_crc): each range's CRC-32 of the
+ * new p, m and v equals st_crc32 over it afterwards, for ranges inside one
+ * block, across blocks, with gaps, a range ending the array; the update
+ * itself unchanged; at 1 and 3 threads; bad ranges refused, nothing updated. */
+static void test_adamw_crc(void)
+{
+	const int64_t n = 5 * 16384 + 123;
+	/* ranges: many small ones inside block 0, one across blocks 0-3, a gap, one to the end */
+	int64_t start[8] = {0, 5, 768, 1536, 2000, 16000, 70000, 70001};
+	int64_t len[8] = {5, 763, 768, 7, 1, 50000, 1, n - 70001};
+	float *p0 = malloc((size_t)n * 4), *p1 = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
+	float *m0 = calloc((size_t)n, 4), *v0 = calloc((size_t)n, 4), *m1 = calloc((size_t)n, 4), *v1 = calloc((size_t)n, 4);
+	for (int64_t i = 0; i < n; i++) {
+		p0[i] = (float)sin(0.37 * (double)i) * 3.0f;
+		g[i] = (float)cos(0.11 * (double)i);
+	}
+	st_adamw h = {.lr = 0.01, .b1 = 0.9, .b2 = 0.95, .eps = 1e-8, .wd = 0.1, .t = 2, .grad_scale = 1.0f};
+	int threads[2] = {1, 3};
+	for (int ti = 0; ti < 2; ti++) {
+		omp_set_num_threads(threads[ti]);
+		memcpy(p1, p0, (size_t)n * 4);
+		memset(m1, 0, (size_t)n * 4);
+		memset(v1, 0, (size_t)n * 4);
+		float *ref[3] = {malloc((size_t)n * 4), calloc((size_t)n, 4), calloc((size_t)n, 4)};
+		memcpy(ref[0], p0, (size_t)n * 4);
+		st_adamw_update(ref[0], g, ref[1], ref[2], n, &h);
+		uint32_t crc[24];
+		memset(crc, 0xab, sizeof(crc));
+		st_adamw_crc c = {.nranges = 8, .start = start, .len = len, .crc = crc};
+		CHECK(st_adamw_update_crc(p1, NULL, g, m1, v1, n, &h, &c) == 0);
+		CHECK(memcmp(p1, ref[0], (size_t)n * 4) == 0 && memcmp(m1, ref[1], (size_t)n * 4) == 0 &&
+		      memcmp(v1, ref[2], (size_t)n * 4) == 0);
+		const float *arr[3] = {p1, m1, v1};
+		int bad = 0;
+		for (int k = 0; k < 3; k++)
+			for (int r = 0; r < 8; r++)
+				bad += crc[k * 8 + r] != st_crc32(0, arr[k] + start[r], (size_t)len[r] * 4);
+		CHECK_MSG(bad == 0, "%d of 24 checksums differ at %d threads", bad, threads[ti]);
+		for (int k = 0; k < 3; k++)
+			free(ref[k]);
+	}
+	omp_set_num_threads(2);
+	/* overlapping, unsorted, empty, past the end: refused before anything changes */
+	int64_t bs[4][2] = {{0, 10}, {10, 0}, {0, 5}, {0, n - 5}}, bl[4][2] = {{20, 5}, {5, 5}, {0, 5}, {5, 10}};
+	for (int b = 0; b < 4; b++) {
+		memcpy(p1, p0, (size_t)n * 4);
+		uint32_t crc[6];
+		st_adamw_crc c = {.nranges = 2, .start = bs[b], .len = bl[b], .crc = crc};
+		CHECK_MSG(st_adamw_update_crc(p1, NULL, g, m1, v1, n, &h, &c) == ST_EINVAL, "bad ranges %d", b);
+		CHECK(memcmp(p1, p0, (size_t)n * 4) == 0);
+	}
+	free(p0); free(p1); free(g); free(m0); free(v0); free(m1); free(v1);
+}
+
 int main(void)
 {
+	test_adamw_crc();
 	test_adamw_bf16_copy();
 	test_schedule();
 	test_adamw();

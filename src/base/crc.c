@@ -29,3 +29,10 @@ uint32_t st_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t nb)
 {
 	return (uint32_t)crc32_combine64(crc_a, crc_b, (z_off64_t)nb);
 }
+
+uint32_t st_crc32_combine_gen(uint64_t nb) { return (uint32_t)crc32_combine_gen64((z_off64_t)nb); }
+
+uint32_t st_crc32_combine_op(uint32_t crc_a, uint32_t crc_b, uint32_t op)
+{
+	return (uint32_t)crc32_combine_op(crc_a, crc_b, op);
+}

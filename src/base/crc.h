@@ -29,6 +29,14 @@ uint32_t st_crc32(uint32_t crc, const void *data, size_t n);
 uint32_t st_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t nb);
 
 /*
+ * The same for many parts of one length nb, faster: op = st_crc32_combine_gen(nb)
+ * once, then st_crc32_combine_op(crc_a, crc_b, op) == st_crc32_combine(crc_a,
+ * crc_b, nb). zlib's crc32_combine_gen64 and crc32_combine_op.
+ */
+uint32_t st_crc32_combine_gen(uint64_t nb);
+uint32_t st_crc32_combine_op(uint32_t crc_a, uint32_t crc_b, uint32_t op);
+
+/*
  * CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of
  * TFRecord files and iSCSI: st_crc32c(0, "123456789", 9) == 0xE3069283.
  * Chained like st_crc32. ISA-L's too.

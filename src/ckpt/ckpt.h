@@ -61,6 +61,12 @@ typedef struct st_ckpt_piece {
 	int64_t offset[2];       /* corner of this piece in the whole tensor */
 	int64_t shape[2];        /* extent of this piece; data is row-major, contiguous */
 	float *data;
+	/* Optional: the CRC-32 (st_crc32) of data's bytes, known to the caller
+	 * (st_adamw_update_crc computes it in the update's pass). When every
+	 * piece of a save has one, the saver stores them and does not read the
+	 * pieces a second time to checksum them. */
+	int has_crc32;
+	uint32_t crc32;
 } st_ckpt_piece;
 
 typedef struct st_ckpt_meta {
@@ -195,6 +201,7 @@ typedef struct st_ckpt_stats {
 	int64_t last_bytes;       /* bytes of this process's last shard file */
 	int64_t last_direct_bytes; /* defer_copy: ... of which written straight from the caller's pieces (the
 				     rest went through the host buffer: unaligned, or copied by the release) */
+	int last_crc_given;       /* the last save's checksums were the caller's (st_ckpt_piece.crc32) */
 	double last_bg_cpu_s;     /* CPU time of the last save's background threads (copy, checksum, write, commit) */
 	double total_bg_cpu_s;    /* ... summed over every save */
 	char last_error[512];     /* message of the last failure, "" if none */

@@ -262,8 +262,9 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 			st_atomic_file_write(&af, hdr, hlen);
 			for (int i = 0; i < cnt && rc == 0; i++) {
 				const st_tensor *w = &want[first + i];
-				st_ckpt_piece p = {w->name, w->ndim, {w->global_shape[0], w->global_shape[1]}, {0, 0},
-						   {w->global_shape[0], w->global_shape[1]}, buf};
+				st_ckpt_piece p = {.name = w->name, .ndim = w->ndim,
+						   .global_shape = {w->global_shape[0], w->global_shape[1]},
+						   .shape = {w->global_shape[0], w->global_shape[1]}, .data = buf};
 				if ((rc = ck_fill_piece(&r, &p)) == 0)
 					rc = st_atomic_file_write(&af, buf, (size_t)w->numel * 4);
 				if (rc == 0 && index)

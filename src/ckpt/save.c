@@ -93,6 +93,7 @@ struct defer {
 	int pending;      /* the caller's: a save may still read its pieces */
 	size_t direct;    /* bytes written straight from the caller's memory (the writer's) */
 	double crc_cpu_s; /* CPU time of the checksum thread (the writer's, after joining it) */
+	int given_crc;    /* the caller gave every piece's CRC-32: no checksum thread */
 };
 
 struct st_ckpt_saver {
@@ -209,6 +210,7 @@ static void free_job(st_ckpt_saver *s)
 	s->defer.n = s->defer.next = s->defer.crc_next = 0;
 	s->defer.direct = 0;
 	s->defer.crc_cpu_s = 0;
+	s->defer.given_crc = 0;
 	free(s->crc);
 	s->crc = NULL;
 	s->have_crc = 0;
@@ -856,7 +858,7 @@ static int defer_write(st_ckpt_saver *s, st_atomic_file *f)
 	pthread_mutex_unlock(&d->mu);
 	if (rc < 0) /* a release copies all: nothing was planned */
 		return rc;
-	crc_started = pthread_create(&crc_thread, NULL, crc_main, s) == 0;
+	crc_started = !d->given_crc && pthread_create(&crc_thread, NULL, crc_main, s) == 0;
 	while (!werr) {
 		pthread_mutex_lock(&d->mu);
 		if (d->takeover || d->next == d->n) {
@@ -882,7 +884,7 @@ static int defer_write(st_ckpt_saver *s, st_atomic_file *f)
 	}
 	if (crc_started) {
 		pthread_join(crc_thread, NULL);
-	} else {
+	} else if (!d->given_crc) {
 		crc_main(s); /* on this thread: its CPU time is this thread's */
 		d->crc_cpu_s = 0;
 	}
@@ -916,7 +918,7 @@ int st_ckpt_saver_release(st_ckpt_saver *s, double *held_s)
 		d->taken = from = 0;
 	} else {
 		size_t w = d->next < d->n ? d->ext[d->next].from : d->total;
-		size_t c = d->crc_next < d->n ? d->ext[d->crc_next].from : d->total;
+		size_t c = d->crc_next < d->n && !d->given_crc ? d->ext[d->crc_next].from : d->total;
 		d->taken = w;
 		from = c < w ? c : w;
 		d->next = d->crc_next = d->n;
@@ -1041,19 +1043,26 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 	memcpy(s->buf, hdr, hlen);
 	free(hdr);
 	hdr = NULL;
-	for (int i = 0; i < n; i++)
+	int given = n > 0;
+	for (int i = 0; i < n; i++) {
 		segs[i] = (struct seg){s->buf + s->pieces[i].off, (const char *)pieces[i].data, s->pieces[i].nbytes};
+		given &= pieces[i].has_crc32 != 0;
+	}
+	if (!(s->crc = calloc((size_t)n + 1, sizeof(*s->crc))))
+		goto nomem;
+	for (int i = 0; given && i < n; i++)
+		s->crc[i] = pieces[i].crc32;
+	s->have_crc = given;
+	s->defer.given_crc = given;
 	if (s->o.defer_copy && s->o.async) {
 		/* the writer writes from the pieces; the caller keeps them until st_ckpt_saver_release */
-		if (!(s->crc = calloc((size_t)n + 1, sizeof(*s->crc))))
-			goto nomem;
 		s->defer.segs = segs;
 		s->defer.nsegs = n;
 		s->defer.total = total;
 		s->defer.next = s->defer.n = s->defer.crc_next = s->defer.taken = 0;
 		s->defer.takeover = s->defer.inflight = s->defer.crc_inflight = s->defer.copied = 0;
-		s->crc_pos = hlen;
-		s->crc_cur = 0;
+		s->crc_pos = given ? hlen + total : hlen; /* given: nothing to checksum */
+		s->crc_cur = given ? n : 0;
 		s->defer.pending = 1;
 	} else {
 		parallel_copy(segs, n, 0, total);
@@ -1069,6 +1078,7 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 	s->stats.last_copy_s = s->defer.pending ? 0 : t2 - t1;
 	s->stats.last_stall_s = t2 - t0;
 	s->stats.last_hold_s = 0;
+	s->stats.last_crc_given = given;
 	pthread_mutex_unlock(&s->mu);
 
 	atomic_store(&s->abort, 0);

@@ -40,4 +40,23 @@ void st_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
 void st_adamw_update_bf16(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n,
 			  const st_adamw *h);
 
+/*
+ * Checksums of the new state, computed in the update's pass while each
+ * block is in cache: a checkpoint's CRC-32s (st_ckpt_piece.crc32), so that
+ * the saver need not read the state from memory again. ranges: nranges
+ * non-empty parts [start[r], start[r] + len[r]) of the flat arrays, sorted and
+ * disjoint (gaps allowed); crc[k * nranges + r] receives st_crc32(0, range r of array k)
+ * after the update, k = 0: p, 1: m, 2: v.
+ */
+typedef struct st_adamw_crc {
+	int nranges;
+	const int64_t *start, *len;
+	uint32_t *crc; /* 3 * nranges */
+} st_adamw_crc;
+
+/* st_adamw_update_bf16, and with crc the checksums above. ST_EINVAL (bad
+ * ranges: nothing updated), ST_ENOMEM. */
+int st_adamw_update_crc(float *p, uint16_t *pb, const float *g, float *m, float *v, int64_t n, const st_adamw *h,
+			const st_adamw_crc *crc);
+
 #endif

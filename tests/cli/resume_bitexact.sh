@@ -2,7 +2,8 @@
 # step-10 checkpoint then run again (auto-resume), give the same losses for
 # every step (the metrics files, bit for bit), the same log lines apart from
 # timings, and byte-identical exported weights; on one process and on a
-# 4-process mesh (2 slices x ici_fsdp 2, dcn_data 2).
+# 4-process mesh (2 slices x ici_fsdp 2, dcn_data 2). The saves take their
+# checksums from the update (st_adamw_update_crc), which the restore checks.
 . "$(dirname "$0")/../cli_lib.sh"
 common=("$ST_ROOT/configs/base.yml" model_name=llama3-test steps=20 max_target_length=256
 	learning_rate=1e-3 dataset_type=synthetic base_output_directory="$TMP/o" checkpoint_period=10 log_period=1)
@@ -26,6 +27,11 @@ run() {
 for mode in single mesh; do
 	batch=8; [ $mode = mesh ] && batch=2
 	run $mode straight-$mode $batch "$TMP/straight-$mode" || fail "$mode: straight run failed: $(tail -3 "$TMP/straight-$mode.err")"
+	# the saves took their checksums from the update (the resumed run's restore checks them)
+	for s in 10 20; do
+		grep -q "checkpoint step $s: .*(checksums from the update)" "$TMP/straight-$mode.err" \
+			|| fail "$mode: the save of step $s did not take its checksums from the update"
+	done
 	# the interrupted run: SIGKILL once step 10 is committed and a later step is printed
 	EXEC=1 run $mode cut-$mode $batch "$TMP/cut-$mode" &
 	pid=$!
