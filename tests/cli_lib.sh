@@ -67,7 +67,20 @@ expect_error() {
 }
 
 # A TCP port free right now on loopback.
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# a loopback port free now, at random below the kernel's ephemeral range
+# (tests/free_port.h says why), else one the kernel picks
+free_port() {
+	/usr/bin/python3 -c 'import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for port in [random.randrange(10000, lo - 1000) for _ in range(100)] + [0]:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    print(s.getsockname()[1])
+    break'
+}
 
 # The losses of a metrics file's training records (not its eval records or
 # the controller's event lines), one per line, full precision.

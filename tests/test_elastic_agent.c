@@ -156,12 +156,32 @@ static void send_msg(ctl *t, json_t *m)
 	CHECK(st_proto_flush_until(&t->c, st_mono_ns() + 5 * (int64_t)1000000000) == 0);
 }
 
-/* Wait for a "completed step" line of generation gen. */
+/* An "exit" message of generation gen received and not taken yet (borrowed), or NULL. */
+static json_t *exit_of(ctl *t, long long gen)
+{
+	size_t i;
+	json_t *m;
+	json_array_foreach(t->log, i, m) {
+		if (!strcmp(json_string_value(json_object_get(m, "type")), "exit") &&
+		    json_integer_value(json_object_get(m, "gen")) == gen)
+			return m;
+	}
+	return NULL;
+}
+
+/* Wait for a "completed step" line of generation gen; stops early, saying
+ * so, when a worker of gen exits first. */
 static int wait_step(ctl *t, long long gen, double timeout_s)
 {
 	double end = now_s() + timeout_s;
-	while (t->stepped_gen != gen && now_s() < end && !t->closed)
+	json_t *x = NULL;
+	while (t->stepped_gen != gen && now_s() < end && !t->closed && !(x = exit_of(t, gen)))
 		pump(t, 20);
+	if (t->stepped_gen != gen && x)
+		fprintf(stderr, "generation %lld: rank %lld exited (status %lld, signal %lld) before a step\n", gen,
+			(long long)json_integer_value(json_object_get(x, "rank")),
+			(long long)json_integer_value(json_object_get(x, "status")),
+			(long long)json_integer_value(json_object_get(x, "signal")));
 	return t->stepped_gen == gen;
 }
 
