@@ -128,7 +128,7 @@ for rep in $(seq 1 "$REPS"); do
 		"$bin" train configs/base.yml model_name=llama3-125m remat_policy=full dataset_type=synthetic \
 			base_output_directory="$last" run_name=bench steps="$step" max_target_length=64 \
 			>/dev/null 2>"$dir/restore.err"
-		r=$(sed -n 's/.*restored step.*(\([0-9.]*\) MB\/s).*/\1/p' "$dir/restore.err")
+		r=$(sed -n 's/.*restored step.* (\([0-9.]*\) MB\/s[;)].*/\1/p' "$dir/restore.err")
 		echo "restore $bin rep $rep: $r MB/s ($how; $(uptime | sed 's/.*load/load/'))"
 		echo "$r" >>"$dir/restore.$(echo "$bin" | tr / _)"
 	done

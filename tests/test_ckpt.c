@@ -767,6 +767,12 @@ static void test_direct(void)
  * ones restores and verifies, one with a wrong one is committed but fails to
  * restore and to verify (the saver used the given value, it did not checksum
  * the piece itself). Given for only some pieces: the saver checksums all.
+ * The restores go into page-aligned memory laid out as the file: whole
+ * blocks are read straight into it (meta.bytes_direct) where the file offset
+ * and the address are both on a block (all of piece a but its last partial
+ * block, the later parts of b once a read through the buffer has brought
+ * the position onto a block), the rest through the read buffer; into memory
+ * 4 bytes off that layout, nothing goes direct; the same values either way.
  */
 static void test_given_crc(void)
 {
@@ -774,15 +780,16 @@ static void test_given_crc(void)
 	const int64_t sizes[3] = {(3 << 20) + 5, 1000, 4 << 20};
 	const char *names[3] = {"a", "optimizer.mu.a", "b"};
 	st_ckpt_piece p[3], q[3];
-	float *block = st_pages_alloc((size_t)(sizes[0] + sizes[1] + sizes[2]) * 4);
-	CHECK(block != NULL);
-	if (!block)
+	size_t all = (size_t)(sizes[0] + sizes[1] + sizes[2]) * 4;
+	float *block = st_pages_alloc(all), *qblock = st_pages_alloc(all);
+	CHECK(block != NULL && qblock != NULL);
+	if (!block || !qblock)
 		return;
 	for (int i = 0, off = 0; i < 3; off += (int)sizes[i], i++) {
 		p[i] = (st_ckpt_piece){.name = names[i], .ndim = 1, .global_shape = {sizes[i], 0}, .shape = {sizes[i], 0},
 				       .data = block + off};
 		q[i] = p[i];
-		q[i].data = malloc((size_t)sizes[i] * 4);
+		q[i].data = qblock + off;
 	}
 	/* mode: 0 deferred, 1 deferred with a release at once, 2 async copy, 3 synchronous; wrong: piece 2's crc + 1; 2: only piece 0 given */
 	int step = 0;
@@ -817,8 +824,31 @@ static void test_given_crc(void)
 			int64_t pieces, bytes;
 			snprintf(sd, sizeof(sd), "%s/%d", dir, step);
 			int rc = st_ckpt_restore_step(sd, NULL, &m, 3, q);
-			if (rc == 0)
+			if (rc == 0) {
+				/* piece a starts on a block in the file and in q: all but its last partial block direct
+				 * (unless the file system refuses O_DIRECT); mu.a and b start off a block */
+				CHECK_MSG(m.bytes_direct == 0 || (m.bytes_direct >= sizes[0] * 4 - 4096 &&
+								  m.bytes_direct < (int64_t)all - sizes[1] * 4),
+					  "%lld bytes read straight into the destination", (long long)m.bytes_direct);
+				if (mode == 0 && wrong == 0)
+					printf("test_given_crc: %.1f of %.1f MB read straight into the destination\n",
+					       1e-6 * (double)m.bytes_direct, 1e-6 * (double)all);
 				st_ckpt_meta_release(&m);
+			}
+			if (rc == 0 && mode == 0 && wrong == 0) { /* off the file's alignment: all through the buffer */
+				char *raw = malloc(all + 1024);
+				char *base = (char *)(((uintptr_t)raw + 511) & ~(uintptr_t)511) + 4;
+				st_ckpt_piece u[3];
+				for (int i = 0, off = 0; i < 3; off += (int)sizes[i], i++) {
+					u[i] = q[i];
+					u[i].data = (float *)(void *)base + off;
+				}
+				CHECK(st_ckpt_restore_step(sd, NULL, &m, 3, u) == 0 && m.bytes_direct == 0);
+				st_ckpt_meta_release(&m);
+				for (int i = 0; i < 3; i++)
+					CHECK(memcmp(u[i].data, q[i].data, (size_t)sizes[i] * 4) == 0);
+				free(raw);
+			}
 			int vr = st_ckpt_verify(sd, &pieces, &bytes);
 			if (wrong == 1) {
 				CHECK_MSG(rc < 0 && vr < 0, "mode %d: a wrong given checksum was not what the saver stored "
@@ -834,9 +864,8 @@ static void test_given_crc(void)
 				CHECK_MSG(bad == 0, "mode %d piece %d: %lld values differ", mode, i, (long long)bad);
 			}
 		}
-	for (int i = 0; i < 3; i++)
-		free(q[i].data);
-	st_pages_free(block, (size_t)(sizes[0] + sizes[1] + sizes[2]) * 4);
+	st_pages_free(block, all);
+	st_pages_free(qblock, all);
 }
 
 /* a file system without O_DIRECT (tmpfs, on kernels that refuse it): buffered writes */

@@ -49,7 +49,7 @@ static int sticky(st_atomic_file *f, int code)
 
 /* The block O_DIRECT needs on fd (memory address, length, offset): what
  * statx reports, ST_ATOMIC_FILE_ALIGN where it reports nothing. */
-static size_t direct_align(int fd)
+size_t st_direct_align(int fd)
 {
 	struct statx sx;
 	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
@@ -74,7 +74,7 @@ static int open_tmp(st_atomic_file *f, const char *path, int direct)
 	int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
 	f->fd = direct ? open(f->tmp, flags | O_DIRECT, 0644) : -1;
 	f->direct = f->fd >= 0;
-	f->align = f->direct ? direct_align(f->fd) : 1;
+	f->align = f->direct ? st_direct_align(f->fd) : 1;
 	if (f->fd < 0 && (!direct || errno == EINVAL)) /* EINVAL: no O_DIRECT on this file system */
 		f->fd = open(f->tmp, flags, 0644);
 	if (f->fd < 0) {

@@ -83,6 +83,10 @@ int st_atomic_file_is_direct(const st_atomic_file *f);
 /* The block of f's direct writes (see above); 1 while f's writes are buffered
  * (any address and length then). */
 size_t st_atomic_file_align(const st_atomic_file *f);
+/* The block O_DIRECT needs on the open file fd (memory address, length and
+ * offset): what statx reports (STATX_DIOALIGN), ST_ATOMIC_FILE_ALIGN where
+ * it reports nothing. */
+size_t st_direct_align(int fd);
 /* Append n bytes. After a failure every later write returns the same error. */
 int st_atomic_file_write(st_atomic_file *f, const void *buf, size_t n);
 /* Overwrite n bytes at offset, inside what was written already (a header

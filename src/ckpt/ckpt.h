@@ -77,6 +77,8 @@ typedef struct st_ckpt_meta {
 	int64_t global_batch;      /* rows per step when saved */
 	char mesh[256];            /* human-readable mesh the checkpoint was saved from */
 	const char *config_json;   /* the resolved config (save: borrowed; restore: owned, free()) */
+	int64_t bytes_direct;      /* restore: bytes read with O_DIRECT straight into the pieces (the
+				      rest went through a read buffer); ignored by a save */
 } st_ckpt_meta;
 
 /* Frees a restored meta's config_json and sets it to NULL. */

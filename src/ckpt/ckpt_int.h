@@ -108,6 +108,8 @@ struct ck_reader {
 	int *fds;                     /* per file, -1 until opened */
 	int *dfds;                    /* per file, opened with O_DIRECT: -1 until tried, -2 refused */
 	char *bounce;                 /* aligned buffer of the direct reads */
+	size_t *dalign;               /* per file: the direct reads' block (st_direct_align) */
+	int64_t bytes_direct;         /* read with O_DIRECT straight into the destination */
 	float *tmp;
 	size_t tmp_cap;
 	const struct ck_piece *cached; /* the stored piece held in tmp */

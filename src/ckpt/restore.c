@@ -164,7 +164,7 @@ static int run_task(struct ck_reader *r, struct restore_task *tasks, int i, int 
  * piece's last part, where a sequential read would find it).
  */
 static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n, st_ckpt_piece *pieces,
-		       st_progress *prog)
+		       st_progress *prog, int64_t *bytes_direct)
 {
 	struct restore_task *tasks;
 	int ntasks, next = 0, failed = 0, err_rc = 0, err_at, rc;
@@ -180,6 +180,7 @@ static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n,
 	for (int i = 0; i < ntasks; i++)
 		parts_left[tasks[i].piece] = tasks[i].nparts;
 	err_at = ntasks;
+	*bytes_direct = 0;
 	int nthreads = ntasks < RESTORE_READERS ? (ntasks > 0 ? ntasks : 1) : RESTORE_READERS;
 #pragma omp parallel num_threads(nthreads)
 	{
@@ -213,6 +214,8 @@ static int read_pieces(const char *step_dir, const struct ck_manifest *m, int n,
 				failed = 1;
 			}
 		}
+#pragma omp atomic
+		*bytes_direct += r.bytes_direct;
 		ck_reader_release(&r);
 	}
 	free(parts_left);
@@ -230,13 +233,14 @@ static int try_step(const char *step_dir, int64_t step, st_ckpt_meta *meta, int 
 	struct ck_manifest m;
 	st_progress prog;
 	char what[64];
+	int64_t direct = 0;
 	int rc;
 
 	if ((rc = ck_manifest_load(&m, step_dir, step)) < 0)
 		return rc == ST_ENOMEM ? rc : refail(ST_EIO); /* a bad manifest: unusable */
 	snprintf(what, sizeof(what), "restore of step %" PRId64, m.step);
 	st_progress_init(&prog, what, total_bytes(n, pieces));
-	rc = read_pieces(step_dir, &m, n, pieces, &prog);
+	rc = read_pieces(step_dir, &m, n, pieces, &prog, &direct);
 	if (rc == 0)
 		st_progress_end(&prog);
 	if (rc == 0 && meta) {
@@ -247,6 +251,7 @@ static int try_step(const char *step_dir, int64_t step, st_ckpt_meta *meta, int 
 		meta->global_batch = m.global_batch;
 		memcpy(meta->mesh, m.mesh, sizeof(meta->mesh));
 		meta->config_json = m.config_json;
+		meta->bytes_direct = direct;
 		m.config_json = NULL;
 	}
 	ck_manifest_free(&m);

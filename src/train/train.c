@@ -467,10 +467,11 @@ static int restore(trainer *t, int *found_out)
 		t->step0 = meta.step;
 		t->sample0 = meta.next_sample;
 		if (t->lead)
-			st_info("restored step %lld (saved on %s; next sample %lld): %.1f MB in %.3f s (%.0f MB/s)",
+			st_info("restored step %lld (saved on %s; next sample %lld): %.1f MB in %.3f s (%.0f MB/s; "
+				"%.1f MB read straight into the state)",
 				(long long)meta.step, meta.mesh, (long long)meta.next_sample,
 				3.0 * 4e-6 * (double)t->shard.n, st_mono_s() - t0,
-				3.0 * 4e-6 * (double)t->shard.n / (st_mono_s() - t0));
+				3.0 * 4e-6 * (double)t->shard.n / (st_mono_s() - t0), 1e-6 * (double)meta.bytes_direct);
 		kernels_from_meta(t, &meta);
 		if (meta.data_shuffle_seed != c->data_shuffle_seed)
 			st_warn("data_shuffle_seed changed from %lld (checkpoint) to %lld: the data order changes, "
