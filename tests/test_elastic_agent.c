@@ -258,6 +258,8 @@ static void ctl_end(ctl *t)
 		close(t->lfd);
 	json_decref(t->log);
 	t->log = NULL;
+	if (!check_failures) /* kept after a failure, for its reader */
+		unlink(t->agent_out);
 }
 
 static void welcome(ctl *t)
