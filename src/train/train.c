@@ -67,7 +67,7 @@ typedef struct trainer {
 	st_ckpt_saver *saver;
 	st_ckpt_piece *save_pieces; /* what this process writes */
 	int nsave_pieces;
-	int64_t crc_done; /* save_pieces' crc32 are of the state after this many steps; -1: none */
+	int64_t crc_done; /* save_pieces' crc32 values are of the state after this many steps; -1: none */
 	char *config_json;
 	char mesh_desc[256];
 	/* dtype bfloat16: the kernel plan (model/kplan.h) */
@@ -331,8 +331,6 @@ static int update(trainer *t, int64_t step, uint16_t *wb, const st_adamw *h)
 	const st_shard *sh = &t->shard;
 	int nr = t->nsave_pieces / 3, ok = t->nsave_pieces > 0 && t->nsave_pieces % 3 == 0 && save_due(t, step + 1);
 	t->crc_done = -1;
-	for (int j = 0; ok && j < t->nsave_pieces; j++)
-		t->save_pieces[j].has_crc32 = 0;
 	int64_t *start = ok ? malloc((size_t)nr * 2 * sizeof(int64_t)) : NULL, *len = start ? start + nr : NULL;
 	uint32_t *crc = start ? malloc((size_t)nr * 3 * sizeof(uint32_t)) : NULL;
 	const float *block[3] = {sh->p, sh->m, sh->v};
@@ -349,12 +347,11 @@ static int update(trainer *t, int64_t step, uint16_t *wb, const st_adamw *h)
 	}
 	st_adamw_crc ac = {.nranges = nr, .start = start, .len = len, .crc = crc};
 	int rc = st_adamw_update_crc(sh->p, wb, sh->g, sh->m, sh->v, sh->n, h, ok && crc ? &ac : NULL);
-	for (int j = 0; rc == 0 && ok && crc && j < 3 * nr; j++) {
-		t->save_pieces[j].crc32 = crc[j];
-		t->save_pieces[j].has_crc32 = 1;
-	}
-	if (rc == 0 && ok && crc)
+	if (rc == 0 && ok && crc) { /* save() passes them on if it saves this state */
+		for (int j = 0; j < 3 * nr; j++)
+			t->save_pieces[j].crc32 = crc[j];
 		t->crc_done = step + 1;
+	}
 	free(start);
 	free(crc);
 	return rc;
@@ -603,6 +600,7 @@ static int setup_checkpoints(trainer *t)
 		return rc;
 	if ((rc = st_config_to_json(c, &t->config_json)) < 0 || (rc = record_kernels(t)) < 0)
 		return rc;
+	t->crc_done = -1;
 	return st_shard_pieces(&t->shard, &t->model, p, 1, 1, &t->save_pieces, &t->nsave_pieces);
 }
 
@@ -624,12 +622,10 @@ static int save(trainer *t, int64_t done)
 	};
 	snprintf(meta.mesh, sizeof(meta.mesh), "%s", t->mesh_desc);
 	/* the update's checksums only if they are of this state */
-	for (int j = 0; t->crc_done != done && j < t->nsave_pieces; j++)
-		t->save_pieces[j].has_crc32 = 0;
+	for (int j = 0; j < t->nsave_pieces; j++)
+		t->save_pieces[j].has_crc32 = t->crc_done == done;
 	int rc = st_ckpt_save(t->saver, &meta, t->nsave_pieces, t->save_pieces);
 	t->crc_done = -1;
-	for (int j = 0; j < t->nsave_pieces; j++)
-		t->save_pieces[j].has_crc32 = 0;
 	if (rc == 0 && t->lead) {
 		st_ckpt_stats st;
 		st_ckpt_saver_stats(t->saver, &st);
@@ -834,6 +830,7 @@ static void bound_release(trainer *t, int failed)
 	t->saver = NULL;
 	st_shard_pieces_free(t->save_pieces, t->nsave_pieces);
 	t->save_pieces = NULL;
+	t->crc_done = -1; /* they were of those pieces */
 	t->nsave_pieces = 0;
 	free(t->config_json);
 	t->config_json = NULL;
