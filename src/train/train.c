@@ -1143,10 +1143,14 @@ static int recover(trainer *t, int rc)
 		return rc;
 	char why[300];
 	snprintf(why, sizeof(why), "%s", st_errmsg());
-	t->have_pending = 0; /* a grow that was coming is overtaken by the failure */
-	st_reform r;
+	/* A reform taken at this step boundary (agree_stop) whose agreement then
+	 * failed may be the one the controller sent for this very failure: it
+	 * sends no other, so act on it. Were it a grow sent before the failure,
+	 * its generation has made no step and the controller stops it. */
+	st_reform r = t->pending;
 	double t0 = st_mono_s();
-	int w = st_worker_ctl_wait(t->ctl, REFORM_WAIT_MS, &r);
+	int w = t->have_pending ? 1 : st_worker_ctl_wait(t->ctl, REFORM_WAIT_MS, &r);
+	t->have_pending = 0;
 	if (w <= 0) {
 		st_warn("rank %d: %s; no re-formation came (%s): stopping", t->par.rank, why,
 			w == 0 ? "waited 60 s" : st_errmsg());
