@@ -96,10 +96,47 @@ struct st_comm {
 
 /* ---- reductions ---- */
 
-typedef float vf __attribute__((vector_size(64)));
-typedef double vd __attribute__((vector_size(64)));
-typedef uint64_t vu __attribute__((vector_size(64)));
+/* Vectors of the target's register width: GCC lowers a generic vector wider
+ * than the registers through the stack (a 64-byte vector on AVX2 was loaded
+ * as two ymm, stored to the stack and written back as four xmm), which made
+ * the sums and copies several times slower on CPUs without AVX-512. The
+ * element-wise operations, so the bits, are the same at any width. */
+#if defined(__AVX512F__)
+#define VB 64
+#elif defined(__AVX__)
+#define VB 32
+#else
+#define VB 16
+#endif
+typedef float vf __attribute__((vector_size(VB)));
+typedef double vd __attribute__((vector_size(VB)));
+typedef uint64_t vu __attribute__((vector_size(VB)));
 
+/* d = s for n bytes (not overlapping), in 64-byte vector moves. Used instead
+ * of memcpy for the copies into and out of the shared slots: from 4 KB up
+ * glibc's memcpy is `rep movsb`, which on an AMD Zen 3 VM ran these copies
+ * (lines last written by the other member's core) 3-4x slower than vector
+ * moves (1 MB all-reduce 3.7 against 11.4 GB/s, docs/performance.md); in
+ * private buffers the two are alike. */
+static void copy_bytes(void *d, const void *s, size_t n)
+{
+	uint8_t *D = d;
+	const uint8_t *S = s;
+	size_t i = 0;
+	for (; i + 4 * VB <= n; i += 4 * VB) {
+		vu a, b, x, y;
+		memcpy(&a, S + i, VB);
+		memcpy(&b, S + i + VB, VB);
+		memcpy(&x, S + i + 2 * VB, VB);
+		memcpy(&y, S + i + 3 * VB, VB);
+		memcpy(D + i, &a, VB);
+		memcpy(D + i + VB, &b, VB);
+		memcpy(D + i + 2 * VB, &x, VB);
+		memcpy(D + i + 3 * VB, &y, VB);
+	}
+	if (i < n)
+		memcpy(D + i, S + i, n - i);
+}
 
 /* d[i] = a[i] op b[i] for n elements; d may be a or b. */
 static void combine(void *d, const void *a, const void *b, size_t n, int dt, int op)
@@ -108,12 +145,12 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
 	const uint8_t *A = a, *B = b;
 	size_t i = 0;
 	if (op == ST_SUM && dt == ST_DTYPE_F32) {
-		for (; i + 16 <= n; i += 16) {
+		for (; i + VB / 4 <= n; i += VB / 4) {
 			vf x, y;
-			memcpy(&x, A + i * 4, 64);
-			memcpy(&y, B + i * 4, 64);
+			memcpy(&x, A + i * 4, VB);
+			memcpy(&y, B + i * 4, VB);
 			x += y;
-			memcpy(D + i * 4, &x, 64);
+			memcpy(D + i * 4, &x, VB);
 		}
 		for (; i < n; i++) {
 			float x, y;
@@ -123,12 +160,12 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
 			memcpy(D + i * 4, &x, 4);
 		}
 	} else if (op == ST_SUM && dt == ST_DTYPE_F64) {
-		for (; i + 8 <= n; i += 8) {
+		for (; i + VB / 8 <= n; i += VB / 8) {
 			vd x, y;
-			memcpy(&x, A + i * 8, 64);
-			memcpy(&y, B + i * 8, 64);
+			memcpy(&x, A + i * 8, VB);
+			memcpy(&y, B + i * 8, VB);
 			x += y;
-			memcpy(D + i * 8, &x, 64);
+			memcpy(D + i * 8, &x, VB);
 		}
 		for (; i < n; i++) {
 			double x, y;
@@ -138,12 +175,12 @@ static void combine(void *d, const void *a, const void *b, size_t n, int dt, int
 			memcpy(D + i * 8, &x, 8);
 		}
 	} else if (op == ST_SUM) { /* i64, wrapping */
-		for (; i + 8 <= n; i += 8) {
+		for (; i + VB / 8 <= n; i += VB / 8) {
 			vu x, y;
-			memcpy(&x, A + i * 8, 64);
-			memcpy(&y, B + i * 8, 64);
+			memcpy(&x, A + i * 8, VB);
+			memcpy(&y, B + i * 8, VB);
 			x += y;
-			memcpy(D + i * 8, &x, 64);
+			memcpy(D + i * 8, &x, VB);
 		}
 		for (; i < n; i++) {
 			uint64_t x, y;
@@ -189,9 +226,9 @@ static void reduce(void *d1, void *d2, const void *const *src, int k, size_t n, 
 	size_t esz = st_dtype_size(dt), bytes = n * esz;
 	if (k == 1) {
 		if (d1 != src[0])
-			memcpy(d1, src[0], bytes);
+			copy_bytes(d1, src[0], bytes);
 		if (d2 && d2 != src[0])
-			memcpy(d2, src[0], bytes);
+			copy_bytes(d2, src[0], bytes);
 		return;
 	}
 	if (k == 2 && !d2) {
@@ -205,9 +242,9 @@ static void reduce(void *d1, void *d2, const void *const *src, int k, size_t n, 
 		combine(acc, (const uint8_t *)src[0] + o, (const uint8_t *)src[1] + o, e, dt, op);
 		for (int q = 2; q < k; q++)
 			combine(acc, acc, (const uint8_t *)src[q] + o, e, dt, op);
-		memcpy((uint8_t *)d1 + o, acc, b);
+		copy_bytes((uint8_t *)d1 + o, acc, b);
 		if (d2)
-			memcpy((uint8_t *)d2 + o, acc, b);
+			copy_bytes((uint8_t *)d2 + o, acc, b);
 	}
 }
 
@@ -411,7 +448,7 @@ static int window_reduce(st_comm *c, const job *j, int par)
 	if (L > 1) {
 		for (int i = 0; i < n; i++)
 			if (c->len[i] && handler(c, my_g, i) != me)
-				memcpy(slot(c, j, me, par, i), in_ptr(c, j, i), (size_t)c->len[i] * esz);
+				copy_bytes(slot(c, j, me, par, i), in_ptr(c, j, i), (size_t)c->len[i] * esz);
 		post(c);
 		if ((r = wait_locals(c, c->seq)) < 0)
 			return r;
@@ -473,7 +510,7 @@ static int window_gather(st_comm *c, const job *j, int par)
 	if (c->len[me]) {
 		size_t b = (size_t)c->len[me] * esz;
 		if (L > 1)
-			memcpy(slot(c, j, me, par, me), in_ptr(c, j, me), b);
+			copy_bytes(slot(c, j, me, par, me), in_ptr(c, j, me), b);
 		if (out_ptr(c, j, me) != in_ptr(c, j, me))
 			memmove(out_ptr(c, j, me), in_ptr(c, j, me), b);
 	}
@@ -535,7 +572,7 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 				if (!c->len[i] || i == c->me)
 					continue;
 				int y = handler(c, c->my_g, i);
-				memcpy(out_ptr(c, j, i), slot(c, j, y, par, i), (size_t)c->len[i] * j->esz);
+				copy_bytes(out_ptr(c, j, i), slot(c, j, y, par, i), (size_t)c->len[i] * j->esz);
 			}
 		}
 		if (c->L > 1) {
