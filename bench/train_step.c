@@ -389,7 +389,8 @@ int main(int argc, char **argv)
 	       (long long)mc.emb_dim, (long long)mc.num_decoder_layers, (long long)mc.num_query_heads,
 	       (long long)mc.num_kv_heads, (long long)mc.head_dim, (long long)mc.mlp_dim,
 	       (long long)mc.vocab_size, mc.rope_theta, mc.norm_eps);
-	printf("%d repetitions, interleaved (each: every thread count, every row); slicetrain: median of %d "
+	printf("%d repetitions, interleaved (each: every thread count, every row; slicetrain's rows in an order rotated by one "
+	       "per repetition); slicetrain: median of %d "
 	       "steps after the first; matmul: M=2048 N=2048 K=768, median of 9\n", reps, steps - 1);
 	if (have_torch) {
 		run *v = malloc(sizeof(*v));
@@ -429,8 +430,12 @@ int main(int argc, char **argv)
 				row[d].ok = row[d].gflops > 0;
 			}
 			/* fp32; bf16 as auto plans it; bf16 storage on the fp32 kernels
-			 * (what auto picks where bf16 products are slower) */
-			for (int bf = 0; bf < 3; bf++) {
+			 * (what auto picks where bf16 products are slower). Their order
+			 * rotates by one each repetition: on the VMs measured the run
+			 * that came first after a pause was sometimes faster, which a
+			 * fixed order would have credited to fp32 every time. */
+			for (int j = 0; j < 3; j++) {
+				int bf = (j + k) % 3;
 				if (bf && !bf16_model)
 					continue;
 				meas *q = &row[R_ST32 + bf];
