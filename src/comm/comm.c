@@ -112,11 +112,11 @@ typedef float vf __attribute__((vector_size(VB)));
 typedef double vd __attribute__((vector_size(VB)));
 typedef uint64_t vu __attribute__((vector_size(VB)));
 
-/* d = s for n bytes (not overlapping), in 64-byte vector moves. Used instead
+/* d = s for n bytes (not overlapping), in register-wide vector moves. Used instead
  * of memcpy for the copies into and out of the shared slots: from 4 KB up
  * glibc's memcpy is `rep movsb`, which on an AMD Zen 3 VM ran these copies
  * (lines last written by the other member's core) 3-4x slower than vector
- * moves (1 MB all-reduce 3.7 against 11.4 GB/s, docs/performance.md); in
+ * moves (1 MB all-reduce 2.8-4.2 against 9.8 GB/s, docs/performance.md); in
  * private buffers the two are alike. */
 static void copy_bytes(void *d, const void *s, size_t n)
 {
