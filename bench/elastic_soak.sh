@@ -27,7 +27,9 @@
 #   FAULTS=N (default 100) or FAULTS=kinds (one of each kind, in order),
 #   SEED (random seed, default 1), STEPS (default: 15 per fault + 60),
 #   BATCH / SEQ (per_device_batch_size / max_target_length, default 16 / 512:
-#   about 0.13 s a step on 2 slices), GAP_S (the most seconds between a
+#   about 0.13 s a step on 2 slices), MIN_STEP_S (the soak run's steps last
+#   at least this long, the workers sleeping the rest: a small batch paced
+#   as a large one, SLICETRAIN_MIN_STEP_SECONDS; default none), GAP_S (the most seconds between a
 #   recovery and the next fault, default 1.5), RECOVER_S (60),
 #   LR (learning_rate, default 1e-3; on the one fixed synthetic batch the
 #   training turns sensitive near step 200: a run with 0 steps lost but steps
@@ -43,6 +45,7 @@ FAULTS=${FAULTS:-100}
 SEED=${SEED:-1}
 BATCH=${BATCH:-16}
 SEQ=${SEQ:-512}
+MIN_STEP_S=${MIN_STEP_S:-0}
 GAP_S=${GAP_S:-1.5}
 RECOVER_S=${RECOVER_S:-60}
 REPAIR=${REPAIR:-0}
@@ -77,7 +80,7 @@ keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size="$BA
 	dataset_type=synthetic steps="$STEPS" checkpoint_period="$PERIOD" async_checkpointing=true
 	max_num_checkpoints_to_keep="$KEEP" dcn_data_parallelism=-1 learning_rate="$LR" base_output_directory="$T/o")
 gb=$((BATCH * 2))
-echo "soak: $nf fault(s) ($FAULTS), seed $SEED, repair delay $REPAIR s, $STEPS steps, llama3-test batch $BATCH x $SEQ per device, checkpoint_period $PERIOD, keep $KEEP; $ST"
+echo "soak: $nf fault(s) ($FAULTS), seed $SEED, repair delay $REPAIR s, $STEPS steps, llama3-test batch $BATCH x $SEQ per device, steps of at least $MIN_STEP_S s, checkpoint_period $PERIOD, keep $KEEP; $ST"
 
 # the fault-free reference: the same steps on 2 slices, straight through,
 # with the workers' binary (el_ref: on a sanitized build, the optimized one
@@ -89,6 +92,7 @@ echo "fault-free run: $STEPS steps in $(echo "$(date +%s.%N) - $t0" | bc) s"
 
 # the soak run
 t0=$(date +%s.%N)
+el_floor=$MIN_STEP_S
 SLICETRAIN_SAMPLE_LOG="$T/samples" el_start soak --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay "$REPAIR" \
 	--max-failures -1 --preemption-grace 30 -- "${keys[@]}" run_name=soak metrics_file="$T/soak.jsonl"
 lpid=$el_pid

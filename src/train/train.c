@@ -74,6 +74,7 @@ typedef struct trainer {
 	int kernels_set;                      /* t->model.kplan is decided */
 	char ckpt_kernels[ST_KPLAN_STR_MAX];  /* the restored checkpoint's plan, "" none */
 	FILE *sample_log; /* SLICETRAIN_SAMPLE_LOG: "step sample" per row read */
+	double min_step_s; /* SLICETRAIN_MIN_STEP_SECONDS: a step lasts at least this long; 0: no floor */
 	/* elastic re-formation in place (docs/elastic.md) */
 	st_worker_ctl *ctl; /* the agent's control channel, NULL without one */
 	int64_t done;       /* completed steps this process's state holds; -1: none yet (a joiner) */
@@ -809,6 +810,19 @@ static int bound_setup(trainer *t, int reformed)
 		if (st_summary_dir(c, dir, sizeof(dir)) == 0)
 			st_info("TensorBoard: tensorboard --logdir=%s", dir);
 	}
+	/* pacing for the elastic tests: a cheap model's steps made to last as
+	 * long as a real one's (the worker sleeps the rest), so that a slice's
+	 * repair falls inside the run on any CPU without burning it */
+	const char *floor_s = getenv("SLICETRAIN_MIN_STEP_SECONDS");
+	t->min_step_s = 0;
+	if (floor_s && *floor_s) {
+		char *end;
+		errno = 0;
+		t->min_step_s = strtod(floor_s, &end);
+		if (errno || *end || !(t->min_step_s >= 0 && t->min_step_s <= 3600))
+			return st_fail(ST_EINVAL, "SLICETRAIN_MIN_STEP_SECONDS='%s' is not a number of seconds "
+				       "from 0 to 3600", floor_s);
+	}
 	/* a record of the global sample indices this batch shard trains on, for
 	 * checking that no sample is skipped or repeated across restarts */
 	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
@@ -1163,6 +1177,17 @@ static int recover(trainer *t, int rc)
 	return 1;
 }
 
+/* SLICETRAIN_MIN_STEP_SECONDS: sleep out the rest of a step begun at t0. A
+ * signal cuts the sleep short (a preemption notice is not delayed). */
+static void pace(const trainer *t, double t0)
+{
+	double left = t->min_step_s - (st_mono_s() - t0);
+	if (left <= 0)
+		return;
+	struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+	nanosleep(&ts, NULL);
+}
+
 /* The steps from t->step0 to c->steps, or until an agreed stop signal (then
  * with a save at the stop) or an error. Under an elastic agent a failed step
  * or an agreed grow re-forms the group in place and goes on. */
@@ -1184,6 +1209,7 @@ static int run_steps(trainer *t, st_train_result *res)
 			continue;
 		}
 		t->done = step + 1;
+		pace(t, t0);
 		double secs = st_mono_s() - t0;
 		double tflops = t->flops.total / secs / 1e12;
 		double tokens = (double)(t->T * t->B * t->accum) / secs;

@@ -7,7 +7,8 @@
 # threads. The 100 steps take 2-4 minutes here: that is `make
 # check-default-job` (ST_DEFAULT_JOB=full). The default suite runs 10
 # steps with an eval every 5 and checks that the eval loss fell; a
-# sanitized build 3 steps and one eval (the same code path).
+# sanitized build 2 steps of 2 rows and one eval of 1 batch (the same code
+# path).
 # timeout: 600
 . "$(dirname "$0")/../cli_lib.sh"
 need_python numpy
@@ -16,8 +17,9 @@ data=$ST_ROOT/data/default
 	skip_dep "no data/default/*.bin: scripts/install-deps.sh, then make data"
 steps=10 interval=5
 [ "${ST_DEFAULT_JOB:-}" = full ] && steps=100 interval=10
-grep -qa __asan_init "$SLICETRAIN" && steps=3 interval=3
-(cd "$ST_ROOT" && OMP_NUM_THREADS=2 "$SLICETRAIN" train per_device_batch_size=8 steps=$steps eval_interval=$interval \
+small=()
+grep -qa __asan_init "$SLICETRAIN" && steps=2 interval=2 small=(per_device_batch_size=2 eval_steps=1)
+(cd "$ST_ROOT" && OMP_NUM_THREADS=2 "$SLICETRAIN" train per_device_batch_size=8 "${small[@]}" steps=$steps eval_interval=$interval \
 	base_output_directory="$TMP/o" metrics_file="$TMP/m.jsonl" enable_checkpointing=false) >"$TMP/out" 2>"$TMP/err" ||
 	fail "the default job: exit $?: $(tail -3 "$TMP/err")"
 grep '^eval metrics after step' "$TMP/out" | sed 's/^/    /'

@@ -4,8 +4,8 @@
 # run lacks, an explicit DCN axis that no group size fits, checkpointing off).
 #
 # el_start NAME LAUNCH_OPTIONS... -- KEYS...: `slicetrain launch` in the
-#   background (1 thread per device), its output in $TMP/NAME.out / .err, its
-#   pid in $el_pid; a watcher records every descendant (pid, start time) of
+#   background (1 thread per device, steps paced to el_floor s), its output
+#   in $TMP/NAME.out / .err, its pid in $el_pid; a watcher records every descendant (pid, start time) of
 #   the launcher while it runs.
 # el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS, times
 #   $el_scale: 2 on a sanitized build, 3 with sanitized workers, where
@@ -24,17 +24,19 @@ fi
 # its elastic side), else sanitized too, several times slower: fewer steps
 # (still enough for a slice to come back before the end), longer waits.
 # The batch (el_batch rows of el_seq tokens per device) is the same on every
-# build: the scenarios need steps slow enough for a slice to come back
-# before the run ends: with el_steps 40 and a fault at step 10, the slice
-# is back (2 s of repair, about 1 s to re-form) some 15 steps before the
-# end on an idle machine (0.13 s a step on 2 slices, 0.26 on one), more
-# under load.
+# build, and small (about 0.01 s a step): the elastic runs (el_start) are
+# paced instead, every step lasting el_floor seconds
+# (SLICETRAIN_MIN_STEP_SECONDS; the workers sleep the rest): the scenarios
+# need steps slow enough for a slice to come back before the run ends (with
+# el_steps 40 and a fault at step 10, 2 s of repair and about 1 s to
+# re-form: back near step 25), on any CPU, without the CPU time of a batch
+# that is slow by itself. The fault-free reference runs are not paced.
 # el_ref: the binary of the fault-free reference runs the elastic runs are
 # compared with (a baseline, not the code under test): the workers' binary,
 # so that the comparison is between the same code (and a sanitized build
 # does not train the reference sanitized, which took most of its time).
 # el_san: 1 on a sanitized build.
-el_scale=1 el_steps=40 el_batch=16 el_seq=512 el_ref=$SLICETRAIN el_san=0
+el_scale=1 el_steps=40 el_batch=4 el_seq=128 el_floor=0.2 el_ref=$SLICETRAIN el_san=0
 if grep -qa __asan_init "$SLICETRAIN"; then
 	el_san=1
 	el_opt=$(dirname "$SLICETRAIN"); el_opt=${el_opt%-san}/slicetrain
@@ -54,7 +56,8 @@ el_keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_siz
 
 el_start() {
 	local name=$1; shift
-	OMP_NUM_THREADS=1 "$SLICETRAIN" launch --threads-per-device 1 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+	OMP_NUM_THREADS=1 SLICETRAIN_MIN_STEP_SECONDS=$el_floor "$SLICETRAIN" launch --threads-per-device 1 "$@" \
+		>"$TMP/$name.out" 2>"$TMP/$name.err" &
 	el_pid=$!
 	/usr/bin/python3 - "$el_pid" "$TMP/$name.procs" <<'PY' &
 import os, sys, time

@@ -6,7 +6,8 @@
 # launcher exits 0; every committed checkpoint verifies; at most
 # max_num_checkpoints_to_keep (3) + 1 committed at once; the kept history's
 # steps and samples; the final weights within 1e-4 of a fault-free run's; no
-# process left behind. About 60 s.
+# process left behind. About 60 s, most of it sleeping (the steps are
+# paced).
 # On the sanitized build only when the suite has one (make check): its
 # workers are the optimized build's there too, so the run on the optimized
 # build would repeat the same training with an unsanitized launcher,
@@ -16,9 +17,8 @@
 . "$(dirname "$0")/../cli_lib.sh"
 need_python numpy
 . "$(dirname "$0")/elastic_lib.sh" # on a sanitized build: optimized workers when there are (SLICETRAIN_WORKER_EXE)
-# sanitized workers train a quarter of the batch (the faults are the same)
-batch=() && grep -qa __asan_init "$SLICETRAIN" && [ -z "${SLICETRAIN_WORKER_EXE:-}" ] && batch=(BATCH=4 SEQ=128)
-env "${batch[@]}" FAULTS=kinds SLICETRAIN="$SLICETRAIN" TMPDIR="$TMP" "$ST_ROOT/bench/elastic_soak.sh" >"$TMP/soak.log" 2>&1
+# the elastic tests' small batch, paced (elastic_lib.sh: el_floor)
+env BATCH=$el_batch SEQ=$el_seq MIN_STEP_S=$el_floor FAULTS=kinds SLICETRAIN="$SLICETRAIN" TMPDIR="$TMP" "$ST_ROOT/bench/elastic_soak.sh" >"$TMP/soak.log" 2>&1
 rc=$?
 grep -v '^    slicetrain controller' "$TMP/soak.log" | sed 's/^/  /'
 [ $rc = 0 ] || fail "bench/elastic_soak.sh FAULTS=kinds: exit $rc"

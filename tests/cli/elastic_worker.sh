@@ -13,8 +13,9 @@
 #  b. SIGTERM (a preemption notice) to a single process: 143, checkpoint
 #     S+1 committed, async and sync saves, a second signal during the stop
 #     changes nothing.
-#  c. Bad SLICETRAIN_ELASTIC_MAX_DEVICES values and a bad elastic_batch:
-#     exit 2, one `slicetrain: error:` line.
+#  c. Bad SLICETRAIN_ELASTIC_MAX_DEVICES and SLICETRAIN_MIN_STEP_SECONDS
+#     values and a bad elastic_batch: exit 2, one `slicetrain: error:` line.
+#     SLICETRAIN_MIN_STEP_SECONDS=0.25: each step lasts at least 0.25 s.
 #  d. elastic_batch=scale: the global batch (total_weights) follows the
 #     devices; constant keeps W_max's. SLICETRAIN_GENERATION: metrics_file
 #     is appended to, else truncated.
@@ -171,6 +172,20 @@ for v in 0 x -1 2x 99999999999; do
 	SLICETRAIN_ELASTIC_MAX_DEVICES=$v expect_error "SLICETRAIN_ELASTIC_MAX_DEVICES=$v" \
 		"SLICETRAIN_ELASTIC_MAX_DEVICES='$v' is not a device count" -- train "${one[@]}"
 done
+for v in x -1 nan 1e9 0.1s; do
+	SLICETRAIN_MIN_STEP_SECONDS=$v expect_error "SLICETRAIN_MIN_STEP_SECONDS=$v" \
+		"SLICETRAIN_MIN_STEP_SECONDS='$v' is not a number of seconds from 0 to 3600" -- train "${one[@]}"
+done
+# the pacing the elastic tests use: every step lasts at least that long
+SLICETRAIN_MIN_STEP_SECONDS=0.25 "$SLICETRAIN" train "${one[@]}" steps=3 enable_checkpointing=false \
+	>"$TMP/paced.out" 2>"$TMP/paced.err"
+status_is "SLICETRAIN_MIN_STEP_SECONDS=0.25" $? 0 "$TMP/paced.err" &&
+	{ secs=$(sed -n 's/^completed step: [0-9]*, seconds: \([0-9.]*\),.*/\1/p' "$TMP/paced.out" | tr '\n' ' ')
+	  if /usr/bin/python3 -c 'import sys; v = [float(x) for x in sys.argv[1:]]; sys.exit(len(v) != 3 or min(v) < 0.25)' $secs; then
+		echo "ok   SLICETRAIN_MIN_STEP_SECONDS=0.25: step seconds $secs"
+	  else
+		fail "SLICETRAIN_MIN_STEP_SECONDS=0.25: step seconds '$secs', want 3 of at least 0.25"
+	  fi; }
 expect_error "elastic_batch=maybe" "elastic_batch 'maybe' is not supported.*constant, scale" -- train "${one[@]}" elastic_batch=maybe
 # a group: smaller than the group, and a size whose accumulation is not whole
 launch_error() { # name pattern max_devices keys...

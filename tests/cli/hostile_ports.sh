@@ -35,8 +35,9 @@ messages=${HOSTILE_MESSAGES:-1000}
 # HOSTILE_FLOOD=N (make hostile: 200): then N silent connections held on
 # each port in turn must not lock a correct handshake out
 flood=${HOSTILE_FLOOD:-150} # more than the controller's 128 connection slots
-# long enough for the barrage at 1 ms a message or so, with a wide margin
-steps=$((100 + messages / 50))
+# long enough for the barrage at 1 ms a message or so, the silent connections' 15 s
+# and the flood, with a wide margin on a loaded machine
+steps=$((200 + messages / 20)) # at 0.2 s a step (el_floor): 50 s for 1000 messages
 umask 077
 token="hostile-ports-token-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 printf '%s\n' "$token" >"$TMP/token"
