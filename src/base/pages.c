@@ -1,5 +1,6 @@
 #include "base/pages.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -12,6 +13,16 @@
 #endif
 #endif
 
+#define HUGE ((size_t)2 << 20) /* x86-64's transparent huge page */
+
+#ifndef PAGES_VIA_MALLOC
+static void *map(size_t bytes)
+{
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+#endif
+
 void *st_pages_alloc(size_t bytes)
 {
 	if (bytes == 0)
@@ -22,8 +33,19 @@ void *st_pages_alloc(size_t bytes)
 		return NULL;
 	return memset(p, 0, bytes);
 #else
-	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	return p == MAP_FAILED ? NULL : p;
+	if (bytes < HUGE)
+		return map(bytes);
+	/* on a 2 MiB boundary: map 2 MiB more, unmap what lies outside */
+	size_t len = (bytes + ST_PAGES_ALIGN - 1) / ST_PAGES_ALIGN * ST_PAGES_ALIGN;
+	char *m = map(len + HUGE);
+	if (!m)
+		return NULL;
+	char *p = (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+	if (p > m)
+		munmap(m, (size_t)(p - m));
+	munmap(p + len, (size_t)(m + HUGE - p));
+	(void)madvise(p, len, MADV_HUGEPAGE); /* a hint: refused where THP is off */
+	return p;
 #endif
 }
 
