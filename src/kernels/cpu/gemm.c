@@ -243,12 +243,21 @@ static int sgemm_failed(char transa, char transb, int64_t M, int64_t N, int64_t 
  * over the threads. 512 x 1024 where C is large (smaller tiles ran oneDNN's
  * AVX2 sgemm at half its rate, bench figures in docs/performance.md),
  * halved down to 128 until there are 8 tiles, so that small products still
- * use every thread of a 2-8 core machine. */
+ * use every thread of a 2-8 core machine.
+ *
+ * The weight gradients' form (A transposed: dW += dy^T x, K the tokens):
+ * oneDNN's AVX2 sgemm ran a 512 x 384 tile of dy^T x at 39 GFLOP/s when
+ * its A and B were blocks of wider matrices (leading dimension 2048), 62-65
+ * when contiguous, and 83-86 for contiguous tiles of 256 rows; so there
+ * each tile's blocks of A and B are first copied contiguous (pack_buffer,
+ * about 1/40 of the tile's time) and, where K is long (>= 1024), tiles
+ * have at most 256 rows. Figures: docs/performance.md, "The weight
+ * gradients' tiles". */
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static void tile_shape(int64_t M, int64_t N, int64_t *tm, int64_t *tn)
+static void tile_shape(int64_t M, int64_t N, int64_t mmax, int64_t *tm, int64_t *tn)
 {
-	int64_t a = cdiv(M < 512 ? M : 512, 128) * 128, b = cdiv(N < 1024 ? N : 1024, 128) * 128;
+	int64_t a = cdiv(M < mmax ? M : mmax, 128) * 128, b = cdiv(N < 1024 ? N : 1024, 128) * 128;
 	while (cdiv(M, a) * cdiv(N, b) < 8 && (a > 128 || b > 128)) {
 		if (b >= a)
 			b = cdiv(b / 2, 128) * 128;
@@ -259,22 +268,94 @@ static void tile_shape(int64_t M, int64_t N, int64_t *tm, int64_t *tn)
 	*tn = b;
 }
 
+/* Buffers for packed blocks, one per thread of a tiled call, kept for the
+ * next call (st_gemm_cache_clear frees them); sgemm_tiles makes room for
+ * its threads before its parallel region. */
+static struct {
+	float **buf;
+	int64_t *n;
+	int count;
+} P;
+
+static int pack_slots(int threads)
+{
+	if (threads <= P.count)
+		return 0;
+	float **b = realloc(P.buf, (size_t)threads * sizeof(*b));
+	if (b)
+		P.buf = b;
+	int64_t *n = b ? realloc(P.n, (size_t)threads * sizeof(*n)) : NULL;
+	if (n)
+		P.n = n;
+	if (!b || !n)
+		return st_fail(ST_ENOMEM, "out of memory for the products' packing buffers");
+	for (int i = P.count; i < threads; i++)
+		P.buf[i] = NULL, P.n[i] = 0;
+	P.count = threads;
+	return 0;
+}
+
+/* Thread `t`'s buffer, at least n floats; NULL: out of memory. */
+static float *pack_buffer(int t, int64_t n)
+{
+	if (n > P.n[t]) {
+		float *p = realloc(P.buf[t], (size_t)n * sizeof(float));
+		if (!p)
+			return NULL;
+		P.buf[t] = p;
+		P.n[t] = n;
+	}
+	return P.buf[t];
+}
+
+static void pack_release(void)
+{
+	for (int i = 0; i < P.count; i++)
+		free(P.buf[i]);
+	free(P.buf);
+	free(P.n);
+	P.buf = NULL, P.n = NULL, P.count = 0;
+}
+
+/* rows x cols of src (leading dimension ld) into dst, contiguous; dst. */
+static const float *copy_block(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
+{
+	for (int64_t r = 0; r < rows; r++)
+		memcpy(dst + r * cols, src + r * ld, (size_t)cols * sizeof(float));
+	return dst;
+}
+
 static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
 		       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
 		       int64_t ldc)
 {
 	int64_t TILE_M, TILE_N;
-	tile_shape(M, N, &TILE_M, &TILE_N);
+	tile_shape(M, N, transa == 'T' && K >= 1024 ? 256 : 512, &TILE_M, &TILE_N);
 	int64_t tn = (N + TILE_N - 1) / TILE_N, nt = (M + TILE_M - 1) / TILE_M * tn;
-	int err = dnnl_success;
+	int err = dnnl_success, rc;
+	if (transa == 'T' && transb == 'N' && (rc = pack_slots(omp_get_max_threads())) < 0)
+		return rc;
 #pragma omp parallel for schedule(dynamic)
 	for (int64_t t = 0; t < nt; t++) {
 		int64_t i0 = t / tn * TILE_M, j0 = t % tn * TILE_N;
 		int64_t m = M - i0 < TILE_M ? M - i0 : TILE_M, n = N - j0 < TILE_N ? N - j0 : TILE_N;
 		const float *a = transa == 'N' ? A + i0 * lda : A + i0;
 		const float *b = transb == 'N' ? B + j0 : B + j0 * ldb;
-		dnnl_status_t s = dnnl_sgemm(transa, transb, m, n, K, alpha, a, lda, b, ldb, beta,
-					     C + i0 * ldc + j0, ldc);
+		int64_t la = lda, lb = ldb;
+		dnnl_status_t s = dnnl_success;
+		if (transa == 'T' && transb == 'N' && (m < lda || n < ldb)) { /* dW += dy^T x: packed blocks */
+			float *p = pack_buffer(omp_get_thread_num(), K * ((m < lda ? m : 0) + (n < ldb ? n : 0)));
+			if (!p)
+				s = dnnl_out_of_memory;
+			else {
+				if (m < lda)
+					a = copy_block(p, a, K, m, lda), la = m, p += K * m;
+				if (n < ldb)
+					b = copy_block(p, b, K, n, ldb), lb = n;
+			}
+		}
+		if (s == dnnl_success)
+			s = dnnl_sgemm(transa, transb, m, n, K, alpha, a, la, b, lb, beta, C + i0 * ldc + j0, ldc);
 		if (s != dnnl_success) {
 #pragma omp atomic write
 			err = (int)s;
@@ -344,5 +425,6 @@ void st_gemm_cache_clear(void)
 	free(G.e);
 	G.e = NULL;
 	G.n = G.cap = 0;
+	pack_release();
 	pthread_mutex_unlock(&G.lock);
 }

@@ -78,7 +78,8 @@ enum st_gemm_backend { ST_GEMM_SGEMM, ST_GEMM_MATMUL, ST_GEMM_TILES };
 void st_gemm_set_f32_backend(enum st_gemm_backend b);
 enum st_gemm_backend st_gemm_f32_backend(void);
 
-/* Destroy every cached primitive (they are recreated on demand). */
+/* Destroy every cached primitive and free the tiles' packing buffers (they
+ * are recreated on demand). */
 void st_gemm_cache_clear(void);
 
 #endif
