@@ -29,8 +29,9 @@
 #   BATCH / SEQ (per_device_batch_size / max_target_length, default 16 / 512:
 #   about 0.13 s a step on 2 slices), MIN_STEP_S (the soak run's steps last
 #   at least this long, the workers sleeping the rest: a small batch paced
-#   as a large one, SLICETRAIN_MIN_STEP_SECONDS; default none), GAP_S (the most seconds between a
-#   recovery and the next fault, default 1.5), RECOVER_S (60),
+#   as a large one, SLICETRAIN_MIN_STEP_SECONDS; default none), GAP_S (the
+#   most seconds between a recovery and the next fault, default 1.5),
+#   RECOVER_S (60),
 #   LR (learning_rate, default 1e-3; on the one fixed synthetic batch the
 #   training turns sensitive near step 200: a run with 0 steps lost but steps
 #   on one slice, 2 micro-batches, drifts from the 2-slice run by 1e-5 in the

@@ -810,19 +810,6 @@ static int bound_setup(trainer *t, int reformed)
 		if (st_summary_dir(c, dir, sizeof(dir)) == 0)
 			st_info("TensorBoard: tensorboard --logdir=%s", dir);
 	}
-	/* pacing for the elastic tests: a cheap model's steps made to last as
-	 * long as a real one's (the worker sleeps the rest), so that a slice's
-	 * repair falls inside the run on any CPU without burning it */
-	const char *floor_s = getenv("SLICETRAIN_MIN_STEP_SECONDS");
-	t->min_step_s = 0;
-	if (floor_s && *floor_s) {
-		char *end;
-		errno = 0;
-		t->min_step_s = strtod(floor_s, &end);
-		if (errno || *end || !(t->min_step_s >= 0 && t->min_step_s <= 3600))
-			return st_fail(ST_EINVAL, "SLICETRAIN_MIN_STEP_SECONDS='%s' is not a number of seconds "
-				       "from 0 to 3600", floor_s);
-	}
 	/* a record of the global sample indices this batch shard trains on, for
 	 * checking that no sample is skipped or repeated across restarts */
 	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
@@ -1034,6 +1021,19 @@ static int trainer_setup(trainer *t)
 	if ((rc = st_worker_ctl_open(&t->ctl)) < 0 || (rc = group_setup(t, NULL)) < 0)
 		return rc;
 	const st_par *p = &t->par;
+	/* pacing for the elastic tests: a cheap model's steps made to last as
+	 * long as a real one's (the worker sleeps the rest), so that a slice's
+	 * repair falls inside the run on any CPU without burning it */
+	const char *floor_s = getenv("SLICETRAIN_MIN_STEP_SECONDS");
+	t->min_step_s = 0;
+	if (floor_s && *floor_s) {
+		char *end;
+		errno = 0;
+		t->min_step_s = strtod(floor_s, &end);
+		if (errno || *end || !(t->min_step_s >= 0 && t->min_step_s <= 3600))
+			return st_fail(ST_EINVAL, "SLICETRAIN_MIN_STEP_SECONDS='%s' is not a number of seconds "
+				       "from 0 to 3600", floor_s);
+	}
 	const char *join = getenv("SLICETRAIN_JOIN");
 	int joiner = join && !strcmp(join, "1");
 	const char *gen = getenv("SLICETRAIN_GENERATION");

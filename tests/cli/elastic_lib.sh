@@ -5,8 +5,8 @@
 #
 # el_start NAME LAUNCH_OPTIONS... -- KEYS...: `slicetrain launch` in the
 #   background (1 thread per device, steps paced to el_floor s), its output
-#   in $TMP/NAME.out / .err, its pid in $el_pid; a watcher records every descendant (pid, start time) of
-#   the launcher while it runs.
+#   in $TMP/NAME.out / .err, its pid in $el_pid; a watcher records every
+#   descendant (pid, start time) of the launcher while it runs.
 # el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS, times
 #   $el_scale: 2 on a sanitized build, 3 with sanitized workers, where
 #   el_steps is 30 instead of 40; twice that without AVX-512); its

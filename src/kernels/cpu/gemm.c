@@ -272,8 +272,10 @@ static void tile_shape(int64_t M, int64_t N, int64_t mmax, int64_t *tm, int64_t 
  * next call (st_gemm_cache_clear frees them); sgemm_tiles makes room for
  * its threads before its parallel region. */
 static struct {
-	float **buf;
-	int64_t *n;
+	struct pack {
+		float *p;
+		int64_t n; /* floats */
+	} *t;
 	int count;
 } P;
 
@@ -281,40 +283,36 @@ static int pack_slots(int threads)
 {
 	if (threads <= P.count)
 		return 0;
-	float **b = realloc(P.buf, (size_t)threads * sizeof(*b));
-	if (b)
-		P.buf = b;
-	int64_t *n = b ? realloc(P.n, (size_t)threads * sizeof(*n)) : NULL;
-	if (n)
-		P.n = n;
-	if (!b || !n)
+	struct pack *t = realloc(P.t, (size_t)threads * sizeof(*t));
+	if (!t)
 		return st_fail(ST_ENOMEM, "out of memory for the products' packing buffers");
 	for (int i = P.count; i < threads; i++)
-		P.buf[i] = NULL, P.n[i] = 0;
+		t[i] = (struct pack){0};
+	P.t = t;
 	P.count = threads;
 	return 0;
 }
 
-/* Thread `t`'s buffer, at least n floats; NULL: out of memory. */
-static float *pack_buffer(int t, int64_t n)
+/* Thread `i`'s buffer, at least n floats; NULL: out of memory. */
+static float *pack_buffer(int i, int64_t n)
 {
-	if (n > P.n[t]) {
-		float *p = realloc(P.buf[t], (size_t)n * sizeof(float));
+	struct pack *b = &P.t[i];
+	if (n > b->n) {
+		float *p = realloc(b->p, (size_t)n * sizeof(float));
 		if (!p)
 			return NULL;
-		P.buf[t] = p;
-		P.n[t] = n;
+		b->p = p;
+		b->n = n;
 	}
-	return P.buf[t];
+	return b->p;
 }
 
 static void pack_release(void)
 {
 	for (int i = 0; i < P.count; i++)
-		free(P.buf[i]);
-	free(P.buf);
-	free(P.n);
-	P.buf = NULL, P.n = NULL, P.count = 0;
+		free(P.t[i].p);
+	free(P.t);
+	P.t = NULL, P.count = 0;
 }
 
 /* rows x cols of src (leading dimension ld) into dst, contiguous; dst. */
@@ -333,7 +331,8 @@ static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K
 	tile_shape(M, N, transa == 'T' && K >= 1024 ? 256 : 512, &TILE_M, &TILE_N);
 	int64_t tn = (N + TILE_N - 1) / TILE_N, nt = (M + TILE_M - 1) / TILE_M * tn;
 	int err = dnnl_success, rc;
-	if (transa == 'T' && transb == 'N' && (rc = pack_slots(omp_get_max_threads())) < 0)
+	int packed = transa == 'T' && transb == 'N'; /* dW += dy^T x: blocks packed contiguous */
+	if (packed && (rc = pack_slots(omp_get_max_threads())) < 0)
 		return rc;
 #pragma omp parallel for schedule(dynamic)
 	for (int64_t t = 0; t < nt; t++) {
@@ -343,7 +342,7 @@ static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K
 		const float *b = transb == 'N' ? B + j0 : B + j0 * ldb;
 		int64_t la = lda, lb = ldb;
 		dnnl_status_t s = dnnl_success;
-		if (transa == 'T' && transb == 'N' && (m < lda || n < ldb)) { /* dW += dy^T x: packed blocks */
+		if (packed && (m < lda || n < ldb)) {
 			float *p = pack_buffer(omp_get_thread_num(), K * ((m < lda ? m : 0) + (n < ldb ? n : 0)));
 			if (!p)
 				s = dnnl_out_of_memory;
