@@ -3,6 +3,7 @@
  * (st_attention_*) against the bf16 ones (st_attention_*_bf16).
  *
  *   make build/bench/attention && build/bench/attention [B T H K D] [--runs N] [--threads 1,2]
+ *                                                       [--dtype fp32|bf16|both]
  *
  * Default shape: B=4 T=512 H=12 K=4 D=64 (llama3-125m at
  * per_device_batch_size=4, max_target_length=512). For each thread count
@@ -49,10 +50,12 @@ static float *randn(int64_t n, uint64_t stream)
 	return x;
 }
 
+#define USAGE "usage: %s [B T H K D] [--runs N] [--threads 1,2] [--dtype fp32|bf16|both]\n"
+
 int main(int argc, char **argv)
 {
 	int64_t sh[5] = {4, 512, 12, 4, 64};
-	int runs = 7, ns = 0, threads[8] = {1, 2}, nthreads = 2;
+	int runs = 7, ns = 0, threads[8] = {1, 2}, nthreads = 2, prec0 = 0, prec1 = 1;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
 			runs = atoi(argv[++i]);
@@ -60,15 +63,24 @@ int main(int argc, char **argv)
 			nthreads = 0;
 			for (char *s = strtok(argv[++i], ","); s && nthreads < 8; s = strtok(NULL, ","))
 				threads[nthreads++] = atoi(s);
+		} else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+			const char *d = argv[++i];
+			if (!strcmp(d, "fp32") || !strcmp(d, "bf16") || !strcmp(d, "both")) {
+				prec0 = !strcmp(d, "bf16");
+				prec1 = strcmp(d, "fp32") != 0;
+			} else {
+				fprintf(stderr, "--dtype: expected fp32, bf16 or both, got '%s'\n", d);
+				return 2;
+			}
 		} else if (ns < 5) {
 			sh[ns++] = atoll(argv[i]);
 		} else {
-			fprintf(stderr, "usage: %s [B T H K D] [--runs N] [--threads 1,2]\n", argv[0]);
+			fprintf(stderr, USAGE, argv[0]);
 			return 2;
 		}
 	}
 	if (runs < 1 || (ns != 0 && ns != 5)) {
-		fprintf(stderr, "usage: %s [B T H K D] [--runs N] [--threads 1,2]\n", argv[0]);
+		fprintf(stderr, USAGE, argv[0]);
 		return 2;
 	}
 	int64_t B = sh[0], T = sh[1], H = sh[2], K = sh[3], D = sh[4];
@@ -91,7 +103,7 @@ int main(int argc, char **argv)
 	for (int ti = 0; ti < nthreads; ti++) {
 		omp_set_num_threads(threads[ti]);
 		double total32 = 0;
-		for (int prec = 0; prec < 2; prec++) {
+		for (int prec = prec0; prec <= prec1; prec++) {
 			st_ws ws = ST_WS_INIT;
 			size_t wb = (prec ? st_attention_bf16_workspace_bytes : st_attention_workspace_bytes)(
 				B, T, H, K, D, threads[ti]);
@@ -134,7 +146,7 @@ int main(int argc, char **argv)
 			printf("%-7d %-5s %9.2f %9.2f %9.2f %9.1f %9.1f %9.1f", threads[ti],
 			       prec ? "bf16" : "fp32", 1e3 * f, 1e3 * b, 1e3 * t, 2 * prod / f * 1e-9,
 			       5 * prod / b * 1e-9, 7 * prod / t * 1e-9);
-			if (prec)
+			if (prec && total32 > 0)
 				printf(" %7.2fx", total32 / t);
 			printf("\n");
 		}

@@ -50,19 +50,25 @@ void st_attention_set_partition(int mode) { split_mode = mode; }
 
 int st_attention_partition_mode(void) { return split_mode; }
 
-/* xt (B*K, D, Tpad) = x (B, T, K, D) transposed per (batch, kv head), zero
+/* The leading dimension of K^T and V^T: Tpad and one cache line more. With
+ * rows exactly Tpad floats apart (a power of two for the usual lengths) the
+ * D rows of a score tile's key block fell into a few of L1's sets and each
+ * 6-row block of the tile read them from L2 again. */
+static int64_t ldt(const attn *a) { return a->Tpad + 16; }
+
+/* xt (B*K, D, ldt) = x (B, T, K, D) transposed per (batch, kv head), zero
  * columns past T. */
 static void transpose_kv(const attn *a, float *xt, const float *x)
 {
-	int64_t D = a->D, T = a->T, K = a->K, Tpad = a->Tpad;
+	int64_t D = a->D, T = a->T, K = a->K, Tpad = a->Tpad, ld = ldt(a);
 #pragma omp parallel for schedule(static)
 	for (int64_t bk = 0; bk < a->B * a->K; bk++) {
 		int64_t b = bk / K, kh = bk % K;
-		float *dst = xt + bk * D * Tpad;
+		float *dst = xt + bk * D * ld;
 		for (int64_t t0 = 0; t0 < Tpad; t0 += 16) {
 			for (int64_t d = 0; d < D; d++)
 				for (int64_t t = t0; t < t0 + 16; t++)
-					dst[d * Tpad + t] = t < T ? x[((b * T + t) * K + kh) * D + d] : 0.0f;
+					dst[d * ld + t] = t < T ? x[((b * T + t) * K + kh) * D + d] : 0.0f;
 		}
 	}
 }
@@ -71,19 +77,19 @@ static void transpose_kv(const attn *a, float *xt, const float *x)
 #define BWD_SCRATCH ((size_t)(2 * BQ * BK) * sizeof(float))
 
 /* Bytes of K^T or V^T. */
-static size_t kv_bytes(const attn *a) { return (size_t)(a->B * a->K * a->D * a->Tpad) * sizeof(float); }
+static size_t kv_bytes(const attn *a) { return (size_t)(a->B * a->K * a->D * ldt(a)) * sizeof(float); }
 
 /* ---- tile products ---- */
 
 #if ST_HAVE_AVX2
 /* R rows x NV 8-float vectors of C (ld ldc) from sum_k a(r, k) B[k] (k
  * increasing, one FMA each), a(r, k) = A[r*sr + k*sc], B[k] = Bm + k*ldb:
- * zero: C = scale * sum; else C += sum (scale unused). 12 accumulators, 2
- * vectors of B and a broadcast: 15 of the 16 registers. */
+ * zero: C = sum; else C += sum. 12 accumulators, 2 vectors of B and a
+ * broadcast: 15 of the 16 registers. */
 static inline __attribute__((always_inline)) void acc_block8(float *C, int64_t ldc, const float *A,
 							      int64_t sr, int64_t sc, int64_t kn,
 							      const float *Bm, int64_t ldb, int R,
-							      int NV, int zero, float scale)
+							      int NV, int zero)
 {
 	__m256 c[6][2];
 	#pragma GCC unroll 6
@@ -94,8 +100,10 @@ static inline __attribute__((always_inline)) void acc_block8(float *C, int64_t l
 	for (int64_t k = 0; k < kn; k++) {
 		__m256 b[2];
 		#pragma GCC unroll 2
-		for (int j = 0; j < NV; j++)
+		for (int j = 0; j < NV; j++) {
 			b[j] = _mm256_loadu_ps(Bm + k * ldb + 8 * j);
+			ST_KEEP_IN_REGISTER(b[j]);
+		}
 		#pragma GCC unroll 6
 		for (int i = 0; i < R; i++) {
 			__m256 x = _mm256_broadcast_ss(A + i * sr + k * sc);
@@ -104,23 +112,26 @@ static inline __attribute__((always_inline)) void acc_block8(float *C, int64_t l
 				c[i][j] = _mm256_fmadd_ps(x, b[j], c[i][j]);
 		}
 	}
-	__m256 vs = _mm256_set1_ps(scale);
 	#pragma GCC unroll 6
 	for (int i = 0; i < R; i++)
 		#pragma GCC unroll 2
 		for (int j = 0; j < NV; j++)
-			_mm256_storeu_ps(C + i * ldc + 8 * j, zero ? _mm256_mul_ps(c[i][j], vs) : c[i][j]);
+			_mm256_storeu_ps(C + i * ldc + 8 * j, c[i][j]);
 }
 
 /* C (m x ncols, ld ldc; ncols a multiple of 8) from A (m x kn, read as in
  * acc_block8) and Bm (kn x ncols, ld ldb), in blocks of 6 rows x 16
- * columns. */
-static void acc_tiles8(float *C, int64_t ldc, int64_t m, int64_t ncols, const float *A, int64_t sr,
-		       int64_t sc, int64_t kn, const float *Bm, int64_t ldb, int zero, float scale)
+ * columns. `zero` is a constant at each call (acc_tiles8 below), and a scale
+ * is applied by the caller after: with both forms in one loop, or the scale
+ * kept for after it, GCC ran out of the 16 registers and reloaded a B vector
+ * from the stack at every FMA that used it. */
+static inline __attribute__((always_inline)) void acc_tiles8_form(
+	float *C, int64_t ldc, int64_t m, int64_t ncols, const float *A, int64_t sr, int64_t sc,
+	int64_t kn, const float *Bm, int64_t ldb, int zero)
 {
 #define ACC8(R)                                                                                    \
-	(nv == 2 ? acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 2, zero, scale)                   \
-		 : acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 1, zero, scale))
+	(nv == 2 ? acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 2, zero)                          \
+		 : acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 1, zero))
 	for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
 		int nv = ncols - c0 >= 16 ? 2 : 1;
 		const float *b = Bm + c0;
@@ -142,6 +153,15 @@ static void acc_tiles8(float *C, int64_t ldc, int64_t m, int64_t ncols, const fl
 		}
 	}
 #undef ACC8
+}
+
+static void acc_tiles8(float *C, int64_t ldc, int64_t m, int64_t ncols, const float *A, int64_t sr,
+		       int64_t sc, int64_t kn, const float *Bm, int64_t ldb, int zero)
+{
+	if (zero)
+		acc_tiles8_form(C, ldc, m, ncols, A, sr, sc, kn, Bm, ldb, 1);
+	else
+		acc_tiles8_form(C, ldc, m, ncols, A, sr, sc, kn, Bm, ldb, 0);
 }
 #endif
 
@@ -207,7 +227,10 @@ static void tile_scores(const attn *a, float *S, const float *A, int64_t lda, in
 #endif
 #if ST_HAVE_AVX2
 	if (a->vec8) {
-		acc_tiles8(S, BK, m, BK, A, lda, 1, D, BT, ldb, 1, scale);
+		acc_tiles8(S, BK, m, BK, A, lda, 1, D, BT, ldb, 1);
+		__m256 vs = _mm256_set1_ps(scale); /* the same rounding as scaling each sum */
+		for (int64_t i = 0; i < m * BK; i += 8)
+			_mm256_storeu_ps(S + i, _mm256_mul_ps(_mm256_loadu_ps(S + i), vs));
 		return;
 	}
 #endif
@@ -304,7 +327,7 @@ static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const floa
 #endif
 #if ST_HAVE_AVX2
 	if (a->vec8) {
-		acc_tiles8(C, ldc, m, D, A, sr, sc, kn, Bm, ldb, 0, 1.0f);
+		acc_tiles8(C, ldc, m, D, A, sr, sc, kn, Bm, ldb, 0);
 		return;
 	}
 #endif
@@ -324,7 +347,7 @@ static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const floa
 typedef struct fwd {
 	attn a;
 	const float *q, *v;
-	float *kt; /* K^T (B*K, D, Tpad) */
+	float *kt; /* K^T (B*K, D, ldt) */
 } fwd;
 
 /* The forward workspace (attn_layout_fn): K^T, then the slices. */
@@ -343,8 +366,8 @@ static void fwd_scores(const void *ctx, float *S, void *scratch, int64_t b, int6
 	const fwd *f = ctx;
 	const attn *a = &f->a;
 	const float *Q = f->q + ((b * a->T + ib * BQ) * a->H + h) * a->D;
-	const float *KT = f->kt + (b * a->K + h / a->group) * a->D * a->Tpad + jb * BK;
-	tile_scores(a, S, Q, a->H * a->D, mrows, KT, a->Tpad);
+	const float *KT = f->kt + (b * a->K + h / a->group) * a->D * ldt(a) + jb * BK;
+	tile_scores(a, S, Q, a->H * a->D, mrows, KT, ldt(a));
 }
 
 static void fwd_pv(const void *ctx, float *O, const float *S, void *scratch, int64_t b, int64_t kh,
@@ -377,7 +400,7 @@ typedef struct bwd {
 	attn a;
 	float *dq, *dk, *dv;
 	const float *dout, *lse, *q, *k, *v;
-	float *kt, *vt, *di; /* K^T, V^T (B*K, D, Tpad); rowsum(dO o O) (B, H, T) */
+	float *kt, *vt, *di; /* K^T, V^T (B*K, D, ldt); rowsum(dO o O) (B, H, T) */
 } bwd;
 
 /* The backward workspace (attn_layout_fn): K^T, V^T, rowsum(dO o O), then
@@ -414,12 +437,12 @@ static void tile_grads(const bwd *w, int64_t b, int64_t h, int64_t ib, int64_t j
 	int64_t mrows = T - q0 < BQ ? T - q0 : BQ, ldq = a->H * D;
 	const float *Q = w->q + ((b * T + q0) * a->H + h) * D;
 	const float *dO = w->dout + ((b * T + q0) * a->H + h) * D;
-	int64_t kv = (b * a->K + kh) * D * a->Tpad + k0;
-	tile_scores(a, P, Q, ldq, mrows, w->kt + kv, a->Tpad);
+	int64_t kv = (b * a->K + kh) * D * ldt(a) + k0;
+	tile_scores(a, P, Q, ldq, mrows, w->kt + kv, ldt(a));
 	/* dP = dO V^T, through the same kernel with scale 1 */
 	attn one = *a;
 	one.scale = 1.0f;
-	tile_scores(&one, dS, dO, ldq, mrows, w->vt + kv, a->Tpad);
+	tile_scores(&one, dS, dO, ldq, mrows, w->vt + kv, ldt(a));
 	attn_grads_rows(a, ib, jb, mrows, P, dS, w->lse + (b * a->H + h) * T + q0,
 			w->di + (b * a->H + h) * T + q0);
 }

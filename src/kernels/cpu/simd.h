@@ -25,6 +25,12 @@
 #define ST_EXP_C4 1.6666665459e-1f
 #define ST_EXP_C5 5.0000001201e-1f
 
+/* Keep a loaded vector in a register: without this GCC folds the load into
+ * every FMA that uses it, one load per use, and the micro-kernels become
+ * load-bound (AVX2: or it spills a vector to the stack and
+ * reloads it at every use). */
+#define ST_KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 #define ST_HAVE_AVX512 1
@@ -47,11 +53,6 @@ static inline __m512 st_exp16(__m512 x)
 	p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
 	return _mm512_scalef_ps(p, n);
 }
-
-/* Keep a loaded vector in a register: without this GCC folds the load into
- * every FMA that uses it, one load per use, and the micro-kernels become
- * load-bound. */
-#define ST_KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
 
 /* 16 floats -> 16 bf16 (round to nearest even, subnormals kept, NaN quiet):
  * the same rule as st_f32_to_bf16 in bf16.h. Not VCVTNEPS2BF16, which
