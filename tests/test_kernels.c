@@ -463,6 +463,8 @@ static void test_gemm(void)
 		gemm_case(tt[t][0], tt[t][1], 300, 270, 33, 3, 1.0f, 0.5f); /* several tiles (128 x 128 here) */
 	}
 	gemm_case('N', 'T', 130, 96, 200, 0, 1.0f, 1.0f);
+	gemm_case('T', 'N', 96, 80, 1500, 3, 0.7f, 0.5f); /* long K: the tiles' chunks of tokens */
+	gemm_case('T', 'N', 40, 24, 1027, 0, 1.0f, 0.0f);
 	gemm_case('T', 'N', 64, 48, 1, 0, 1.0f, 1.0f);
 	gemm_case('N', 'N', 5, 7, 0, 0, 1.0f, 0.5f); /* K = 0: C = beta C */
 	gemm_case('N', 'N', 5, 7, 0, 0, 1.0f, 0.0f);
@@ -919,11 +921,35 @@ static void test_exp8(void)
 #endif
 }
 
+/* The tiles' weight-gradient form with a long K (chunks of tokens, summed
+ * in order): the same bits at 1, 2 and 3 threads, alpha and beta applied
+ * once (checked against the float64 product in test_gemm). */
+static void test_gemm_ksplit_threads(void)
+{
+	enum { M = 70, N = 52, K = 1301, LDA = M + 5, LDB = N + 2, LDC = N + 3 };
+	float *A = randn((int64_t)K * LDA, 40, 1.0), *B = randn((int64_t)K * LDB, 41, 1.0);
+	float *C0 = randn((int64_t)M * LDC, 42, 1.0), *C[3];
+	enum st_gemm_backend be = st_gemm_f32_backend();
+	st_gemm_set_f32_backend(ST_GEMM_TILES);
+	for (int t = 0; t < 3; t++) {
+		omp_set_num_threads(t + 1);
+		C[t] = copyf(C0, (int64_t)M * LDC);
+		CHECK(st_gemm('T', 'N', M, N, K, 0.5f, A, LDA, B, LDB, 0.25f, C[t], LDC) == 0);
+	}
+	st_gemm_set_f32_backend(be);
+	omp_set_num_threads(omp_get_num_procs());
+	for (int t = 1; t < 3; t++)
+		CHECK_MSG(same(C[0], C[t], (int64_t)M * LDC * (int64_t)sizeof(float)),
+			  "TN %dx%dx%d differs at %d threads", M, N, K, t + 1);
+	free(A), free(B), free(C0), free(C[0]), free(C[1]), free(C[2]);
+}
+
 int main(void)
 {
 	test_exp8();
 	test_bf16_conversion();
 	test_gemm();
+	test_gemm_ksplit_threads();
 	test_bf16_outputs();
 	test_attention_shape(1, 1, 1, 1, 16);
 	test_attention_shape(2, 70, 4, 2, 16);
