@@ -247,7 +247,16 @@ static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, in
 				   _mm512_mul_ps(silu, st_load16((const char *)up + i * isz, in16, mk)));
 		}
 #elif ST_HAVE_AVX2
-		for (int64_t i = i0; i < i1; i += 8) { /* e^-g 8 at a time */
+		__m256 one = _mm256_set1_ps(1.0f);
+		size_t isz = in16 ? 2 : 4, osz = bf16 ? 2 : 4;
+		int64_t i = i0;
+		for (; i + 8 <= i1; i += 8) { /* the tail's formula, 8 at a time */
+			__m256 g = st_load8((const char *)gate + i * isz, in16);
+			__m256 e = st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+			__m256 u = st_load8((const char *)up + i * isz, in16);
+			st_store8((char *)act + i * osz, bf16, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
+		}
+		for (; i < i1; i += 8) { /* e^-g 8 at a time */
 			int n8 = i1 - i < 8 ? (int)(i1 - i) : 8;
 			float g[8] = {0}, e[8];
 			for (int k = 0; k < n8; k++)
@@ -305,7 +314,22 @@ static void swiglu_bwd(void *dgate, void *dup, int bf16, const float *dact, cons
 			st_store16((char *)dgate + i * sz, bf16, mk, _mm512_mul_ps(_mm512_mul_ps(dasg, u), t));
 		}
 #elif ST_HAVE_AVX2
-		for (int64_t i = i0; i < i1; i += 8) { /* e^-g 8 at a time */
+		__m256 one = _mm256_set1_ps(1.0f);
+		size_t isz = in16 ? 2 : 4, osz = bf16 ? 2 : 4;
+		int64_t i = i0;
+		for (; i + 8 <= i1; i += 8) { /* the tail's formula, 8 at a time */
+			/* read everything first: outputs may alias inputs */
+			__m256 g = st_load8((const char *)gate + i * isz, in16);
+			__m256 da = _mm256_loadu_ps(dact + i);
+			__m256 u = st_load8((const char *)up + i * isz, in16);
+			__m256 e = st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+			__m256 sg = _mm256_div_ps(one, _mm256_add_ps(one, e));
+			__m256 dasg = _mm256_mul_ps(da, sg);
+			__m256 t = _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, sg)));
+			st_store8((char *)dup + i * osz, bf16, _mm256_mul_ps(dasg, g));
+			st_store8((char *)dgate + i * osz, bf16, _mm256_mul_ps(_mm256_mul_ps(dasg, u), t));
+		}
+		for (; i < i1; i += 8) { /* e^-g 8 at a time */
 			int n8 = i1 - i < 8 ? (int)(i1 - i) : 8;
 			float g[8] = {0}, da[8], u[8], e[8];
 			for (int k = 0; k < n8; k++) { /* read first: outputs may alias inputs */

@@ -150,6 +150,21 @@ static inline __m256 st_widen_bf16_8(const uint16_t *src)
 	return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
+/* 8 values of fp32 or bf16 (then widened, exact) at src. */
+static inline __m256 st_load8(const void *src, int bf16)
+{
+	return bf16 ? st_widen_bf16_8(src) : _mm256_loadu_ps(src);
+}
+
+/* 8 floats to dst as fp32 or bf16 (st_cvt_bf16_8's rounding). */
+static inline void st_store8(void *dst, int bf16, __m256 x)
+{
+	if (bf16)
+		_mm_storeu_si128(dst, st_cvt_bf16_8(x));
+	else
+		_mm256_storeu_ps(dst, x);
+}
+
 /* Lanes 8*j + i < lim: all ones (i = 0..7). */
 static inline __m256 st_lanes_below8(int64_t lim, int j)
 {
