@@ -53,6 +53,26 @@ static void test_adamw(void)
 	CHECK_NEAR(p[0], p0 - 0.01 * upd, 1e-6);
 }
 
+/* Each element by the same operations wherever it lies: the vector body
+ * (n = 37) against the scalar tail (one element per call), bit for bit. */
+static void test_adamw_lanes(void)
+{
+	enum { n = 37 };
+	float p[n], g[n], m[n], v[n], p1[n], m1[n], v1[n];
+	for (int i = 0; i < n; i++) {
+		p[i] = p1[i] = 0.1f * (float)(i % 7) - 0.3f;
+		g[i] = 0.013f * (float)((i * 5) % 11) - 0.06f;
+		m[i] = m1[i] = 0.001f * (float)(i % 3);
+		v[i] = v1[i] = 0.0002f * (float)(i % 5);
+	}
+	st_adamw h = {.lr = 0.01, .b1 = 0.9, .b2 = 0.95, .eps = 1e-8, .wd = 0.1, .t = 3, .grad_scale = 0.7f};
+	st_adamw_update(p, g, m, v, n, &h);
+	for (int i = 0; i < n; i++)
+		st_adamw_update(p1 + i, g + i, m1 + i, v1 + i, 1, &h);
+	CHECK_MSG(memcmp(p, p1, sizeof(p)) == 0 && memcmp(m, m1, sizeof(m)) == 0 && memcmp(v, v1, sizeof(v)) == 0,
+		  "AdamW of one element differs from the same element among %d", n);
+}
+
 static void test_clipping(void)
 {
 	float g[10000];
@@ -153,6 +173,7 @@ static void test_adamw_crc(void)
 int main(void)
 {
 	test_adamw_crc();
+	test_adamw_lanes();
 	test_adamw_bf16_copy();
 	test_schedule();
 	test_adamw();

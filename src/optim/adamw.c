@@ -84,6 +84,25 @@ static void update_range(float *p, uint16_t *pb, const float *g, float *m, float
 		u = _mm512_add_ps(u, _mm512_mul_ps(vwd, pi));
 		_mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_mul_ps(vlr, u)));
 	}
+#elif ST_HAVE_AVX2
+	/* the same, 8 lanes at a time */
+	__m256 vb1 = _mm256_set1_ps(b1), vb2 = _mm256_set1_ps(b2);
+	__m256 va1 = _mm256_set1_ps(1.0f - b1), va2 = _mm256_set1_ps(1.0f - b2);
+	__m256 vc1 = _mm256_set1_ps(c1), vc2 = _mm256_set1_ps(c2), vlr = _mm256_set1_ps(lr);
+	__m256 veps = _mm256_set1_ps(eps), vwd = _mm256_set1_ps(wd), vgs = _mm256_set1_ps(gs);
+	for (; i + 8 <= i1; i += 8) {
+		__m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), vgs);
+		__m256 mi = _mm256_add_ps(_mm256_mul_ps(vb1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(va1, gi));
+		__m256 vi = _mm256_add_ps(_mm256_mul_ps(vb2, _mm256_loadu_ps(v + i)),
+					  _mm256_mul_ps(_mm256_mul_ps(va2, gi), gi));
+		_mm256_storeu_ps(m + i, mi);
+		_mm256_storeu_ps(v + i, vi);
+		__m256 pi = _mm256_loadu_ps(p + i);
+		__m256 u = _mm256_div_ps(_mm256_mul_ps(mi, vc1),
+					 _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(vi, vc2)), veps));
+		u = _mm256_add_ps(u, _mm256_mul_ps(vwd, pi));
+		_mm256_storeu_ps(p + i, _mm256_sub_ps(pi, _mm256_mul_ps(vlr, u)));
+	}
 #endif
 	for (; i < i1; i++) {
 		float gi = g[i] * gs;
