@@ -37,6 +37,27 @@ static inline float get(const void *src, int bf16, int64_t i)
 	return bf16 ? st_bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
 }
 
+#if ST_HAVE_AVX2 && !ST_HAVE_AVX512
+/* lo, hi (4 doubles each) += a b for the low and high 4 lanes (products
+ * exact in double). */
+static inline void dot_acc8(__m256d *lo, __m256d *hi, __m256 a, __m256 b)
+{
+	__m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(a)), a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
+	__m256d b0 = _mm256_cvtps_pd(_mm256_castps256_ps128(b)), b1 = _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1));
+	*lo = _mm256_add_pd(*lo, _mm256_mul_pd(a0, b0));
+	*hi = _mm256_add_pd(*hi, _mm256_mul_pd(a1, b1));
+}
+
+/* The 8 lanes of dot_acc8 added in a fixed order. */
+static inline double dot_sum8(__m256d lo, __m256d hi)
+{
+	double l[4], h[4];
+	_mm256_storeu_pd(l, lo);
+	_mm256_storeu_pd(h, hi);
+	return ((l[0] + h[0]) + (l[1] + h[1])) + ((l[2] + h[2]) + (l[3] + h[3]));
+}
+#endif
+
 static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const float *w,
 			int64_t N, int64_t C, float eps)
 {
@@ -59,6 +80,24 @@ static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const 
 			st_store16(oi + c * (bf16 ? 2 : 4), bf16, m,
 				   _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + c)));
 		}
+#elif ST_HAVE_AVX2
+		__m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+		int64_t c = 0;
+		for (; c + 8 <= C; c += 8) {
+			__m256 v = _mm256_loadu_ps(xi + c);
+			dot_acc8(&lo, &hi, v, v);
+		}
+		double ss = dot_sum8(lo, hi);
+		for (; c < C; c++)
+			ss += (double)xi[c] * xi[c];
+		float r = (float)(1.0 / sqrt(ss / (double)C + eps));
+		char *oi = (char *)out + i * C * (bf16 ? 2 : 4);
+		__m256 vr = _mm256_set1_ps(r);
+		for (c = 0; c + 8 <= C; c += 8) /* the tail's formula */
+			st_store8(oi + c * (bf16 ? 2 : 4), bf16,
+				  _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xi + c), vr), _mm256_loadu_ps(w + c)));
+		for (; c < C; c++)
+			put(out, bf16, i * C + c, xi[c] * r * w[c]);
 #else
 		double ss = 0;
 		for (int64_t c = 0; c < C; c++)
@@ -126,6 +165,34 @@ int st_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
 				_mm512_mask_storeu_ps(dxi + c, mk,
 						      _mm512_add_ps(_mm512_maskz_loadu_ps(mk, dxi + c), d));
 			}
+#elif ST_HAVE_AVX2
+			/* sum_c g_c w_c xhat_c in double over the float products
+			 * g w and x r (the AVX-512 path's), lanes in a fixed order */
+			__m256 vr = _mm256_set1_ps(r);
+			__m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+			int64_t c = 0;
+			for (; c + 8 <= C; c += 8) {
+				__m256 xhat = _mm256_mul_ps(_mm256_loadu_ps(xi + c), vr);
+				__m256 g = _mm256_loadu_ps(gi + c);
+				dot_acc8(&lo, &hi, _mm256_mul_ps(g, _mm256_loadu_ps(w + c)), xhat);
+				_mm256_storeu_ps(p + c, _mm256_add_ps(_mm256_loadu_ps(p + c), _mm256_mul_ps(g, xhat)));
+			}
+			double dot = dot_sum8(lo, hi);
+			for (; c < C; c++) {
+				float xhat = xi[c] * r;
+				dot += (double)(gi[c] * w[c]) * xhat;
+				p[c] += gi[c] * xhat;
+			}
+			float m = (float)(dot / (double)C);
+			__m256 vm = _mm256_set1_ps(m);
+			for (c = 0; c + 8 <= C; c += 8) { /* the tail's formula */
+				__m256 gw = _mm256_mul_ps(_mm256_loadu_ps(gi + c), _mm256_loadu_ps(w + c));
+				__m256 xr = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xi + c), vr), vm);
+				__m256 d = _mm256_mul_ps(vr, _mm256_sub_ps(gw, xr));
+				_mm256_storeu_ps(dxi + c, _mm256_add_ps(_mm256_loadu_ps(dxi + c), d));
+			}
+			for (; c < C; c++)
+				dxi[c] += r * (gi[c] * w[c] - xi[c] * r * m);
 #else
 			double dot = 0; /* sum_c g_c w_c xhat_c */
 			for (int64_t c = 0; c < C; c++) {
@@ -497,6 +564,19 @@ static void xent_rows_grad(void *dst, int bf16, int64_t ldd, const float *l, con
 		for (int64_t c = 0; c < V; c += 16) {
 			__mmask16 mk = st_mask16(V - c);
 			st_store16(dr + c * sz, bf16, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, lr + c), f));
+		}
+		if (tg >= 0 && tg < V)
+			put(dr, bf16, tg, tval);
+#elif ST_HAVE_AVX2
+		/* stores in increasing c, each after its loads (dst may overlay l) */
+		__m256 f = _mm256_set1_ps(rscale[r]);
+		int64_t c = 0;
+		for (; c + 8 <= V; c += 8)
+			st_store8(dr + c * sz, bf16, _mm256_mul_ps(_mm256_loadu_ps(lr + c), f));
+		for (; c < V; c++) {
+			float v = lr[c] * rscale[r];
+			uint16_t h = st_f32_to_bf16(v);
+			memcpy(dr + (size_t)c * sz, bf16 ? (const void *)&h : (const void *)&v, sz);
 		}
 		if (tg >= 0 && tg < V)
 			put(dr, bf16, tg, tval);
