@@ -460,7 +460,7 @@ static void test_gemm(void)
 		gemm_case(tt[t][0], tt[t][1], 37, 29, 53, 0, 1.0f, 0.0f);
 		gemm_case(tt[t][0], tt[t][1], 37, 29, 53, 3, 1.0f, 1.0f);
 		gemm_case(tt[t][0], tt[t][1], 16, 70, 9, 5, 0.5f, -2.0f);
-		gemm_case(tt[t][0], tt[t][1], 300, 270, 33, 3, 1.0f, 0.5f); /* several tiles (128 x 128 here) */
+		gemm_case(tt[t][0], tt[t][1], 300, 270, 33, 3, 1.0f, 0.5f); /* several tiles (256 x 256 here) */
 	}
 	gemm_case('N', 'T', 130, 96, 200, 0, 1.0f, 1.0f);
 	gemm_case('T', 'N', 96, 80, 1500, 3, 0.7f, 0.5f); /* long K: the tiles' chunks of tokens */

@@ -242,8 +242,11 @@ static int sgemm_failed(char transa, char transb, int64_t M, int64_t N, int64_t 
  * inside a parallel region, so also for a single tile), the tiles spread
  * over the threads. 512 x 1024 where C is large (smaller tiles ran oneDNN's
  * AVX2 sgemm at half its rate, bench figures in docs/performance.md),
- * halved down to 128 until there are 8 tiles, so that small products still
- * use every thread of a 2-8 core machine.
+ * halved down to 128 until there are 4 tiles, so that small products still
+ * use every thread of a 2-4 core machine. (Until 4 tiles, not 8: halving
+ * the model's 2048 x 768 products to 512 x 384 ran them at 82-85 GFLOP/s
+ * against 91-93 for 512 x 768 on a Zen 3, 1 thread; with 5-8 threads such
+ * a product now leaves threads idle.)
  *
  * The weight gradients' form (A transposed: dW += dy^T x, K the tokens):
  * oneDNN's AVX2 sgemm ran a 512 x 384 tile of dy^T x at 39 GFLOP/s when
@@ -263,7 +266,7 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static void tile_shape(int64_t M, int64_t N, int64_t mmax, int64_t *tm, int64_t *tn)
 {
 	int64_t a = cdiv(M < mmax ? M : mmax, 128) * 128, b = cdiv(N < 1024 ? N : 1024, 128) * 128;
-	while (cdiv(M, a) * cdiv(N, b) < 8 && (a > 128 || b > 128)) {
+	while (cdiv(M, a) * cdiv(N, b) < 4 && (a > 128 || b > 128)) {
 		if (b >= a)
 			b = cdiv(b / 2, 128) * 128;
 		else
