@@ -252,8 +252,8 @@ static int sgemm_failed(char transa, char transb, int64_t M, int64_t N, int64_t 
  * oneDNN's AVX2 sgemm ran a 512 x 384 tile of dy^T x at 39 GFLOP/s when
  * its A and B were blocks of wider matrices (leading dimension 2048), 62-65
  * when contiguous, and 83-86 for contiguous tiles of 256 rows; so there
- * each tile's blocks of A and B are first copied contiguous (pack_buffer,
- * about 1/40 of the tile's time) and, where K is long (>= 1024), tiles
+ * each tile's blocks of A and B are first copied contiguous (a buffer per
+ * thread, about 1/40 of the tile's time) and, where K is long (>= 1024), tiles
  * have at most 256 rows. Better still where K is long and C not too large
  * (sgemm_ksplit): the tokens in KSPLIT chunks, each chunk's whole M x N
  * product one sgemm call (rows k0.. of A and B are contiguous already:
@@ -276,45 +276,24 @@ static void tile_shape(int64_t M, int64_t N, int64_t mmax, int64_t *tm, int64_t 
 	*tn = b;
 }
 
-/* Buffers for packed blocks, one per thread of a tiled call, kept for the
- * next call (st_gemm_cache_clear frees them); sgemm_tiles makes room for
- * its threads before its parallel region. */
-static struct {
-	struct pack {
-		float *p;
-		int64_t n; /* floats */
-	} *t;
-	int count;
-} P;
-
-static int pack_slots(int threads)
-{
-	if (threads <= P.count)
-		return 0;
-	struct pack *t = realloc(P.t, (size_t)threads * sizeof(*t));
-	if (!t)
-		return st_fail(ST_ENOMEM, "out of memory for the products' packing buffers");
-	for (int i = P.count; i < threads; i++)
-		t[i] = (struct pack){0};
-	P.t = t;
-	P.count = threads;
-	return 0;
-}
-
-/* The partial products of sgemm_ksplit's chunks 1.., kept for the next call
- * (st_gemm_cache_clear frees them). */
-static struct {
+/* A buffer of floats kept for the next call: the tiles' packed blocks (one
+ * per thread of a tiled call; sgemm_tiles makes room for its threads
+ * before its parallel region) and sgemm_ksplit's partial products.
+ * st_gemm_cache_clear frees them. */
+struct buf {
 	float *p;
 	int64_t n; /* floats */
-} KS;
+};
 
-enum { KSPLIT = 4, KSPLIT_MIN_K = 1024 };
-#define KSPLIT_MAX_FLOATS ((int64_t)16 << 20) /* 64 MiB of partial products at most */
+static struct {
+	struct buf *t;
+	int count;
+} P;
+static struct buf KS;
 
-/* Thread `i`'s buffer, at least n floats; NULL: out of memory. */
-static float *pack_buffer(int i, int64_t n)
+/* b->p with room for at least n floats; NULL: out of memory (b unchanged). */
+static float *buf_reserve(struct buf *b, int64_t n)
 {
-	struct pack *b = &P.t[i];
 	if (n > b->n) {
 		float *p = realloc(b->p, (size_t)n * sizeof(float));
 		if (!p)
@@ -325,15 +304,34 @@ static float *pack_buffer(int i, int64_t n)
 	return b->p;
 }
 
-static void pack_release(void)
+static int pack_slots(int threads)
+{
+	if (threads <= P.count)
+		return 0;
+	struct buf *t = realloc(P.t, (size_t)threads * sizeof(*t));
+	if (!t)
+		return st_fail(ST_ENOMEM, "out of memory for the products' packing buffers");
+	for (int i = P.count; i < threads; i++)
+		t[i] = (struct buf){0};
+	P.t = t;
+	P.count = threads;
+	return 0;
+}
+
+static void buffers_release(void)
 {
 	for (int i = 0; i < P.count; i++)
 		free(P.t[i].p);
 	free(P.t);
 	P.t = NULL, P.count = 0;
 	free(KS.p);
-	KS.p = NULL, KS.n = 0;
+	KS = (struct buf){0};
 }
+
+/* Token chunks where K is at least KSPLIT_MIN_K (also where the packed
+ * tiles get at most 256 rows). */
+enum { KSPLIT = 4, KSPLIT_MIN_K = 1024 };
+#define KSPLIT_MAX_FLOATS ((int64_t)16 << 20) /* 64 MiB of partial products at most */
 
 /* rows x cols of src (leading dimension ld) into dst, contiguous; dst. */
 static const float *copy_block(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
@@ -363,14 +361,9 @@ static int sgemm_ksplit(int64_t M, int64_t N, int64_t K, float alpha, const floa
 			const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int chunks)
 {
 	int64_t kc = cdiv(K, chunks), need = (chunks - 1) * M * N;
-	if (need > KS.n) {
-		float *p = realloc(KS.p, (size_t)need * sizeof(float));
-		if (!p)
-			return st_fail(ST_ENOMEM, "out of memory for the products' partial sums (%lld MiB)",
-				       (long long)(need * (int64_t)sizeof(float) >> 20));
-		KS.p = p;
-		KS.n = need;
-	}
+	if (!buf_reserve(&KS, need))
+		return st_fail(ST_ENOMEM, "out of memory for the products' partial sums (%lld MiB)",
+			       (long long)(need * (int64_t)sizeof(float) >> 20));
 	int err = dnnl_success;
 #pragma omp parallel for schedule(dynamic)
 	for (int c = 0; c < chunks; c++) {
@@ -405,14 +398,14 @@ static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K
 		       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
 		       int64_t ldc)
 {
-	int chunks = transa == 'T' && transb == 'N' ? ksplit_chunks(M, N, K) : 0;
+	int packed = transa == 'T' && transb == 'N'; /* dW += dy^T x: blocks packed contiguous */
+	int chunks = packed ? ksplit_chunks(M, N, K) : 0;
 	if (chunks)
 		return sgemm_ksplit(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, chunks);
 	int64_t TILE_M, TILE_N;
-	tile_shape(M, N, transa == 'T' && K >= 1024 ? 256 : 512, &TILE_M, &TILE_N);
+	tile_shape(M, N, transa == 'T' && K >= KSPLIT_MIN_K ? 256 : 512, &TILE_M, &TILE_N);
 	int64_t tn = (N + TILE_N - 1) / TILE_N, nt = (M + TILE_M - 1) / TILE_M * tn;
 	int err = dnnl_success, rc;
-	int packed = transa == 'T' && transb == 'N'; /* dW += dy^T x: blocks packed contiguous */
 	if (packed && (rc = pack_slots(omp_get_max_threads())) < 0)
 		return rc;
 #pragma omp parallel for schedule(dynamic)
@@ -424,7 +417,7 @@ static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K
 		int64_t la = lda, lb = ldb;
 		dnnl_status_t s = dnnl_success;
 		if (packed && (m < lda || n < ldb)) {
-			float *p = pack_buffer(omp_get_thread_num(), K * ((m < lda ? m : 0) + (n < ldb ? n : 0)));
+			float *p = buf_reserve(&P.t[omp_get_thread_num()], K * ((m < lda ? m : 0) + (n < ldb ? n : 0)));
 			if (!p)
 				s = dnnl_out_of_memory;
 			else {
@@ -505,6 +498,6 @@ void st_gemm_cache_clear(void)
 	free(G.e);
 	G.e = NULL;
 	G.n = G.cap = 0;
-	pack_release();
+	buffers_release();
 	pthread_mutex_unlock(&G.lock);
 }
