@@ -71,8 +71,8 @@ static int join(st_group **g, const world *w, int rank, int port)
 	double t0 = st_mono_s();
 	int rc = st_group_join(g, &o);
 	rep->join_ms[rank] = (st_mono_s() - t0) * 1e3;
-	if (rc)
-		fprintf(stderr, "rank %d: join: %s\n", rank, st_errmsg());
+	/* a check line, so that the suite's summary of a failure shows it */
+	CHECK_MSG(rc == 0, "rank %d: join: %s", rank, st_errmsg());
 	return rc;
 }
 
@@ -100,10 +100,16 @@ static void spawn(const world *w, body_fn body, pid_t *pids)
 	}
 }
 
+/* How the members the last reap counted as failed ended ("" when none),
+ * for the callers' check messages. */
+static char reaped_why[512];
+
 /* Wait for pids (SIGKILL after limit seconds); returns how many did not exit 0. */
 static int reap(pid_t *pids, int n, double limit)
 {
 	int bad = 0;
+	size_t used = 0;
+	reaped_why[0] = 0;
 	double end = st_mono_s() + limit;
 	for (int r = 0; r < n; r++) {
 		if (pids[r] <= 0)
@@ -123,9 +129,16 @@ static int reap(pid_t *pids, int n, double limit)
 			usleep(2000);
 		}
 		if (st != 0) {
-			if (st != -1)
-				fprintf(stderr, "rank %d exited with status %d (signal %d)\n", r,
-					WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+			char one[96];
+			int pid = (int)pids[r];
+			if (st == -1)
+				snprintf(one, sizeof(one), "%smember %d (pid %d) hung", bad ? "; " : "", r, pid);
+			else
+				snprintf(one, sizeof(one), "%smember %d (pid %d): exit status %d, signal %d", bad ? "; " : "", r, pid,
+					 WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+			fprintf(stderr, "%s\n", one + (bad ? 2 : 0));
+			if (used + strlen(one) < sizeof(reaped_why))
+				used += (size_t)snprintf(reaped_why + used, sizeof(reaped_why) - used, "%s", one);
 			bad++;
 		}
 		pids[r] = 0;
@@ -411,11 +424,15 @@ static void body_collectives(st_group *g, const world *w, int rank)
 
 static void test_collectives(void)
 {
+	/* Results, not failure detection (test_failures): a timeout of 30 s,
+	 * so that a member the loaded suite does not schedule for a few
+	 * seconds is not declared dead. */
+	enum { T = 30000 };
 	const world layouts[] = {
-		{ 2, 1, 1, 0 }, { 3, 1, 1, 0 }, { 4, 1, 1, 0 }, /* shared memory */
-		{ 4, 2, 1, 0 }, { 2, 2, 1, 0 },                 /* shm inside, TCP across slices */
-		{ 4, 4, 1, 0 }, { 3, 3, 1, 0 },                 /* all TCP */
-		{ 4, 1, 0, 0 },                                 /* shared memory off */
+		{ 2, 1, 1, T }, { 3, 1, 1, T }, { 4, 1, 1, T }, /* shared memory */
+		{ 4, 2, 1, T }, { 2, 2, 1, T },                 /* shm inside, TCP across slices */
+		{ 4, 4, 1, T }, { 3, 3, 1, T },                 /* all TCP */
+		{ 4, 1, 0, T },                                 /* shared memory off */
 	};
 	for (size_t k = 0; k < sizeof(layouts) / sizeof(layouts[0]); k++) {
 		const world *w = &layouts[k];
@@ -428,8 +445,10 @@ static void test_collectives(void)
 			jmax = rep->join_ms[r] > jmax ? rep->join_ms[r] : jmax;
 		printf("collectives: %d ranks, %d slices, shm %s: %s, join <= %.1f ms, %.2f s\n", w->n, w->slices,
 		       w->shm ? "on" : "off", bad ? "FAILED" : "ok", jmax, st_mono_s() - t0);
-		CHECK_MSG(bad == 0, "%d of %d members failed", bad, w->n);
-		CHECK_MSG(jmax < 1000, "join took %.1f ms", jmax);
+		CHECK_MSG(bad == 0, "%d of %d members failed (%s)", bad, w->n, reaped_why);
+		/* a bound only a join stuck on a timeout reaches (printed above:
+		 * tens of ms when the machine is idle) */
+		CHECK_MSG(jmax < 10000, "join took %.1f ms", jmax);
 	}
 }
 
@@ -502,7 +521,7 @@ static double failure_case(const world *w, int sig, int v, const char *what)
 		if (r == v)
 			continue;
 		int bad = reap(&pids[r], 1, 15);
-		CHECK_MSG(bad == 0, "%s: rank %d did not exit cleanly", what, r);
+		CHECK_MSG(bad == 0, "%s: rank %d did not exit cleanly (%s)", what, r, reaped_why);
 		double dt = rep->fail_at[r] - rep->t_signal;
 		worst = dt > worst ? dt : worst;
 		CHECK_MSG(rep->rc[r] == ST_EPEER, "%s: rank %d got %d (%s)", what, r, rep->rc[r], rep->msg[r]);
@@ -571,7 +590,7 @@ static void test_slow_peer(void)
 	spawn(&w, body_slow, pids);
 	int bad = reap(pids, w.n, 30);
 	unsetenv("SLICETRAIN_COMM_TIMEOUT_MS");
-	CHECK_MSG(bad == 0, "slow peer: %d members failed", bad);
+	CHECK_MSG(bad == 0, "slow peer: %d members failed (%s)", bad, reaped_why);
 	CHECK(rep->fail_at[0] > 7.0);
 	printf("slow peer: waited %.1f s for a member sleeping %d ms with timeout 2000 ms: ok\n", rep->fail_at[0], slow_ms);
 }
@@ -604,7 +623,9 @@ static void body_abort(st_group *g, const world *w, int rank)
 		double t0 = st_mono_s();
 		int rc = st_comm_allreduce(c, &x, 1, ST_DTYPE_F32, ST_SUM); /* rank 1 never joins it */
 		CHECK_MSG(rc == ST_EINTR, "abort: rc %d (%s)", rc, st_errmsg());
-		CHECK(st_mono_s() - t0 < 1.0);
+		/* ended by the abort at 200 ms, not by the 5 s timeout (a margin
+		 * for a loaded machine) */
+		CHECK(st_mono_s() - t0 < 4.0);
 		CHECK(st_group_status(g) == ST_EINTR);
 		pthread_join(th, NULL);
 	} else {
@@ -622,7 +643,7 @@ static void test_abort(void)
 	world w = { 2, 1, 1, 0 };
 	pid_t pids[MAXP];
 	spawn(&w, body_abort, pids);
-	CHECK_MSG(reap(pids, 2, 20) == 0, "abort test failed");
+	CHECK_MSG(reap(pids, 2, 20) == 0, "abort test failed (%s)", reaped_why);
 }
 
 /* ---- hostile input on the listeners ---- */
@@ -696,9 +717,9 @@ static void test_garbage(void)
 	world w1 = { 2, 1, 1, 0 }, w2 = { 2, 2, 1, 0 };
 	pid_t pids[MAXP];
 	spawn(&w1, body_garbage, pids);
-	CHECK_MSG(reap(pids, 2, 30) == 0, "hostile input (one slice) failed");
+	CHECK_MSG(reap(pids, 2, 30) == 0, "hostile input (one slice) failed (%s)", reaped_why);
 	spawn(&w2, body_garbage, pids);
-	CHECK_MSG(reap(pids, 2, 30) == 0, "hostile input (two slices) failed");
+	CHECK_MSG(reap(pids, 2, 30) == 0, "hostile input (two slices) failed (%s)", reaped_why);
 }
 
 /* ---- joins that cannot complete, groups in sequence and side by side ---- */
@@ -730,7 +751,7 @@ static void test_join_errors(void)
 		int rc = st_group_join(&g, NULL);
 		CHECK_MSG(rc == ST_EPEER && strstr(st_errmsg(), "rank 1 did not join within 300 ms"), "got %d '%s'", rc,
 			  st_errmsg());
-		CHECK(st_mono_s() - t0 < 2.0);
+		CHECK(st_mono_s() - t0 < 4.0); /* the 300 ms, with a margin for a loaded machine */
 		exit(check_result());
 	}
 	CHECK(reap(&p, 1, 10) == 0);
@@ -772,7 +793,7 @@ static void test_join_errors(void)
 	unsetenv("SLICETRAIN_JOIN_TIMEOUT_MS");
 }
 
-/* join, or end this child (exit 1, join printed why): nothing after it can
+/* join, or end this child (exit 1, join checked why): nothing after it can
  * run without the group. */
 static void join_or_exit(st_group **g, const world *w, int rank, int port)
 {
@@ -860,7 +881,7 @@ static void test_group_lifecycle(void)
 		st_group_leave(h);
 		exit(check_result());
 	}
-	CHECK_MSG(reap(kids, 3, 30) == 0, "group lifecycle failed");
+	CHECK_MSG(reap(kids, 3, 30) == 0, "group lifecycle failed (%s)", reaped_why);
 }
 
 static int shm_entries(char names[][64], int cap)

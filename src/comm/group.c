@@ -813,6 +813,12 @@ static void watch(st_group *g, poll_set *ps)
 				serve_slot(g, &ps->slots[i], ps->fds[i].revents);
 		drop_stale_pending(g, st_mono_ns());
 	}
+	/* A failure raised just before st_group_leave (st_group_abort, then
+	 * leave at once) still reaches the peers ahead of the goodbye, which
+	 * leave sends after this thread has ended: else they would read "left
+	 * the group" where the member aborted. */
+	if (!told && atomic_load(&g->fail))
+		forward_failure(g);
 }
 
 static void *monitor(void *arg)
