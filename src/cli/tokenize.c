@@ -24,6 +24,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <omp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -424,7 +425,9 @@ static int has_suffix(const char *s, const char *suf)
 static int open_input(struct input *in)
 {
 	struct stat st;
-	int fd = open(in->path, O_RDONLY | O_CLOEXEC);
+	/* non-blocking: a FIFO with no writer yet must not hold the open
+	 * against SIGINT/SIGTERM (the pipe loop below waits in ppoll) */
+	int fd = open(in->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
 		return st_fail(errno == ENOENT ? ST_EINVAL : ST_EIO, "%s: cannot open: %s", in->path, strerror(errno));
 	if (fstat(fd, &st) < 0) {
@@ -452,9 +455,16 @@ static int open_input(struct input *in)
 		close(fd);
 		return st_fail(ST_EINVAL, "%s: empty file", in->path);
 	}
-	/* a pipe: read it whole; a signal ends the wait (no SA_RESTART) */
+	/* A pipe: read it whole. SIGINT and SIGTERM stay blocked except inside
+	 * ppoll, so one that comes between the check of got_signal and the
+	 * wait still ends the wait (a read could block past it). */
 	size_t cap = 0;
 	int rc = 0;
+	sigset_t stop, old;
+	sigemptyset(&stop);
+	sigaddset(&stop, SIGINT);
+	sigaddset(&stop, SIGTERM);
+	sigprocmask(SIG_BLOCK, &stop, &old);
 	for (;;) {
 		if (in->len == cap) {
 			char *p = realloc(in->data, cap = cap ? 2 * cap : (size_t)1 << 20);
@@ -464,8 +474,17 @@ static int open_input(struct input *in)
 			}
 			in->data = p;
 		}
+		if (got_signal)
+			break;
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		if (ppoll(&pf, 1, NULL, &old) < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = st_fail(ST_EIO, "%s: cannot wait for input: %s", in->path, strerror(errno));
+			break;
+		}
 		ssize_t r = read(fd, in->data + in->len, cap - in->len);
-		if (r < 0 && errno == EINTR && !got_signal)
+		if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
 			continue;
 		if (r < 0) {
 			rc = st_fail(ST_EIO, "%s: cannot read: %s", in->path, strerror(errno));
@@ -475,6 +494,7 @@ static int open_input(struct input *in)
 			break;
 		in->len += (size_t)r;
 	}
+	sigprocmask(SIG_SETMASK, &old, NULL);
 	close(fd);
 	if (rc == 0 && in->len == 0)
 		rc = st_fail(ST_EINVAL, "%s: empty input", in->path);
