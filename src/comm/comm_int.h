@@ -108,6 +108,7 @@ struct st_group {
 	st_comm *comms;          /* open communicators (under mu) */
 	/* (reporter+1) << 32 | (failed rank+1) << 8 | reason; 0 while healthy */
 	_Atomic uint64_t fail;
+	atomic_int told;         /* the monitor forwarded fail to the peers */
 	atomic_int stop;
 	st_store_server *store;
 };

@@ -813,12 +813,7 @@ static void watch(st_group *g, poll_set *ps)
 				serve_slot(g, &ps->slots[i], ps->fds[i].revents);
 		drop_stale_pending(g, st_mono_ns());
 	}
-	/* A failure raised just before st_group_leave (st_group_abort, then
-	 * leave at once) still reaches the peers ahead of the goodbye, which
-	 * leave sends after this thread has ended: else they would read "left
-	 * the group" where the member aborted. */
-	if (!told && atomic_load(&g->fail))
-		forward_failure(g);
+	atomic_store(&g->told, told);
 }
 
 static void *monitor(void *arg)
@@ -1418,11 +1413,19 @@ void st_group_leave(st_group *g)
 		g->comms = st_comm_next(c);
 		st_comm_destroy(c);
 	}
+	/* A failure raised before this leave (st_group_abort, a failed join)
+	 * that the monitor had no turn to forward goes to the peers ahead of
+	 * the goodbye, else they would read "left the group" or "exited". One
+	 * the monitor sees while this member leaves is not forwarded: a peer
+	 * that ends meanwhile is no news to the others. */
+	uint64_t failed_before = atomic_load(&g->fail);
 	if (g->mon_running) {
 		atomic_store(&g->stop, 1);
 		poke(g->mon_fd);
 		pthread_join(g->mon, NULL);
 		g->mon_running = 0;
+		if (failed_before && !atomic_load(&g->told))
+			forward_failure(g);
 	}
 	st_frame bye = frame(g, F_BYE, 0, 0);
 	for (int p = 0; g->peers && p < g->size; p++) {
