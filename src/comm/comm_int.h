@@ -53,7 +53,7 @@ typedef struct st_peer {
 	int ctrl_unix;    /* ctrl_fd is a unix seqpacket socket (same host) */
 	int closed;       /* its control connection ended */
 	atomic_int left;  /* said BYE: gone on purpose; only waits that need it fail */
-	int64_t last_rx;  /* monotonic ns of the last frame received (monitor only) */
+	int64_t last_rx;  /* monotonic ns of the last frame received (the monitor; connect_ctrl under mu) */
 	uint8_t rx[sizeof(st_frame)]; /* partial frame on a TCP control socket */
 	int rxn;
 	uint8_t tx[8 * sizeof(st_frame)]; /* unsent bytes on a TCP control socket (under mu) */

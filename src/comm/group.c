@@ -608,20 +608,22 @@ static void accept_on(st_group *g, int lfd, int is_unix)
 static void heartbeat(st_group *g, int64_t now)
 {
 	st_frame hb = frame(g, F_HB, 0, 0);
+	int dead = -1;
+	/* under mu: connect_ctrl (the joining thread) sets a new control
+	 * connection's fd and last_rx together; read without the lock, a new fd
+	 * could be seen with the last_rx of before (0), a peer dead at once */
 	pthread_mutex_lock(&g->mu);
 	for (int p = 0; p < g->size; p++) {
 		st_peer *q = &g->peers[p];
 		if (p == g->rank || q->ctrl_fd < 0)
 			continue;
 		ctrl_send_locked(g, p, &hb);
+		if (dead < 0 && !atomic_load(&q->left) && now - q->last_rx > (int64_t)g->dead_ms * 1000000)
+			dead = p;
 	}
 	pthread_mutex_unlock(&g->mu);
-	for (int p = 0; p < g->size; p++) {
-		st_peer *q = &g->peers[p];
-		if (p != g->rank && q->ctrl_fd >= 0 && !atomic_load(&q->left) &&
-		    now - q->last_rx > (int64_t)g->dead_ms * 1000000)
-			st_group_fail(g, R_HB, p, g->rank);
-	}
+	if (dead >= 0)
+		st_group_fail(g, R_HB, dead, g->rank);
 }
 
 /* What a slot of the monitor's poll set watches. */
@@ -1312,9 +1314,9 @@ static int connect_ctrl(st_group *g, int p, int64_t deadline)
 	}
 	st_set_nonblock(fd, 1);
 	pthread_mutex_lock(&g->mu);
+	q->last_rx = st_mono_ns();
 	q->ctrl_fd = fd;
 	q->ctrl_unix = same_host;
-	q->last_rx = st_mono_ns();
 	g->nconnected++;
 	pthread_mutex_unlock(&g->mu);
 	poke(g->mon_fd);
