@@ -130,15 +130,14 @@ static int reap(pid_t *pids, int n, double limit)
 		}
 		if (st != 0) {
 			char one[96];
-			int pid = (int)pids[r];
 			if (st == -1)
-				snprintf(one, sizeof(one), "%smember %d (pid %d) hung", bad ? "; " : "", r, pid);
+				snprintf(one, sizeof(one), "member %d (pid %d) hung", r, (int)pids[r]);
 			else
-				snprintf(one, sizeof(one), "%smember %d (pid %d): exit status %d, signal %d", bad ? "; " : "", r, pid,
+				snprintf(one, sizeof(one), "member %d (pid %d): exit status %d, signal %d", r, (int)pids[r],
 					 WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-			fprintf(stderr, "%s\n", one + (bad ? 2 : 0));
-			if (used + strlen(one) < sizeof(reaped_why))
-				used += (size_t)snprintf(reaped_why + used, sizeof(reaped_why) - used, "%s", one);
+			fprintf(stderr, "%s\n", one);
+			if (used + strlen(one) + 2 < sizeof(reaped_why))
+				used += (size_t)snprintf(reaped_why + used, sizeof(reaped_why) - used, "%s%s", bad ? "; " : "", one);
 			bad++;
 		}
 		pids[r] = 0;

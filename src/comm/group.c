@@ -785,7 +785,6 @@ static void forward_failure(st_group *g)
 static void watch(st_group *g, poll_set *ps)
 {
 	int64_t hb_ns = (int64_t)g->hb_ms * 1000000, next_hb = st_mono_ns(), last_loop = next_hb;
-	int told = 0; /* the group's failure was forwarded to the peers */
 	while (!atomic_load(&g->stop)) {
 		int64_t now = st_mono_ns();
 		if (now - last_loop > 3 * hb_ns)
@@ -795,9 +794,9 @@ static void watch(st_group *g, poll_set *ps)
 			heartbeat(g, now);
 			next_hb = now + hb_ns;
 		}
-		if (!told && atomic_load(&g->fail)) {
+		if (!atomic_load(&g->told) && atomic_load(&g->fail)) {
 			forward_failure(g);
-			told = 1;
+			atomic_store(&g->told, 1);
 		}
 		if (poll_set_fit(g, ps) < 0) {
 			st_group_fail(g, R_EXIT, g->rank, g->rank);
@@ -815,7 +814,6 @@ static void watch(st_group *g, poll_set *ps)
 				serve_slot(g, &ps->slots[i], ps->fds[i].revents);
 		drop_stale_pending(g, st_mono_ns());
 	}
-	atomic_store(&g->told, told);
 }
 
 static void *monitor(void *arg)
