@@ -332,10 +332,11 @@ wrong = [s for s, v in at.items() if v != {s // g}]
 missing = [s for s in range(n * g) if s not in at]
 extra = [s for s in at if s >= n * g]
 # the generation that trained the kept record of step s: the last one that
-# resumed at or before s. A generation ended by a failure (a worker or an
+# resumed at or before s, from a checkpoint (restore) or in place (reform:
+# the survivors' memory). A generation ended by a failure (a worker or an
 # agent SIGKILLed) loses its worker's buffered sample lines with it: a
 # missing sample is explained only when its step's trainer is one of those.
-resume = [(1, 0)] + [(r["gen"], r["step"]) for r in restores]
+resume = [(1, 0)] + [(r["gen"], r["step"]) for r in recs if r.get("event") in ("restore", "reform")]
 killed = {r["gen"] for r in recs if r.get("event") == "failure"}
 def trainer(st):
     t = None
