@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -713,8 +714,22 @@ static void gen_failure(st_ctl *c, int s, const char *fmt, ...)
 	}
 }
 
+/* A worker of a noticed generation ended without saving (killed by the
+ * notice's SIGTERM before its stop handlers were installed, or never
+ * started): before the generation's first step nothing is lost by stopping
+ * it now, and its peers would otherwise wait for it until the grace. */
+static void notice_unsaved(st_ctl *c, int r, const char *how)
+{
+	gen *g = &c->g;
+	if (g->first_step >= 0 || g->stop_how == STOP_KILL || g->nexited >= g->world)
+		return;
+	logf_("worker rank %d %s before generation %d's first step: stop how=kill", r, how, g->id);
+	gen_stop(c, STOP_KILL);
+}
+
 /* Worker r of the running generation ended with code (exit status, or
- * 128+signal; -1: lost with its agent). */
+ * 128+signal; -1: lost with its agent); signal: the signal that killed it,
+ * 0 if it exited (a trainer stopped by a notice exits with status 143). */
 static void worker_exited(st_ctl *c, int r, int code, int signal)
 {
 	gen *g = &c->g;
@@ -730,14 +745,19 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 		return;
 	if (code == 138 && (g->stop_how == STOP_RESIZE || g->stop_how == STOP_NOTICE))
 		return;
-	if (code == 143 && g->stop_how == STOP_NOTICE)
+	if (code == 143 && g->stop_how == STOP_NOTICE) {
+		if (signal == SIGTERM)
+			notice_unsaved(c, r, "was killed by its SIGTERM");
 		return;
+	}
 	if (code == 143 && !g->failed && g->stop_how == STOP_NONE) {
 		/* SIGTERM from outside to a worker: a preemption notice */
 		g->stop_how = STOP_NOTICE;
 		g->stop_mono = st_mono_s();
 		gen_preempt(g, w->slice, c->o.repair_delay);
 		transition(c, S_RESIZING, "worker rank %d of slice %d got a preemption notice (SIGTERM)", r, w->slice);
+		if (signal == SIGTERM)
+			notice_unsaved(c, r, "was killed by its SIGTERM");
 		return;
 	}
 	if (code == 138 && !g->failed && g->stop_how == STOP_NONE) {
@@ -1005,7 +1025,10 @@ static void conn_drop(st_ctl *c, int i, const char *why)
 			gen *g = &c->g;
 			for (int r = 0; r < g->world; r++)
 				if (g->w[r].slice == s && g->w[r].host == h && !g->w[r].exited) {
-					if (was_noticed || g->stop_how == STOP_KILL)
+					if (was_noticed && !g->w[r].pid) {
+						worker_exited(c, r, 143, 0);
+						notice_unsaved(c, r, "was never started by its agent");
+					} else if (was_noticed || g->stop_how == STOP_KILL)
 						worker_exited(c, r, was_noticed ? 143 : -1, 0);
 					else
 						worker_exited(c, r, -1, 0);

@@ -147,6 +147,20 @@ el_wait_steps() {
 	return 1
 }
 
+# el_samples_once STEPS GLOBAL_BATCH: the sample logs ($TMP/samples.*) hold
+# every sample index 0..STEPS*GLOBAL_BATCH-1, each trained at its step only
+el_samples_once() {
+	cat "$TMP"/samples.* | /usr/bin/python3 -c '
+import sys
+pairs = {tuple(map(int, l.split())) for l in sys.stdin}
+at = {}
+for st, s in pairs:
+    at.setdefault(s, set()).add(st)
+n, g = int(sys.argv[1]), int(sys.argv[2])
+print(f"samples: {len(pairs)} distinct (step, sample) pairs, {len(at)} samples, want 0..{n * g - 1}")
+sys.exit(sorted(at) != list(range(n * g)) or any(v != {s // g} for s, v in at.items()))' "$1" "$2"
+}
+
 # el_get KEY: from el_summary's output on stdin
 el_get() { sed -n "s/^$1=//p"; }
 

@@ -54,15 +54,7 @@ echo "summary: $(echo $sum)"
 ev=$(el_events pre "$TMP/pre.jsonl")
 echo "events: $ev"
 [[ "$ev" == "preemption shrink restore grow reform summary" ]] || fail "events: '$ev'"
-cat "$TMP"/samples.* | /usr/bin/python3 -c '
-import sys
-pairs = {tuple(map(int, l.split())) for l in sys.stdin}
-at = {}
-for st, s in pairs:
-    at.setdefault(s, set()).add(st)
-n, g = int(sys.argv[1]), int(sys.argv[2])
-print(f"samples: {len(pairs)} distinct (step, sample) pairs, {len(at)} samples, want 0..{n * g - 1}")
-sys.exit(sorted(at) != list(range(n * g)) or any(v != {s // g} for s, v in at.items()))' $steps $((2 * el_batch)) ||
+el_samples_once $steps $((2 * el_batch)) ||
 	fail "samples skipped, repeated or trained at the wrong step"
 
 # sigterm_run NAME WHAT: a 2-slice run; once 5 steps are done, SIGTERM to
