@@ -29,6 +29,8 @@
  * accumulators) when head_dim is a multiple of 16; in builds without
  * AVX-512, AVX2 ones (6 rows x 16 columns, the same FMAs in the same order,
  * so the same results) when it is a multiple of 8; plain loops otherwise.
+ * The AVX2 ones skip the zero terms of the diagonal tiles (TRI_* below),
+ * which changes no bit.
  * K (and V, in backward) are first transposed per (batch, kv head) into
  * (D, Tpad) arrays so score tiles read contiguous key vectors.
  *
@@ -82,6 +84,20 @@ static size_t kv_bytes(const attn *a) { return (size_t)(a->B * a->K * a->D * ldt
 
 /* ---- tile products ---- */
 
+/* The zero terms of a diagonal tile (query block ib = key block jb, so
+ * row r of P, dP and dS is zero past column r), which the AVX2 tile
+ * products skip. Each skipped term would add an exact zero to a sum that
+ * never is -0 (sums start at +0 and x + (-x) is +0), so the results are
+ * bit for bit those of the full products (and of the AVX-512 kernels,
+ * which compute every term). */
+enum {
+	TRI_NONE,
+	TRI_C_LOWER, /* only C(r, c) with c <= r is needed (c a column of the
+			tile): the others are set to 0 (the zero form only) */
+	TRI_A_LOWER, /* a(r, k) = 0 for k > r: row r sums k <= r */
+	TRI_A_UPPER, /* a(r, k) = 0 for k < r: row r sums k >= r */
+};
+
 #if ST_HAVE_AVX2
 /* R rows x NV 8-float vectors of C (ld ldc) from sum_k a(r, k) B[k] (k
  * increasing, one FMA each), a(r, k) = A[r*sr + k*sc], B[k] = Bm + k*ldb:
@@ -122,21 +138,33 @@ static inline __attribute__((always_inline)) void acc_block8(float *C, int64_t l
 
 /* C (m x ncols, ld ldc; ncols a multiple of 8) from A (m x kn, read as in
  * acc_block8) and Bm (kn x ncols, ld ldb), in blocks of 6 rows x 16
- * columns. `zero` is a constant at each call (acc_tiles8 below), and a scale
- * is applied by the caller after: with both forms in one loop, or the scale
- * kept for after it, GCC ran out of the 16 registers and reloaded a B vector
- * from the stack at every FMA that used it. */
+ * columns, skipping the zero terms that `tri` names. `zero` is a constant
+ * at each call (acc_tiles8 below), and a scale is applied by the caller
+ * after: with both forms in one loop, or the scale kept for after it, GCC
+ * ran out of the 16 registers and reloaded a B vector from the stack at
+ * every FMA that used it. */
 static inline __attribute__((always_inline)) void acc_tiles8_form(
 	float *C, int64_t ldc, int64_t m, int64_t ncols, const float *A, int64_t sr, int64_t sc,
-	int64_t kn, const float *Bm, int64_t ldb, int zero)
+	int64_t kn, const float *Bm, int64_t ldb, int zero, int tri)
 {
+	/* rows r .. r+R-1 sum k in [k0, k1) */
 #define ACC8(R)                                                                                    \
-	(nv == 2 ? acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 2, zero)                          \
-		 : acc_block8(c, ldc, ar, sr, sc, kn, b, ldb, R, 1, zero))
+	do {                                                                                       \
+		int64_t k0 = tri == TRI_A_UPPER ? (r < kn ? r : kn) : 0;                            \
+		int64_t k1 = tri == TRI_A_LOWER && r + (R) < kn ? r + (R) : kn;                     \
+		const float *ak = ar + k0 * sc, *bk = b + k0 * ldb;                                 \
+		if (nv == 2)                                                                        \
+			acc_block8(c, ldc, ak, sr, sc, k1 - k0, bk, ldb, R, 2, zero);               \
+		else                                                                                \
+			acc_block8(c, ldc, ak, sr, sc, k1 - k0, bk, ldb, R, 1, zero);               \
+	} while (0)
 	for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
 		int nv = ncols - c0 >= 16 ? 2 : 1;
 		const float *b = Bm + c0;
 		int64_t r = 0;
+		if (tri == TRI_C_LOWER) /* rows above c0: no needed column in this strip */
+			for (; r < m && r < c0; r++)
+				memset(C + r * ldc + c0, 0, (size_t)(8 * nv) * sizeof(float));
 		for (; r + 6 <= m; r += 6) {
 			float *c = C + r * ldc + c0;
 			const float *ar = A + r * sr;
@@ -157,18 +185,20 @@ static inline __attribute__((always_inline)) void acc_tiles8_form(
 }
 
 static void acc_tiles8(float *C, int64_t ldc, int64_t m, int64_t ncols, const float *A, int64_t sr,
-		       int64_t sc, int64_t kn, const float *Bm, int64_t ldb, int zero)
+		       int64_t sc, int64_t kn, const float *Bm, int64_t ldb, int zero, int tri)
 {
 	if (zero)
-		acc_tiles8_form(C, ldc, m, ncols, A, sr, sc, kn, Bm, ldb, 1);
+		acc_tiles8_form(C, ldc, m, ncols, A, sr, sc, kn, Bm, ldb, 1, tri);
 	else
-		acc_tiles8_form(C, ldc, m, ncols, A, sr, sc, kn, Bm, ldb, 0);
+		acc_tiles8_form(C, ldc, m, ncols, A, sr, sc, kn, Bm, ldb, 0, tri);
 }
 #endif
 
-/* S (m x BK, ld BK) = scale * A (m x D, ld lda) BT (D x BK, ld ldb). */
+/* S (m x BK, ld BK) = scale * A (m x D, ld lda) BT (D x BK, ld ldb); tri:
+ * TRI_NONE, or TRI_C_LOWER for a diagonal tile (AVX2: the entries past the
+ * diagonal are 0 instead; the other kernels compute them). */
 static void tile_scores(const attn *a, float *S, const float *A, int64_t lda, int64_t m,
-			const float *BT, int64_t ldb)
+			const float *BT, int64_t ldb, int tri)
 {
 	int64_t D = a->D;
 	float scale = a->scale;
@@ -228,7 +258,7 @@ static void tile_scores(const attn *a, float *S, const float *A, int64_t lda, in
 #endif
 #if ST_HAVE_AVX2
 	if (a->vec8) {
-		acc_tiles8(S, BK, m, BK, A, lda, 1, D, BT, ldb, 1);
+		acc_tiles8(S, BK, m, BK, A, lda, 1, D, BT, ldb, 1, tri);
 		__m256 vs = _mm256_set1_ps(scale); /* the same rounding as scaling each sum */
 		for (int64_t i = 0; i < m * BK; i += 8)
 			_mm256_storeu_ps(S + i, _mm256_mul_ps(_mm256_loadu_ps(S + i), vs));
@@ -291,10 +321,12 @@ static inline __attribute__((always_inline)) void acc_block(float *C, int64_t ld
 /*
  * C (m x D, ld ldc) += Amat Bm, Amat (m x kn) read as a(r, k) = A[r*sr + k*sc]
  * (sr = ld, sc = 1: A as stored; sr = 1, sc = ld: A transposed), Bm (kn x D,
- * ld ldb). Each element of C adds its kn terms in increasing k.
+ * ld ldb). Each element of C adds its kn terms in increasing k; tri: the
+ * zero terms of Amat, which the AVX2 kernel skips (TRI_NONE, TRI_A_LOWER,
+ * TRI_A_UPPER).
  */
 static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const float *A, int64_t sr,
-		     int64_t sc, int64_t kn, const float *Bm, int64_t ldb)
+		     int64_t sc, int64_t kn, const float *Bm, int64_t ldb, int tri)
 {
 	int64_t D = a->D;
 #if ST_HAVE_AVX512
@@ -328,7 +360,7 @@ static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const floa
 #endif
 #if ST_HAVE_AVX2
 	if (a->vec8) {
-		acc_tiles8(C, ldc, m, D, A, sr, sc, kn, Bm, ldb, 0);
+		acc_tiles8(C, ldc, m, D, A, sr, sc, kn, Bm, ldb, 0, tri);
 		return;
 	}
 #endif
@@ -368,16 +400,16 @@ static void fwd_scores(const void *ctx, float *S, void *scratch, int64_t b, int6
 	const attn *a = &f->a;
 	const float *Q = f->q + ((b * a->T + ib * BQ) * a->H + h) * a->D;
 	const float *KT = f->kt + (b * a->K + h / a->group) * a->D * ldt(a) + jb * BK;
-	tile_scores(a, S, Q, a->H * a->D, mrows, KT, ldt(a));
+	tile_scores(a, S, Q, a->H * a->D, mrows, KT, ldt(a), ib == jb ? TRI_C_LOWER : TRI_NONE);
 }
 
 static void fwd_pv(const void *ctx, float *O, const float *S, void *scratch, int64_t b, int64_t kh,
-		   int64_t jb, int64_t mrows, int64_t n)
+		   int64_t ib, int64_t jb, int64_t mrows, int64_t n)
 {
 	const fwd *f = ctx;
 	const attn *a = &f->a;
 	tile_acc(a, O, a->D, mrows, S, BK, 1, n, f->v + ((b * a->T + jb * BK) * a->K + kh) * a->D,
-		 a->K * a->D);
+		 a->K * a->D, ib == jb ? TRI_A_LOWER : TRI_NONE);
 }
 
 int st_attention_forward(float *out, float *lse, const float *q, const float *k,
@@ -439,11 +471,12 @@ static void tile_grads(const bwd *w, int64_t b, int64_t h, int64_t ib, int64_t j
 	const float *Q = w->q + ((b * T + q0) * a->H + h) * D;
 	const float *dO = w->dout + ((b * T + q0) * a->H + h) * D;
 	int64_t kv = (b * a->K + kh) * D * ldt(a) + k0;
-	tile_scores(a, P, Q, ldq, mrows, w->kt + kv, ldt(a));
+	int tri = ib == jb ? TRI_C_LOWER : TRI_NONE;
+	tile_scores(a, P, Q, ldq, mrows, w->kt + kv, ldt(a), tri);
 	/* dP = dO V^T, through the same kernel with scale 1 */
 	attn one = *a;
 	one.scale = 1.0f;
-	tile_scores(&one, dS, dO, ldq, mrows, w->vt + kv, ldt(a));
+	tile_scores(&one, dS, dO, ldq, mrows, w->vt + kv, ldt(a), tri);
 	attn_grads_rows(a, ib, jb, mrows, P, dS, w->lse + (b * a->H + h) * T + q0,
 			w->di + (b * a->H + h) * T + q0);
 }
@@ -459,13 +492,17 @@ static void tile_backward(const void *ctx, int64_t b, int64_t h, int64_t ib, int
 	int64_t mrows = T - q0 < BQ ? T - q0 : BQ, n = T - k0 < BK ? T - k0 : BK;
 	int64_t ldq = a->H * D, ldk = a->K * D;
 	int64_t qoff = ((b * T + q0) * a->H + h) * D, koff = ((b * T + k0) * a->K + kh) * D;
+	int diag = ib == jb;
 	tile_grads(w, b, h, ib, jb, P, dS);
 	if (which & G_DKV) {
-		tile_acc(a, w->dv + koff, ldk, n, P, 1, BK, mrows, w->dout + qoff, ldq);
-		tile_acc(a, w->dk + koff, ldk, n, dS, 1, BK, mrows, w->q + qoff, ldq);
+		/* P^T and dS^T: row c (a key) is zero before column c */
+		int tri = diag ? TRI_A_UPPER : TRI_NONE;
+		tile_acc(a, w->dv + koff, ldk, n, P, 1, BK, mrows, w->dout + qoff, ldq, tri);
+		tile_acc(a, w->dk + koff, ldk, n, dS, 1, BK, mrows, w->q + qoff, ldq, tri);
 	}
 	if (which & G_DQ)
-		tile_acc(a, w->dq + qoff, ldq, mrows, dS, BK, 1, n, w->k + koff, ldk);
+		tile_acc(a, w->dq + qoff, ldq, mrows, dS, BK, 1, n, w->k + koff, ldk,
+			 diag ? TRI_A_LOWER : TRI_NONE);
 }
 
 int st_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,

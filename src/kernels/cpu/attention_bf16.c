@@ -473,7 +473,7 @@ static void fwd_scores(const void *ctx, float *S, void *scratch, int64_t b, int6
 
 /* O += P V_j, P rounded to bf16 rows. */
 static void fwd_pv(const void *ctx, float *O, const float *S, void *scratch, int64_t b, int64_t kh,
-		   int64_t jb, int64_t mrows, int64_t n)
+		   int64_t ib, int64_t jb, int64_t mrows, int64_t n)
 {
 	const bfw *w = ctx;
 	int64_t D = w->a.D;

@@ -197,7 +197,7 @@ static inline float softmax_row(const attn *a, float *s, int64_t lim, float *m, 
  *   scores: S (mrows x BK, ld BK) = scale * Q_i K_j^T for query block ib of
  *           head h and key block jb;
  *   pv:     O (mrows x D, ld D) += P V_j, P (mrows x n) in S (ld BK), zero
- *           past each row's valid keys;
+ *           past each row's valid keys (for query block ib);
  * both with the thread's scratch (scratch_bytes, zeroed per call).
  * One task per (batch, head, query block), largest first; online softmax
  * over the key blocks up to the diagonal, then out = O / l and
@@ -207,7 +207,7 @@ static inline float softmax_row(const attn *a, float *s, int64_t lim, float *m, 
 typedef void (*attn_scores_fn)(const void *ctx, float *S, void *scratch, int64_t b, int64_t h,
 			       int64_t ib, int64_t jb, int64_t mrows);
 typedef void (*attn_pv_fn)(const void *ctx, float *O, const float *S, void *scratch, int64_t b,
-			   int64_t kh, int64_t jb, int64_t mrows, int64_t n);
+			   int64_t kh, int64_t ib, int64_t jb, int64_t mrows, int64_t n);
 
 static inline void attn_forward_tasks(const attn *a, float *out, float *lse, const void *ctx,
 				      attn_scores_fn scores, attn_pv_fn pv, size_t scratch_bytes,
@@ -246,7 +246,7 @@ static inline void attn_forward_tasks(const attn *a, float *out, float *lse, con
 					for (int64_t d = 0; d < D; d++)
 						o[d] *= alpha;
 				}
-				pv(ctx, O, S, scratch, b, kh, jb, mrows, n);
+				pv(ctx, O, S, scratch, b, kh, ib, jb, mrows, n);
 			}
 			for (int64_t r = 0; r < mrows; r++) {
 				float inv = 1.0f / l[r];
