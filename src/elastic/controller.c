@@ -745,17 +745,15 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 		return;
 	if (code == 138 && (g->stop_how == STOP_RESIZE || g->stop_how == STOP_NOTICE))
 		return;
-	if (code == 143 && g->stop_how == STOP_NOTICE) {
-		if (signal == SIGTERM)
-			notice_unsaved(c, r, "was killed by its SIGTERM");
-		return;
-	}
-	if (code == 143 && !g->failed && g->stop_how == STOP_NONE) {
-		/* SIGTERM from outside to a worker: a preemption notice */
-		g->stop_how = STOP_NOTICE;
-		g->stop_mono = st_mono_s();
-		gen_preempt(g, w->slice, c->o.repair_delay);
-		transition(c, S_RESIZING, "worker rank %d of slice %d got a preemption notice (SIGTERM)", r, w->slice);
+	if (code == 143 && (g->stop_how == STOP_NOTICE || (!g->failed && g->stop_how == STOP_NONE))) {
+		if (g->stop_how == STOP_NONE) {
+			/* SIGTERM from outside to a worker: a preemption notice */
+			g->stop_how = STOP_NOTICE;
+			g->stop_mono = st_mono_s();
+			gen_preempt(g, w->slice, c->o.repair_delay);
+			transition(c, S_RESIZING, "worker rank %d of slice %d got a preemption notice (SIGTERM)", r,
+				   w->slice);
+		}
 		if (signal == SIGTERM)
 			notice_unsaved(c, r, "was killed by its SIGTERM");
 		return;
