@@ -7,23 +7,42 @@
 # Intel Xeon with AMX"). Each program in the bundle is a wrapper script:
 #   $BUILD/bundle/train_step --slicetrain $BUILD/bundle/slicetrain --no-torch
 # The binaries stop with SIGILL on a CPU without the instructions OPT names.
+# PERF=1 also bundles this machine's perf and keeps slicetrain's symbols (for
+# `perf record` there); the bundle is then packed as $BUILD/bundle.tar.gz,
+# which fits what the device tool carries (64 MiB), to unpack on arrival.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-avx512}
 OPT=${OPT:--O2 -march=x86-64-v4 -mavx512bf16 -mtune=generic}
+PERF=${PERF:-0}
 progs=(slicetrain tests/test_kernels bench/attention bench/train_step)
 make -s -j2 BUILD="$BUILD" OPT="$OPT" "${progs[@]/#/$BUILD/}"
 out=$BUILD/bundle
+bundle_libs() { ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do cp -L "$lib" "$out/lib/"; done; }
+wrapper() {
+	printf '#!/bin/sh\nd=$(cd "$(dirname "$0")" && pwd)\nexec "$d/lib/ld-linux-x86-64.so.2" --library-path "$d/lib" "$d/%s.bin" "$@"\n' \
+		"$1" >"$out/$1"
+	chmod +x "$out/$1"
+}
 rm -rf "$out"
 mkdir -p "$out/lib"
 for f in "${progs[@]}"; do
 	name=$(basename "$f")
 	cp "$BUILD/$f" "$out/$name.bin"
-	strip "$out/$name.bin"
-	ldd "$BUILD/$f" | awk '/=>/ {print $3}' | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-	printf '#!/bin/sh\nd=$(cd "$(dirname "$0")" && pwd)\nexec "$d/lib/ld-linux-x86-64.so.2" --library-path "$d/lib" "$d/%s.bin" "$@"\n' \
-		"$name" >"$out/$name"
-	chmod +x "$out/$name"
+	if [ "$PERF" != 1 ] || [ "$name" != slicetrain ]; then strip "$out/$name.bin"; fi
+	bundle_libs "$BUILD/$f"
+	wrapper "$name"
 done
+if [ "$PERF" = 1 ]; then
+	perf=$(command -v perf) || { echo "portable.sh: PERF=1 needs perf (apt-get install linux-perf)" >&2; exit 1; }
+	cp -L "$perf" "$out/perf.bin"
+	bundle_libs "$perf"
+	wrapper perf
+fi
 cp -L /lib64/ld-linux-x86-64.so.2 "$out/lib/"
+if [ "$PERF" = 1 ]; then
+	tar -C "$BUILD" -czf "$BUILD/bundle.tar.gz" bundle
+	echo "$BUILD/bundle.tar.gz: $(du -sh "$BUILD/bundle.tar.gz" | cut -f1) (OPT=$OPT, with perf)"
+	exit 0
+fi
 echo "$out: $(du -sh "$out" | cut -f1) (OPT=$OPT)"
