@@ -24,6 +24,9 @@ while [ $# -gt 0 ]; do
 	*) echo "profile_modes.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
+command -v "$PERF" >/dev/null ||
+	{ echo "profile_modes.sh: no '$PERF' (scripts/install-deps.sh --bench installs linux-perf)" >&2; exit 2; }
+[ -x "$ST" ] || { echo "profile_modes.sh: no slicetrain at '$ST' (make, or set ST)" >&2; exit 2; }
 mkdir -p "$out"
 maps_before=$(ls /tmp/perf-*.map 2>/dev/null || true)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)

@@ -18,6 +18,7 @@ if [ "${1:-}" = "--test" ]; then
 fi
 if [ "${1:-}" = "--bench" ]; then
 	pkgs+=(python3 python3-venv g++ openmpi-bin libopenmpi-dev util-linux) # g++: torch.compile
+	pkgs+=(linux-perf) # bench/profile_modes.sh, bench/portable.sh PERF=1
 fi
 if [ "${1:-}" = "--ray" ]; then
 	pkgs+=(python3 python3-venv iproute2 util-linux) # the local Ray cluster: ip, unshare, nsenter
