@@ -7,6 +7,8 @@
 # JIT kernels are named through its perf map (DNNL_JIT_PROFILE=2; the
 # /tmp/perf-PID.map files this run leaves are removed at the end).
 #   bash bench/profile_modes.sh [--threads N] [--steps N] [--pairs N] [--out DIR]
+# Defaults: 1 thread, 4 steps, 2 pairs, /tmp/slicetrain-profile, where each
+# run's log and perf.data stay (MODE.PAIR.log, MODE.PAIR.data) for `perf report`.
 # ST (slicetrain binary, default build/slicetrain) and PERF (default perf) can
 # point into bench/portable.sh's PERF=1 bundle on a machine without our packages.
 set -euo pipefail
@@ -16,14 +18,19 @@ PERF=${PERF:-perf}
 threads=1 steps=4 pairs=2 out=/tmp/slicetrain-profile
 while [ $# -gt 0 ]; do
 	case $1 in
-	--threads) threads=$2; shift 2 ;;
-	--steps) steps=$2; shift 2 ;;
-	--pairs) pairs=$2; shift 2 ;;
-	--out) out=$2; shift 2 ;;
-	-h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+	--threads) threads=${2-}; shift $(($# > 1 ? 2 : 1)) ;;
+	--steps) steps=${2-}; shift $(($# > 1 ? 2 : 1)) ;;
+	--pairs) pairs=${2-}; shift $(($# > 1 ? 2 : 1)) ;;
+	--out) out=${2-}; shift $(($# > 1 ? 2 : 1)) ;;
+	-h|--help) sed -n '2,13p' "$0"; exit 0 ;;
 	*) echo "profile_modes.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 done
+for v in "$threads" "$steps" "$pairs"; do
+	[[ $v =~ ^[1-9][0-9]{0,3}$ ]] ||
+		{ echo "profile_modes.sh: --threads, --steps and --pairs take a positive number, not '$v'" >&2; exit 2; }
+done
+[ -n "$out" ] || { echo "profile_modes.sh: --out needs a directory" >&2; exit 2; }
 command -v "$PERF" >/dev/null ||
 	{ echo "profile_modes.sh: no '$PERF' (scripts/install-deps.sh --bench installs linux-perf)" >&2; exit 2; }
 [ -x "$ST" ] || { echo "profile_modes.sh: no slicetrain at '$ST' (make, or set ST)" >&2; exit 2; }
