@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_cpu.h"
 #include "base/err.h"
 #include "base/rng.h"
 #include "kernels/cpu/ops.h"
@@ -96,8 +97,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	double prod = 2.0 * (double)B * (double)H * (double)T * (double)T * (double)D / 2.0;
-	printf("attention B=%lld T=%lld H=%lld K=%lld D=%lld, median of %d runs\n", (long long)B,
-	       (long long)T, (long long)H, (long long)K, (long long)D, runs);
+	char cpu[512];
+	bench_cpu_model(cpu, sizeof(cpu));
+	printf("attention B=%lld T=%lld H=%lld K=%lld D=%lld, median of %d runs\ncpu: %s\n", (long long)B,
+	       (long long)T, (long long)H, (long long)K, (long long)D, runs, cpu);
 	printf("%-7s %-5s %9s %9s %9s %9s %9s %9s %8s\n", "threads", "dtype", "fwd ms", "bwd ms",
 	       "total ms", "fwd GF/s", "bwd GF/s", "tot GF/s", "speedup");
 	for (int ti = 0; ti < nthreads; ti++) {

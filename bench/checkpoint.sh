@@ -28,7 +28,7 @@ PERIOD=${PERIOD:-5}
 dir=${DIR:-$(mktemp -d "$PWD/.bench-ckpt.XXXXXX")}
 [ -n "${DIR:-}" ] || trap 'rm -rf "$dir"' EXIT
 mkdir -p "$dir"
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores; $(uptime | sed 's/.*load/load/')"
+echo "$(bench/cpu.sh); $(uptime | sed 's/.*load/load/')"
 
 med() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 

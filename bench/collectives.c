@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_cpu.h"
 #include "base/err.h"
 #include "comm/comm.h"
 
@@ -307,8 +308,9 @@ int main(int argc, char **argv)
 	shared *sh = mmap(NULL, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (sh == MAP_FAILED)
 		return 1;
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	printf("# slicetrain collectives: %ld CPUs, sizes %ld..%ld x%ld, float\n", ncpu, lo, hi, factor);
+	char cpu[512];
+	bench_cpu_model(cpu, sizeof(cpu));
+	printf("# slicetrain collectives: sizes %ld..%ld x%ld, float\n# cpu: %s\n", lo, hi, factor, cpu);
 	static row ours[8][MAXROWS], theirs[8][MAXROWS];
 	int nours[8] = { 0 }, ntheirs[8] = { 0 }, bad = 0;
 	for (int k = 0; k < nn; k++)

@@ -42,6 +42,7 @@ trap 'exit 130' INT TERM
 keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size="$BATCH" max_target_length="$SEQ"
 	dataset_type=synthetic checkpoint_period="$PERIOD" async_checkpointing=true max_num_checkpoints_to_keep=3
 	dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$T/o")
+"$ROOT/bench/cpu.sh"
 echo "goodput: llama3-test, per_device_batch_size $BATCH x $SEQ tokens, 2 slices x 1 device, checkpoint_period $PERIOD;" \
 	"a SIGKILL of a random worker every $INTERVAL s, --repair-delay $REPAIR; $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(date -u '+%F %H:%M UTC')"
 

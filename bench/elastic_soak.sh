@@ -81,6 +81,7 @@ keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size="$BA
 	dataset_type=synthetic steps="$STEPS" checkpoint_period="$PERIOD" async_checkpointing=true
 	max_num_checkpoints_to_keep="$KEEP" dcn_data_parallelism=-1 learning_rate="$LR" base_output_directory="$T/o")
 gb=$((BATCH * 2))
+"$ROOT/bench/cpu.sh"
 echo "soak: $nf fault(s) ($FAULTS), seed $SEED, repair delay $REPAIR s, $STEPS steps, llama3-test batch $BATCH x $SEQ per device, steps of at least $MIN_STEP_S s, checkpoint_period $PERIOD, keep $KEEP; $ST"
 
 # the fault-free reference: the same steps on 2 slices, straight through,

@@ -13,6 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 common=(configs/base.yml model_name=llama3-125m max_target_length=256 per_device_batch_size=1
 	steps="$steps" dataset_type=synthetic remat_policy=full enable_checkpointing=false
 	base_output_directory="$tmp" learning_rate=1e-4)
+bench/cpu.sh
 median() { grep '^completed step' "$1" | tail -n +3 | sed 's/.*Tokens\/s\/device: \([0-9.]*\),.*/\1/' | sort -g |
 	awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 OMP_NUM_THREADS=1 taskset -c 0 "$bin" train "${common[@]}" run_name=one >"$tmp/one" 2>"$tmp/one.err"

@@ -36,11 +36,8 @@ command -v "$PERF" >/dev/null ||
 [ -x "$ST" ] || { echo "profile_modes.sh: no slicetrain at '$ST' (make, or set ST)" >&2; exit 2; }
 mkdir -p "$out"
 maps_before=$(ls /tmp/perf-*.map 2>/dev/null || true)
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)
-fam=$(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2)
-mod=$(grep -m1 -E '^model\s' /proc/cpuinfo | cut -d: -f2)
 flags=$(grep -m1 -o -E 'avx512_bf16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ' || true)
-echo "CPU:$cpu, family$fam model$mod, $(nproc) logical CPUs, ${flags:-no AVX512_BF16/AMX}"
+echo "$(bench/cpu.sh), ${flags:-no AVX512_BF16/AMX}"
 echo "threads $threads, steps $steps, pairs $pairs, out $out"
 for p in $(seq "$pairs"); do
 	for mode in fp32 bf16-storage; do

@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "bench_cpu.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/pages.h"
@@ -84,6 +85,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	double mb = 4e-6 * (double)numel;
+	char cpu[512];
+	bench_cpu_model(cpu, sizeof(cpu));
+	printf("cpu: %s\n", cpu);
 	printf("restore: %.1f MB in %.3f s (%.0f MB/s), CPU %.3f s; %.1f MB read straight into the destination\n", mb,
 	       dt, mb / dt, dc, 1e-6 * (double)meta.bytes_direct);
 	st_ckpt_meta_release(&meta);

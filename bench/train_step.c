@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_cpu.h"
 #include "base/err.h"
 #include "config/config.h"
 #include "kernels/cpu/bf16.h"
@@ -234,29 +235,6 @@ static void torch_peer(run *r, const char *python, const st_config *c, const cha
 		sscanf(p, "median_step_s=%*f tokens/s=%lf", tokens);
 }
 
-/* "AMD EPYC ..., family 26 model 2" from /proc/cpuinfo */
-static void cpu_model(char *buf, size_t n)
-{
-	char line[512], name[256] = "?", fam[32] = "?", mod[32] = "?";
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	while (f && fgets(line, sizeof(line), f)) {
-		char *colon = strchr(line, ':');
-		if (!colon)
-			continue;
-		char *val = colon + 1 + (colon[1] == ' ');
-		val[strcspn(val, "\n")] = 0;
-		if (!strncmp(line, "model name", 10) && !strcmp(name, "?"))
-			snprintf(name, sizeof(name), "%s", val);
-		else if (!strncmp(line, "cpu family", 10) && !strcmp(fam, "?"))
-			snprintf(fam, sizeof(fam), "%s", val);
-		else if (!strncmp(line, "model\t", 6) && !strcmp(mod, "?"))
-			snprintf(mod, sizeof(mod), "%s", val);
-	}
-	if (f)
-		fclose(f);
-	snprintf(buf, n, "%s, family %s model %s, %ld logical CPUs", name, fam, mod, sysconf(_SC_NPROCESSORS_ONLN));
-}
-
 static double load1(void)
 {
 	double l[1] = {0};
@@ -380,7 +358,7 @@ int main(int argc, char **argv)
 	int cpu_bf16 = st_cpu_has_bf16();
 
 	char cpu[512];
-	cpu_model(cpu, sizeof(cpu));
+	bench_cpu_model(cpu, sizeof(cpu));
 	printf("bench/train_step: llama3-125m, batch 4 x 512, remat none; %s\n",
 	       cpu_bf16 ? "CPU has AVX512_BF16" : st_cpu_bf16_message());
 	printf("cpu: %s\n", cpu);
