@@ -20,6 +20,9 @@ BUILD=${BUILD:-build-avx512}
 OPT=${OPT:--O2 -march=x86-64-v4 -mavx512bf16 -mtune=generic}
 PERF=${PERF:-0}
 MPI=${MPI:-0}
+for v in "$PERF" "$MPI"; do
+	[ "$v" = 0 ] || [ "$v" = 1 ] || { echo "portable.sh: PERF and MPI take 0 or 1, not '$v'" >&2; exit 2; }
+done
 progs=(slicetrain tests/test_kernels bench/attention bench/train_step)
 [ "$MPI" = 1 ] && progs=(bench/collectives bench/mpi_allreduce)
 make -s -j2 BUILD="$BUILD" OPT="$OPT" "${progs[@]/#/$BUILD/}"

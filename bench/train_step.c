@@ -29,7 +29,9 @@
  * Run from the repository root (bench/train_step.sh builds and runs it).
  */
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
+#include <signal.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,33 @@ typedef struct run {
 	int bf16_missing; /* the "not built yet" warning was printed */
 	char out[MAXOUT];
 } run;
+
+/* The runs' output directory (base_output_directory), made by mkdtemp at the
+ * start and removed at exit; PyTorch's inductor keeps its compiled kernels
+ * under it too (TORCHINDUCTOR_CACHE_DIR, and TMPDIR for its precompiled
+ * headers), so nothing is left in /tmp. */
+static char outdir[] = "/tmp/slicetrain-bench.XXXXXX";
+static char a_outdir[64];
+static volatile sig_atomic_t stop_sig;
+static volatile pid_t child;
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st, (void)flag, (void)ftw;
+	remove(path);
+	return 0;
+}
+
+static void remove_outdir(void) { nftw(outdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* SIGINT, SIGTERM, SIGHUP: stop the running child; the bench exits (and
+ * removes outdir) when that child is gone. */
+static void on_signal(int sig)
+{
+	stop_sig = sig;
+	if (child > 0)
+		kill(child, SIGTERM);
+}
 
 static double now_s(void)
 {
@@ -91,6 +120,8 @@ static void spawn(run *r, char *const argv[], int threads)
 		return;
 	}
 	pid_t pid = fork();
+	if (pid > 0)
+		child = pid;
 	if (pid == 0) {
 		char t[16];
 		snprintf(t, sizeof(t), "%d", threads);
@@ -117,6 +148,11 @@ static void spawn(run *r, char *const argv[], int threads)
 	memset(&ru, 0, sizeof(ru));
 	while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR)
 		;
+	child = 0;
+	if (stop_sig) {
+		fprintf(stderr, "bench/train_step: stopped by signal %d\n", (int)stop_sig);
+		exit(128 + stop_sig);
+	}
 	double wall = now_s() - t0;
 	r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 	r->maxrss_gib = (double)ru.ru_maxrss / (1024.0 * 1024.0);
@@ -163,7 +199,7 @@ static void train(run *r, const char *bin, int threads, int steps, const char *s
 	snprintf(a_dtype, sizeof(a_dtype), "dtype=%s", dtype);
 	char *argv[] = {(char *)bin, "train", "configs/base.yml", "model_name=llama3-125m",
 			"per_device_batch_size=4", a_seq, a_remat, a_steps, a_dtype,
-			"dataset_type=synthetic", "base_output_directory=/tmp/slicetrain-bench",
+			"dataset_type=synthetic", a_outdir,
 			"run_name=bench", "enable_checkpointing=false", (char *)extra, NULL};
 	spawn(r, argv, threads);
 	parse_steps(r);
@@ -248,7 +284,7 @@ static double plan_total(const char *seq, const char *remat, double *act_bytes)
 	snprintf(a_seq, sizeof(a_seq), "max_target_length=%s", seq);
 	snprintf(a_remat, sizeof(a_remat), "remat_policy=%s", remat);
 	char *ov[] = {"model_name=llama3-125m", "per_device_batch_size=4", a_seq, a_remat,
-		      "base_output_directory=/tmp/slicetrain-bench", "run_name=bench"};
+		      a_outdir, "run_name=bench"};
 	st_plan p;
 	if (st_config_load(&c, "configs/base.yml", 6, ov) < 0 || st_plan_compute(&p, &c, 1, 1, 0) < 0) {
 		fprintf(stderr, "plan: %s\n", st_errmsg());
@@ -337,9 +373,25 @@ int main(int argc, char **argv)
 		reps = 1;
 	if (reps > MAXREPS)
 		reps = MAXREPS;
+	if (!mkdtemp(outdir)) {
+		fprintf(stderr, "bench/train_step: cannot create %s: %s\n", outdir, strerror(errno));
+		return 1;
+	}
+	atexit(remove_outdir);
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	snprintf(a_outdir, sizeof(a_outdir), "base_output_directory=%s", outdir);
+	char cache[96];
+	snprintf(cache, sizeof(cache), "%s/inductor", outdir);
+	setenv("TORCHINDUCTOR_CACHE_DIR", cache, 1);
+	setenv("TMPDIR", outdir, 1); /* inductor's precompiled headers follow the temp dir */
 	st_config_set_config_dir("configs");
 	st_config mc;
-	char *mov[] = {"model_name=llama3-125m", "base_output_directory=/tmp/slicetrain-bench", "run_name=bench"};
+	char *mov[] = {"model_name=llama3-125m", a_outdir, "run_name=bench"};
 	if (st_config_load(&mc, "configs/base.yml", 3, mov) < 0) {
 		fprintf(stderr, "config: %s\n", st_errmsg());
 		return 1;
@@ -350,7 +402,7 @@ int main(int argc, char **argv)
 	run *r = malloc(sizeof(*r));
 	char *probe[] = {(char *)bin, "train", "configs/base.yml", "model_name=llama3-test",
 			 "per_device_batch_size=1", "max_target_length=16", "steps=1", "dtype=bfloat16",
-			 "dataset_type=synthetic", "base_output_directory=/tmp/slicetrain-bench",
+			 "dataset_type=synthetic", a_outdir,
 			 "run_name=bench-probe", "enable_checkpointing=false", NULL};
 	spawn(r, probe, 1);
 	parse_steps(r);

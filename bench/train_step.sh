@@ -8,7 +8,8 @@
 # bench/train_step (--threads 1,2 --reps 3 --steps 5 --peer-steps 4
 # --peer-warmup 2 --peer-modes eager,compile,bf16,compile-bf16 --no-torch
 # --no-remat). Over an hour on 2 shared cores (the first torch.compile of
-# each mode takes minutes; later ones hit inductor's cache).
+# each mode takes minutes; later repetitions hit inductor's cache, which
+# lives in the run's temporary directory and goes with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
