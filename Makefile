@@ -118,7 +118,7 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libslicetrain.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libslicetrain.a $(LDLIBS)
 
-$(BUILD)/bench/mpi_allreduce: bench/mpi_allreduce.c
+$(BUILD)/bench/mpi_allreduce: bench/mpi_allreduce.c bench/bench_args.h
 	@mkdir -p $(dir $@)
 	mpicc -O2 -o $@ $<
 

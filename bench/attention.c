@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_args.h"
 #include "bench_cpu.h"
 #include "base/err.h"
 #include "base/rng.h"
@@ -59,11 +60,12 @@ int main(int argc, char **argv)
 	int runs = 7, ns = 0, threads[8] = {1, 2}, nthreads = 2, prec0 = 0, prec1 = 1;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
-			runs = atoi(argv[++i]);
+			if (bench_int("--runs", argv[++i], 1, 100000, &runs) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-			nthreads = 0;
-			for (char *s = strtok(argv[++i], ","); s && nthreads < 8; s = strtok(NULL, ","))
-				threads[nthreads++] = atoi(s);
+			nthreads = bench_int_list("--threads", argv[++i], 1, 1024, threads, 8);
+			if (nthreads < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
 			const char *d = argv[++i];
 			if (!strcmp(d, "fp32") || !strcmp(d, "bf16") || !strcmp(d, "both")) {
@@ -74,7 +76,10 @@ int main(int argc, char **argv)
 				return 2;
 			}
 		} else if (ns < 5) {
-			sh[ns++] = atoll(argv[i]);
+			long d;
+			if (bench_long("shape (B T H K D)", argv[i], 1, 1L << 20, &d) < 0)
+				return 2;
+			sh[ns++] = d;
 		} else {
 			fprintf(stderr, USAGE, argv[0]);
 			return 2;

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_args.h"
 #include "bench_cpu.h"
 #include "base/err.h"
 #include "comm/comm.h"
@@ -55,19 +56,6 @@ static double now(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static long parse_size(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-	if (*end == 'K' || *end == 'k')
-		v *= 1024;
-	else if (*end == 'M' || *end == 'm')
-		v *= 1024 * 1024;
-	else if (*end == 'G' || *end == 'g')
-		v *= 1024.0 * 1024 * 1024;
-	return (long)v;
 }
 
 static int free_port(void)
@@ -255,8 +243,9 @@ static int run_mpi(const char *prog, int n, row *rows, int *nrows)
 int main(int argc, char **argv)
 {
 	int ns[8] = { 2, 4 }, nn = 2, ops[3] = { 1, 1, 1 };
-	const char *modes[4] = { "shm", "tcp" };
-	int nm = 2;
+	static const char *const mode_names[3] = { "shm", "tcp", "hier" };
+	static const char *const op_names[3] = { "allreduce", "reduce_scatter", "allgather" };
+	int mode_on[3] = { 1, 1, 0 };
 	const char *mpi = NULL;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -266,27 +255,29 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--mpi") && v) {
 			mpi = v;
 		} else if (!strcmp(argv[i], "-n") && v) {
-			nn = 0;
-			for (char *s = strtok(strdup(v), ","); s && nn < 8; s = strtok(NULL, ","))
-				ns[nn++] = atoi(s);
+			if ((nn = bench_int_list("-n", v, 2, MAXN, ns, 8)) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "-m") && v) {
-			nm = 0;
-			for (char *s = strtok(strdup(v), ","); s && nm < 4; s = strtok(NULL, ","))
-				modes[nm++] = s;
+			if (bench_names("-m", v, mode_names, 3, mode_on) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "-c") && v) {
-			ops[0] = strstr(v, "allreduce") != NULL;
-			ops[1] = strstr(v, "reduce_scatter") != NULL;
-			ops[2] = strstr(v, "allgather") != NULL;
+			if (bench_names("-c", v, op_names, 3, ops) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "-b") && v) {
-			lo = parse_size(v);
+			if (bench_size("-b", v, 4, 1L << 40, &lo) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "-e") && v) {
-			hi = parse_size(v);
+			if (bench_size("-e", v, 4, 1L << 40, &hi) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "-f") && v) {
-			factor = atol(v);
+			if (bench_long("-f", v, 2, 1L << 20, &factor) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "-w") && v) {
-			warm = atoi(v);
+			if (bench_int("-w", v, 0, 1000000, &warm) < 0)
+				return 2;
 		} else if (!strcmp(argv[i], "-i") && v) {
-			iters = atoi(v);
+			if (bench_int("-i", v, 1, 1000000, &iters) < 0)
+				return 2;
 		} else {
 			fprintf(stderr, "usage: %s [-n 2,4] [-m shm,tcp,hier] [-c allreduce,reduce_scatter,allgather] "
 					"[-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--no-pin] [--mpi PROGRAM]\n",
@@ -314,9 +305,11 @@ int main(int argc, char **argv)
 	static row ours[8][MAXROWS], theirs[8][MAXROWS];
 	int nours[8] = { 0 }, ntheirs[8] = { 0 }, bad = 0;
 	for (int k = 0; k < nn; k++)
-		for (int m = 0; m < nm; m++) {
-			bad += run_layout(ns[k], modes[m], ops, sh);
-			if (!strcmp(modes[m], "shm")) {
+		for (int m = 0; m < 3; m++) {
+			if (!mode_on[m])
+				continue;
+			bad += run_layout(ns[k], mode_names[m], ops, sh);
+			if (m == 0) {
 				nours[k] = sh->nrows[0];
 				memcpy(ours[k], sh->rows[0], sizeof(ours[k]));
 			}

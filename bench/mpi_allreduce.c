@@ -15,18 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long parse_size(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-	if (*end == 'K' || *end == 'k')
-		v *= 1024;
-	else if (*end == 'M' || *end == 'm')
-		v *= 1024 * 1024;
-	else if (*end == 'G' || *end == 'g')
-		v *= 1024.0 * 1024 * 1024;
-	return (long)v;
-}
+#include "bench_args.h"
 
 static int cmp(const void *a, const void *b)
 {
@@ -39,19 +28,25 @@ int main(int argc, char **argv)
 	long lo = 4096, hi = 256L << 20, factor = 4;
 	int warm = 3, iters = 20;
 	MPI_Init(&argc, &argv);
-	for (int i = 1; i + 1 < argc; i += 2) {
-		if (!strcmp(argv[i], "-b"))
-			lo = parse_size(argv[i + 1]);
-		else if (!strcmp(argv[i], "-e"))
-			hi = parse_size(argv[i + 1]);
-		else if (!strcmp(argv[i], "-f"))
-			factor = atol(argv[i + 1]);
-		else if (!strcmp(argv[i], "-w"))
-			warm = atoi(argv[i + 1]);
-		else if (!strcmp(argv[i], "-i"))
-			iters = atoi(argv[i + 1]);
+	int bad = 0;
+	for (int i = 1; i < argc && !bad; i += 2) {
+		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!v)
+			bad = 1, fprintf(stderr, "%s: expected a value\n", o);
+		else if (!strcmp(o, "-b"))
+			bad = bench_size("-b", v, 4, 1L << 40, &lo) < 0;
+		else if (!strcmp(o, "-e"))
+			bad = bench_size("-e", v, 4, 1L << 40, &hi) < 0;
+		else if (!strcmp(o, "-f"))
+			bad = bench_long("-f", v, 2, 1L << 20, &factor) < 0;
+		else if (!strcmp(o, "-w"))
+			bad = bench_int("-w", v, 0, 1000000, &warm) < 0;
+		else if (!strcmp(o, "-i"))
+			bad = bench_int("-i", v, 1, 1000000, &iters) < 0;
+		else
+			bad = 1, fprintf(stderr, "usage: mpi_allreduce [-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20]\n");
 	}
-	if (iters < 1 || warm < 0 || factor < 2 || lo < 4 || hi < lo) {
+	if (bad || hi < lo) {
 		fprintf(stderr, "mpi_allreduce: bad arguments\n");
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	}

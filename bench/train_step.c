@@ -24,8 +24,11 @@
  *
  * usage: bench/train_step [--threads 1,2] [--reps 3] [--steps 5] [--peer-steps 4]
  *                         [--peer-warmup 2] [--peer-modes eager,compile,bf16,compile-bf16]
+ *                         [--st-modes fp32,bf16,bf16-fp32-kern]
  *                         [--python .venv-bench/bin/python] [--no-torch] [--no-remat]
  *                         [--slicetrain build/slicetrain]
+ * --st-modes picks slicetrain's rows (default all three); a bad number or an
+ * unknown mode is an error (exit 2).
  * Run from the repository root (bench/train_step.sh builds and runs it).
  */
 #include <errno.h>
@@ -41,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_args.h"
 #include "bench_cpu.h"
 #include "base/err.h"
 #include "config/config.h"
@@ -303,7 +307,8 @@ static void fail_tail(const run *r, const char *what)
 
 /* one measured row of one repetition at one thread count */
 enum { R_SGEMM, R_MATMUL, R_MMBF16, R_TMM32, R_TMM16, R_ST32, R_STBF16, R_STB32, R_PEER0, NROWS = R_PEER0 + 4 };
-static const char *peer_modes[4] = {"eager", "compile", "bf16", "compile-bf16"};
+static const char *const peer_modes[4] = {"eager", "compile", "bf16", "compile-bf16"};
+static const char *const st_modes[3] = {"fp32", "bf16", "bf16-fp32-kern"}; /* rows R_ST32 .. R_STB32 */
 static const char *row_name[NROWS] = {"oneDNN sgemm fp32", "oneDNN matmul fp32", "oneDNN matmul bf16",
 				      "torch mm fp32",     "torch mm bf16",
 				      "st fp32",           "st bf16",            "st bf16 fp32-kern", "torch eager fp32",
@@ -330,49 +335,48 @@ static double med_of(meas m[][8][NROWS], int reps, int ti, int row, int field)
 int main(int argc, char **argv)
 {
 	int threads[8] = {1, 2}, nthreads = 2, steps = 5, peer_steps = 4, peer_warmup = 2, reps = 3;
-	int do_torch = 1, do_remat = 1, mode_on[4] = {1, 1, 1, 1};
+	int do_torch = 1, do_remat = 1, mode_on[4] = {1, 1, 1, 1}, st_on[3] = {1, 1, 1};
 	const char *bin = "build/slicetrain", *python = ".venv-bench/bin/python";
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-			nthreads = 0;
-			for (char *s = strtok(argv[++i], ","); s && nthreads < 8; s = strtok(NULL, ","))
-				threads[nthreads++] = atoi(s);
-		} else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
-			steps = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-			reps = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--peer-steps") && i + 1 < argc) {
-			peer_steps = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--peer-warmup") && i + 1 < argc) {
-			peer_warmup = atoi(argv[++i]);
-		} else if (!strcmp(argv[i], "--peer-modes") && i + 1 < argc) {
-			memset(mode_on, 0, sizeof(mode_on));
-			for (char *s = strtok(argv[++i], ","); s; s = strtok(NULL, ","))
-				for (int m = 0; m < 4; m++)
-					if (!strcmp(s, peer_modes[m]))
-						mode_on[m] = 1;
-		} else if (!strcmp(argv[i], "--python") && i + 1 < argc) {
-			python = argv[++i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int bad = 0;
+		if (!strcmp(argv[i], "--threads") && v) {
+			nthreads = bench_int_list("--threads", v, 1, 1024, threads, 8);
+			bad = nthreads < 0;
+		} else if (!strcmp(argv[i], "--steps") && v) {
+			bad = bench_int("--steps", v, 2, 100000, &steps);
+		} else if (!strcmp(argv[i], "--reps") && v) {
+			bad = bench_int("--reps", v, 1, MAXREPS, &reps);
+		} else if (!strcmp(argv[i], "--peer-steps") && v) {
+			bad = bench_int("--peer-steps", v, 1, 100000, &peer_steps);
+		} else if (!strcmp(argv[i], "--peer-warmup") && v) {
+			bad = bench_int("--peer-warmup", v, 0, 100000, &peer_warmup);
+		} else if (!strcmp(argv[i], "--peer-modes") && v) {
+			bad = bench_names("--peer-modes", v, peer_modes, 4, mode_on);
+		} else if (!strcmp(argv[i], "--st-modes") && v) {
+			bad = bench_names("--st-modes", v, st_modes, 3, st_on);
+		} else if (!strcmp(argv[i], "--python") && v) {
+			python = v;
 		} else if (!strcmp(argv[i], "--no-torch")) {
 			do_torch = 0;
+			continue;
 		} else if (!strcmp(argv[i], "--no-remat")) {
 			do_remat = 0;
-		} else if (!strcmp(argv[i], "--slicetrain") && i + 1 < argc) {
-			bin = argv[++i];
+			continue;
+		} else if (!strcmp(argv[i], "--slicetrain") && v) {
+			bin = v;
 		} else {
+			bad = 1;
+		}
+		if (bad) {
 			fprintf(stderr, "usage: %s [--threads 1,2] [--reps 3] [--steps 5] [--peer-steps 4] "
 					"[--peer-warmup 2] [--peer-modes eager,compile,bf16,compile-bf16] "
-					"[--python .venv-bench/bin/python] [--no-torch] [--no-remat] "
-					"[--slicetrain build/slicetrain]\n", argv[0]);
+					"[--st-modes fp32,bf16,bf16-fp32-kern] [--python .venv-bench/bin/python] "
+					"[--no-torch] [--no-remat] [--slicetrain build/slicetrain]\n", argv[0]);
 			return 2;
 		}
+		i++;
 	}
-	if (steps < 2)
-		steps = 2;
-	if (reps < 1)
-		reps = 1;
-	if (reps > MAXREPS)
-		reps = MAXREPS;
 	if (!mkdtemp(outdir)) {
 		fprintf(stderr, "bench/train_step: cannot create %s: %s\n", outdir, strerror(errno));
 		return 1;
@@ -466,7 +470,7 @@ int main(int argc, char **argv)
 			 * fixed order would have credited to fp32 every time. */
 			for (int j = 0; j < 3; j++) {
 				int bf = (j + k) % 3;
-				if (bf && !bf16_model)
+				if (!st_on[bf] || (bf && !bf16_model))
 					continue;
 				meas *q = &row[R_ST32 + bf];
 				q->load = load1();
@@ -481,7 +485,9 @@ int main(int argc, char **argv)
 				q->rss_gib = r->maxrss_gib, q->cpu = r->cpu_share;
 			}
 			/* model FLOPs per token, MaxText's formula (slicetrain's log line) */
-			double fpt = row[R_ST32].ok ? row[R_ST32].gflops / row[R_ST32].tokens : 0;
+			double fpt = 0; /* the same for every dtype: the first row run */
+			for (int d = R_ST32; d <= R_STB32 && fpt == 0; d++)
+				fpt = row[d].ok ? row[d].gflops / row[d].tokens : 0;
 			for (int md = 0; have_torch && md < 4; md++) {
 				if (!mode_on[md])
 					continue;
