@@ -35,17 +35,32 @@ static inline int bench_int(const char *opt, const char *s, int lo, int hi, int 
 	return 0;
 }
 
+/* the copy of list s that strtok_r may cut up (buf of n bytes); -1 (with a
+ * message) when it does not fit */
+static inline int bench_list_copy(const char *opt, const char *s, char *buf, size_t n)
+{
+	if (strlen(s) >= n) {
+		fprintf(stderr, "%s: list too long\n", opt);
+		return -1;
+	}
+	memcpy(buf, s, strlen(s) + 1);
+	return 0;
+}
+
+static inline int bench_list_empty(const char *opt, const char *s)
+{
+	fprintf(stderr, "%s: expected a comma-separated list, got '%s'\n", opt, s);
+	return -1;
+}
+
 /* a comma-separated list of at most max whole numbers in [lo, hi]; the
  * count, or -1 (with a message) */
 static inline int bench_int_list(const char *opt, const char *s, int lo, int hi, int *out, int max)
 {
 	char buf[256];
 	int n = 0;
-	if (strlen(s) >= sizeof(buf)) {
-		fprintf(stderr, "%s: list too long\n", opt);
+	if (bench_list_copy(opt, s, buf, sizeof(buf)) < 0)
 		return -1;
-	}
-	snprintf(buf, sizeof(buf), "%s", s);
 	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		if (n == max) {
 			fprintf(stderr, "%s: at most %d values\n", opt, max);
@@ -54,11 +69,7 @@ static inline int bench_int_list(const char *opt, const char *s, int lo, int hi,
 		if (bench_int(opt, t, lo, hi, &out[n++]) < 0)
 			return -1;
 	}
-	if (n == 0) {
-		fprintf(stderr, "%s: expected a comma-separated list, got '%s'\n", opt, s);
-		return -1;
-	}
-	return n;
+	return n ? n : bench_list_empty(opt, s);
 }
 
 /* a comma-separated list of names, each one of names[0..n-1]: on[k] = 1 for
@@ -68,11 +79,8 @@ static inline int bench_names(const char *opt, const char *s, const char *const 
 {
 	char buf[256];
 	int any = 0;
-	if (strlen(s) >= sizeof(buf)) {
-		fprintf(stderr, "%s: list too long\n", opt);
+	if (bench_list_copy(opt, s, buf, sizeof(buf)) < 0)
 		return -1;
-	}
-	snprintf(buf, sizeof(buf), "%s", s);
 	memset(on, 0, sizeof(int) * (size_t)n);
 	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		int k = 0;
@@ -87,11 +95,7 @@ static inline int bench_names(const char *opt, const char *s, const char *const 
 		}
 		on[k] = any = 1;
 	}
-	if (!any) {
-		fprintf(stderr, "%s: expected a comma-separated list, got '%s'\n", opt, s);
-		return -1;
-	}
-	return 0;
+	return any ? 0 : bench_list_empty(opt, s);
 }
 
 /* a byte count: a number with an optional K, M or G suffix (powers of 1024),
