@@ -18,7 +18,9 @@
  * reduce_scatter and allgather; algbw = size / time; busbw = algbw x
  * 2(n-1)/n (allreduce) or (n-1)/n (reduce_scatter, allgather); GB/s = 1e9 B/s.
  * With --mpi, `mpirun --allow-run-as-root --oversubscribe -np N PROGRAM` runs
- * afterwards for each N, and a summary compares allreduce busbw.
+ * afterwards for each N (with --mpi-first: before ours), and a summary
+ * compares allreduce busbw; bench/collectives.sh repeats the pair,
+ * alternating which side runs first, and prints the medians.
  * Build: see bench/README.md.
  */
 #include <netinet/in.h>
@@ -247,10 +249,14 @@ int main(int argc, char **argv)
 	static const char *const op_names[3] = { "allreduce", "reduce_scatter", "allgather" };
 	int mode_on[3] = { 1, 1, 0 };
 	const char *mpi = NULL;
+	int mpi_first = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(argv[i], "--no-pin")) {
 			pin = 0;
+			continue;
+		} else if (!strcmp(argv[i], "--mpi-first")) {
+			mpi_first = 1;
 			continue;
 		} else if (!strcmp(argv[i], "--mpi") && v) {
 			mpi = v;
@@ -280,11 +286,15 @@ int main(int argc, char **argv)
 				return 2;
 		} else {
 			fprintf(stderr, "usage: %s [-n 2,4] [-m shm,tcp,hier] [-c allreduce,reduce_scatter,allgather] "
-					"[-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--no-pin] [--mpi PROGRAM]\n",
+					"[-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--no-pin] [--mpi PROGRAM [--mpi-first]]\n",
 				argv[0]);
 			return 2;
 		}
 		i++;
+	}
+	if (mpi_first && !mpi) {
+		fprintf(stderr, "collectives: --mpi-first needs --mpi PROGRAM\n");
+		return 2;
 	}
 	if (lo < 4 || hi < lo || factor < 2 || warm < 0 || iters < 1) {
 		fprintf(stderr, "collectives: bad sizes or counts\n");
@@ -304,6 +314,9 @@ int main(int argc, char **argv)
 	printf("# slicetrain collectives: sizes %ld..%ld x%ld, float\n# cpu: %s\n", lo, hi, factor, cpu);
 	static row ours[8][MAXROWS], theirs[8][MAXROWS];
 	int nours[8] = { 0 }, ntheirs[8] = { 0 }, bad = 0;
+	if (mpi && mpi_first)
+		for (int k = 0; k < nn; k++)
+			bad += run_mpi(mpi, ns[k], theirs[k], &ntheirs[k]);
 	for (int k = 0; k < nn; k++)
 		for (int m = 0; m < 3; m++) {
 			if (!mode_on[m])
@@ -315,8 +328,9 @@ int main(int argc, char **argv)
 			}
 		}
 	if (mpi) {
-		for (int k = 0; k < nn; k++)
-			bad += run_mpi(mpi, ns[k], theirs[k], &ntheirs[k]);
+		if (!mpi_first)
+			for (int k = 0; k < nn; k++)
+				bad += run_mpi(mpi, ns[k], theirs[k], &ntheirs[k]);
 		for (int k = 0; k < nn; k++) {
 			if (!nours[k] || !ntheirs[k])
 				continue;
