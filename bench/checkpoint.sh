@@ -14,7 +14,8 @@
 #     each after dropping the page cache (echo 3 > drop_caches; where that is
 #     refused, posix_fadvise(DONTNEED) on the files: the script says which).
 # Runs are interleaved (for each repetition: shape by shape, the run without
-# saves, then each binary's run with saves), medians of REPS.
+# saves, then each binary's run with saves; even repetitions in the reverse
+# order), medians of REPS.
 #   bench/checkpoint.sh                      (build first; about 25 min with both shapes on 2 cores)
 #   BINS="build/slicetrain-old build/slicetrain" bench/checkpoint.sh   (compare binaries, interleaved)
 #   SHAPES="1x256 4x512" (default)  REPS=3  PERIOD=5  STEPS=11 (saves after steps 5 and 10)
@@ -77,16 +78,23 @@ run() {
 }
 
 declare -A R
+# even repetitions run the saving runs first: a host whose speed drifts
+# during the bench (seen: every run faster than the one before for minutes)
+# then does not favour one side
+nosave_run() {
+	R[$shape.nosave.$rep]=$(run "${BINS%% *}" "$shape" nosave "$shape-nosave-$rep")
+	echo "rep $rep $shape nosave: ${R[$shape.nosave.$rep]}  ($(uptime | sed 's/.*load/load/'))"
+}
 for rep in $(seq 1 "$REPS"); do
 	for shape in $SHAPES; do
-		R[$shape.nosave.$rep]=$(run "${BINS%% *}" "$shape" nosave "$shape-nosave-$rep")
-		echo "rep $rep $shape nosave: ${R[$shape.nosave.$rep]}  ($(uptime | sed 's/.*load/load/'))"
+		[ $((rep % 2)) = 0 ] || nosave_run
 		bi=0
 		for bin in $BINS; do
 			bi=$((bi + 1))
 			R[$shape.$bi.$rep]=$(run "$bin" "$shape" save "$shape-save$bi-$rep")
 			echo "rep $rep $shape save $bin: ${R[$shape.$bi.$rep]}  ($(uptime | sed 's/.*load/load/'))"
 		done
+		[ $((rep % 2)) = 1 ] || nosave_run
 	done
 done
 
