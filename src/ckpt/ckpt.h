@@ -157,11 +157,13 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 
 /*
  * Optional, once, early (e.g. right after creating the saver): allocate the
- * host buffer for saves of these pieces and touch its pages in the
- * background, so that the first st_ckpt_save stalls only for the copy. On
- * this machine a fresh 1.5 GB buffer takes ~7 s to fault in (virtual
- * machine memory touched for the first time); the copy itself ~0.1 s. The
- * next st_ckpt_save waits for it. ST_ENOMEM if the buffer cannot be had.
+ * host buffer for saves of these pieces, so that a save does not fail for
+ * memory later. Unless saves are async with defer_copy (which write from the
+ * pieces and touch the buffer only for what a release copies), also touch its
+ * pages in the background, so that the first st_ckpt_save stalls only for the
+ * copy: on these virtual machines a fresh 1.5 GB buffer takes 3-7 s of CPU to
+ * fault in, the copy itself ~0.1 s; the next st_ckpt_save waits for it.
+ * ST_ENOMEM if the buffer cannot be had.
  */
 int st_ckpt_saver_reserve(st_ckpt_saver *s, int n, const st_ckpt_piece *pieces);
 

@@ -92,8 +92,9 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	p->workspace = st_llama_workspace_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao) +
 		       4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
 	p->bf16_weights = bf16 && F == 1 && (kauto || st_kplan_bf16_weights(&kp)) ? 2 * p->params_piece : 0;
-	/* checkpointing: st_ckpt_saver_reserve's host buffer, allocated and
-	 * touched when the run starts so that a save only copies: the file image
+	/* checkpointing: st_ckpt_saver_reserve's host buffer, allocated when the
+	 * run starts (its pages resident once a save's release copies into them;
+	 * counted whole, as a slow disk can make a release copy all): the file image
 	 * of what the process writes (its shard's weights and both AdamW moments;
 	 * the device counted here is data replica 0, tensor rank 0, which also
 	 * writes the replicated tensors), a header of 4096 + 512 bytes per piece,
@@ -160,7 +161,9 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 	if (p->bf16_weights)
 		line(out, "bf16 weights", p->bf16_weights, "bf16 copy of the resident weights for products");
 	if (p->checkpoint)
-		line(out, "checkpoint", p->checkpoint, "host buffer of the saver: weights and AdamW m and v of the shard");
+		line(out, "checkpoint", p->checkpoint,
+		     "host buffer of the saver: weights and AdamW m and v of the shard (at most; resident only as far as "
+		     "a save's release copies, none when the writer keeps up)");
 	snprintf(note, sizeof(note),
 		 "remat %s, %lld x %lld rows; per device: %lld heads, %lld kv heads, mlp %lld, vocab %lld",
 		 remat_name(c->remat_policy), (long long)p->rows, (long long)p->T, (long long)l->H,
