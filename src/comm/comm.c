@@ -112,17 +112,27 @@ typedef float vf __attribute__((vector_size(VB)));
 typedef double vd __attribute__((vector_size(VB)));
 typedef uint64_t vu __attribute__((vector_size(VB)));
 
-/* d = s for n bytes (not overlapping), in register-wide vector moves. Used instead
- * of memcpy for the copies into and out of the shared slots: from 4 KB up
- * glibc's memcpy is `rep movsb`, which on an AMD Zen 3 VM ran these copies
- * (lines last written by the other member's core) 3-4x slower than vector
- * moves (1 MB all-reduce 2.8-4.2 against 9.8 GB/s, docs/performance.md); in
- * private buffers the two are alike. */
-static void copy_bytes(void *d, const void *s, size_t n)
+/* The copies. Out of another member's slot: copy_from_peer, register-wide
+ * vector moves stored on register boundaries. From 4 KB up glibc's memcpy is
+ * `rep movsb`, which on an AMD Zen 3 VM ran copies of lines last written by
+ * the other member's core 3-4x slower than vector moves (1 MB all-reduce
+ * 2.8-4.2 against 9.8 GB/s, docs/performance.md); aligning the stores (the
+ * windows' pieces start anywhere) was 2-5% faster on an Intel Xeon (family 6
+ * model 207). Every other copy (this member's memory into its slot or buffer)
+ * is glibc's memcpy, called (copy_local: GCC otherwise inlined the 8 KB
+ * accumulator's copies as `rep movsq`): from private memory the two were alike
+ * on the Zen 3, and on that Xeon the all-reduce ran 6-10% faster at 1-16 MB
+ * than with vector moves everywhere. */
+static void __attribute__((noinline)) copy_local(void *d, const void *s, size_t n) { memcpy(d, s, n); }
+
+static void copy_from_peer(void *d, const void *s, size_t n)
 {
 	uint8_t *D = d;
 	const uint8_t *S = s;
-	size_t i = 0;
+	size_t i = (size_t)(-(uintptr_t)D & (VB - 1)); /* whole-register stores on register boundaries */
+	if (i > n)
+		i = n;
+	memcpy(D, S, i);
 	for (; i + 4 * VB <= n; i += 4 * VB) {
 		vu a, b, x, y;
 		memcpy(&a, S + i, VB);
@@ -226,9 +236,9 @@ static void reduce(void *d1, void *d2, const void *const *src, int k, size_t n, 
 	size_t esz = st_dtype_size(dt), bytes = n * esz;
 	if (k == 1) {
 		if (d1 != src[0])
-			copy_bytes(d1, src[0], bytes);
+			copy_local(d1, src[0], bytes);
 		if (d2 && d2 != src[0])
-			copy_bytes(d2, src[0], bytes);
+			copy_local(d2, src[0], bytes);
 		return;
 	}
 	if (k == 2 && !d2) {
@@ -242,9 +252,9 @@ static void reduce(void *d1, void *d2, const void *const *src, int k, size_t n, 
 		combine(acc, (const uint8_t *)src[0] + o, (const uint8_t *)src[1] + o, e, dt, op);
 		for (int q = 2; q < k; q++)
 			combine(acc, acc, (const uint8_t *)src[q] + o, e, dt, op);
-		copy_bytes((uint8_t *)d1 + o, acc, b);
+		copy_local((uint8_t *)d1 + o, acc, b);
 		if (d2)
-			copy_bytes((uint8_t *)d2 + o, acc, b);
+			copy_local((uint8_t *)d2 + o, acc, b);
 	}
 }
 
@@ -448,7 +458,7 @@ static int window_reduce(st_comm *c, const job *j, int par)
 	if (L > 1) {
 		for (int i = 0; i < n; i++)
 			if (c->len[i] && handler(c, my_g, i) != me)
-				copy_bytes(slot(c, j, me, par, i), in_ptr(c, j, i), (size_t)c->len[i] * esz);
+				copy_local(slot(c, j, me, par, i), in_ptr(c, j, i), (size_t)c->len[i] * esz);
 		post(c);
 		if ((r = wait_locals(c, c->seq)) < 0)
 			return r;
@@ -510,7 +520,7 @@ static int window_gather(st_comm *c, const job *j, int par)
 	if (c->len[me]) {
 		size_t b = (size_t)c->len[me] * esz;
 		if (L > 1)
-			copy_bytes(slot(c, j, me, par, me), in_ptr(c, j, me), b);
+			copy_local(slot(c, j, me, par, me), in_ptr(c, j, me), b);
 		if (out_ptr(c, j, me) != in_ptr(c, j, me))
 			memmove(out_ptr(c, j, me), in_ptr(c, j, me), b);
 	}
@@ -572,7 +582,7 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 				if (!c->len[i] || i == c->me)
 					continue;
 				int y = handler(c, c->my_g, i);
-				copy_bytes(out_ptr(c, j, i), slot(c, j, y, par, i), (size_t)c->len[i] * j->esz);
+				copy_from_peer(out_ptr(c, j, i), slot(c, j, y, par, i), (size_t)c->len[i] * j->esz);
 			}
 		}
 		if (c->L > 1) {
