@@ -664,12 +664,7 @@ int st_ckpt_saver_reserve(st_ckpt_saver *s, int n, const st_ckpt_piece *pieces)
 		return 0;
 	if ((rc = reserve(s, bytes)) < 0)
 		return rc;
-	/* An async deferred save writes from the caller's pieces and touches the
-	 * buffer only for the header, unaligned pieces and what a release copies
-	 * (nothing when the writer is done by then): faulting in all of it ahead
-	 * cost more CPU than any save (3 s per 1.5 GB on a VM whose fresh pages
-	 * fault on the host too, docs/checkpoints.md) and kept that memory
-	 * resident; the pages a save touches stay for the next. */
+	/* deferred async saves touch only what a release copies (ckpt.h) */
 	if (s->o.defer_copy && s->o.async)
 		return 0;
 	if (pthread_create(&s->thread, NULL, prefault_main, s) == 0)
