@@ -3,7 +3,7 @@
  * nccl-tests style, and OpenMPI's MPI_Allreduce on the same sizes.
  *
  *   build/bench/collectives [-n 2,4] [-m shm,tcp] [-c allreduce,reduce_scatter,allgather]
- *                           [-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--mpi build/bench/mpi_allreduce]
+ *                           [-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--shared] [--mpi build/bench/mpi_allreduce]
  *
  * For each rank count (-n) and layout (-m: shm = one slice, shared memory;
  * tcp = one slice per rank, the cross-slice TCP path; hier = two slices,
@@ -20,7 +20,11 @@
  * With --mpi, `mpirun --allow-run-as-root --oversubscribe -np N PROGRAM` runs
  * afterwards for each N (with --mpi-first: before ours), and a summary
  * compares allreduce busbw; bench/collectives.sh repeats the pair,
- * alternating which side runs first, and prints the medians.
+ * alternating which side runs first, and prints the medians. With
+ * --shared each rank's buffer comes from st_pages_alloc and is shared with
+ * st_comm_share (the trainer's gradient buffers, comm.h), so an in-slice
+ * allreduce takes the path without slots; the other collectives and the
+ * layouts across slices are unchanged by it.
  * Build: see bench/README.md.
  */
 #include <netinet/in.h>
@@ -37,6 +41,7 @@
 #include "bench_args.h"
 #include "bench_cpu.h"
 #include "base/err.h"
+#include "base/pages.h"
 #include "comm/comm.h"
 
 enum { MAXN = 64, MAXROWS = 64 };
@@ -51,7 +56,7 @@ typedef struct shared {
 } shared;
 
 static long lo = 4096, hi = 256L << 20, factor = 4;
-static int warm = 3, iters = 20, pin = 1;
+static int warm = 3, iters = 20, pin = 1, share = 0;
 
 static double now(void)
 {
@@ -116,11 +121,15 @@ static int rank_main(int rank, int n, int slices, int port, const int *ops, shar
 	st_comm_allreduce(c, &jm, 1, ST_DTYPE_F64, ST_MAX);
 	if (rank == 0)
 		sh->join_ms = jm;
-	float *a = malloc((size_t)hi), *b = malloc((size_t)hi / (size_t)n + 64);
+	float *a = share ? st_pages_alloc((size_t)hi) : malloc((size_t)hi), *b = malloc((size_t)hi / (size_t)n + 64);
 	double *t = malloc(sizeof(double) * (size_t)iters);
 	int64_t counts[MAXN];
 	if (!a || !b || !t)
 		return 1;
+	if (share && st_comm_share(c, a, (size_t)hi) < 0) {
+		fprintf(stderr, "rank %d: %s\n", rank, st_errmsg());
+		return 1;
+	}
 	for (long i = 0; i < hi / 4; i++)
 		a[i] = 0.5f;
 	memset(b, 0, (size_t)hi / (size_t)n + 64);
@@ -166,7 +175,10 @@ static int rank_main(int rank, int n, int slices, int port, const int *ops, shar
 			}
 		}
 	}
-	free(a);
+	if (share)
+		st_pages_free(a, (size_t)hi);
+	else
+		free(a);
 	free(b);
 	free(t);
 	st_comm_free(c);
@@ -179,7 +191,7 @@ static int run_layout(int n, const char *mode, const int *ops, shared *sh)
 	int slices = !strcmp(mode, "shm") ? 1 : !strcmp(mode, "tcp") ? n : 2;
 	char label[96];
 	if (slices == 1)
-		snprintf(label, sizeof(label), "in-slice (shared memory)");
+		snprintf(label, sizeof(label), "in-slice (shared memory%s)", share ? "; buffer shared: st_comm_share" : "");
 	else if (slices == n)
 		snprintf(label, sizeof(label), "cross-slice (TCP, %d slices of 1)", slices);
 	else
@@ -252,6 +264,10 @@ int main(int argc, char **argv)
 	int mpi_first = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(argv[i], "--shared")) {
+			share = 1;
+			continue;
+		}
 		if (!strcmp(argv[i], "--no-pin")) {
 			pin = 0;
 			continue;
@@ -286,7 +302,7 @@ int main(int argc, char **argv)
 				return 2;
 		} else {
 			fprintf(stderr, "usage: %s [-n 2,4] [-m shm,tcp,hier] [-c allreduce,reduce_scatter,allgather] "
-					"[-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--no-pin] [--mpi PROGRAM [--mpi-first]]\n",
+					"[-b 4K] [-e 256M] [-f 4] [-w 3] [-i 20] [--no-pin] [--shared] [--mpi PROGRAM [--mpi-first]]\n",
 				argv[0]);
 			return 2;
 		}

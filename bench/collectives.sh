@@ -8,6 +8,7 @@
 #   bench/collectives.sh                       (2 ranks, shared memory, 1M..256M, 3 runs)
 #   REPS=5 GAP=10 bench/collectives.sh         (5 runs, 10 s apart)
 #   bench/collectives.sh -b 1M -e 16M -i 40    (arguments replace the sizes and counts)
+#   bench/collectives.sh --shared -b 1M -e 256M (buffers shared with st_comm_share, as the trainer's gradients)
 # Builds what it needs (make bench; OpenMPI from scripts/install-deps.sh
 # --bench). The full output of every run is kept in LOG (default a temporary
 # file, removed at exit unless LOG is set).

@@ -3,7 +3,8 @@
  * checked bit-exactly against a reference summed in the documented order,
  * in three layouts (one slice over shared memory; 2 slices x 2 with shared
  * memory inside and TCP across; all TCP), on sub-communicators, odd sizes
- * and uneven counts; then failures: SIGKILL and SIGSTOP of a member, a slow
+ * and uneven counts; all-reduces of buffers shared with st_comm_share (and
+ * a member whose buffer is not: refused on all); then failures: SIGKILL and SIGSTOP of a member, a slow
  * member that must not be declared dead, abort, join timeouts, a new group
  * after a failed one in the same process. Children are forked; the parent
  * checks their exit status, reaps all of them and looks for leftovers in
@@ -27,6 +28,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/pages.h"
 #include "check.h"
 #include "free_port.h"
 #include "comm/comm.h"
@@ -330,6 +332,18 @@ static void check_broadcast(st_comm *c, int n, int me, size_t bytes)
 	free(b);
 }
 
+/* The ranks 0..n-1 in order, and a communicator over all of them (NULL,
+ * after a failed check, when it cannot be made). */
+static const int ranks_all[MAXP] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+
+static st_comm *comm_all(st_group *g, const world *w)
+{
+	st_comm *c;
+	int rc = st_comm_create(&c, g, w->n, ranks_all);
+	CHECK_MSG(rc == 0, "comm_create over all %d: %s", w->n, st_errmsg());
+	return rc ? NULL : c;
+}
+
 /* the element types collectives take */
 static const int comm_dtypes[] = { ST_DTYPE_F32, ST_DTYPE_F64, ST_DTYPE_I64 };
 #define NCOMM_DTYPES 3
@@ -382,6 +396,80 @@ static const int comm_lists4[][5] = { /* n, ranks... */
 static const int comm_lists3[][5] = { { 3, 0, 1, 2 }, { 2, 2, 0 }, { 2, 1, 2 } };
 static const int comm_lists2[][5] = { { 2, 0, 1 }, { 2, 1, 0 } };
 
+/* ---- shared buffers (st_comm_share) ---- */
+
+/* All-reduces of parts of a region every member shared: the bits of the
+ * documented order, the region's earlier contents kept, the plain path still
+ * right beside it, and a member whose buffer is not shared refused. */
+static void body_shared(st_group *g, const world *w, int rank)
+{
+	const int *all = ranks_all;
+	st_comm *c = comm_all(g, w);
+	if (!c)
+		return;
+	int rc;
+	enum { N = 1000003 }; /* doubles: 8 MB, windows of the plain path several times over */
+	size_t bytes = (size_t)N * 8 + 100;
+	char *region = st_pages_alloc(bytes);
+	CHECK(region != NULL);
+	if (!region)
+		return;
+	fill(ST_DTYPE_I64, rank, 0, N, 99, region);
+	CHECK_MSG(st_comm_share(c, region + 8, bytes) == ST_EINVAL, "share of an unaligned buffer: accepted");
+	rc = st_comm_share(c, region, bytes);
+	CHECK_MSG(rc == 0, "share: %s", st_errmsg());
+	if (rc)
+		return;
+	int local = w->slices == 1 && w->shm && w->n > 1; /* one local group: the shared path */
+	CHECK_MSG(st_comm_share(c, region, 4096) == (local ? ST_EINVAL : 0), "second share of the same pages");
+	char *ref = malloc(bytes), *priv = malloc(bytes);
+	fill(ST_DTYPE_I64, rank, 0, N, 99, ref);
+	CHECK_MSG(memcmp(region, ref, (size_t)N * 8) == 0, "share changed the region's contents");
+	/* whole region, and parts at odd offsets and counts */
+	static const struct { int64_t off, count; } parts[] = { { 0, N }, { 3, 7 }, { 8, 1 }, { 4096, 500001 }, { 0, 0 } };
+	for (int di = 0; di < NCOMM_DTYPES; di++)
+		for (int op = ST_SUM, dt = comm_dtypes[di]; op <= ST_MAX; op++)
+			for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]); k++) {
+				int64_t count = parts[k].count;
+				if ((size_t)(parts[k].off + count) * esz(dt) > bytes || (count > 7 && op == ST_MAX && dt != ST_DTYPE_F64))
+					continue;
+				char *b = region + parts[k].off * (int64_t)esz(dt);
+				uint64_t seed = seed_of(dt, op, (int)count + 5);
+				fill(dt, rank, 0, count, seed, b);
+				rc = st_comm_allreduce(c, b, count, dt, op);
+				CHECK_MSG(rc == 0, "shared allreduce: %s", st_errmsg());
+				reference(w, w->n, all, dt, op, 0, count, seed, ref);
+				CHECK_MSG(memcmp(b, ref, (size_t)count * esz(dt)) == 0,
+					  "shared allreduce %s %s offset %lld count %lld, %d ranks: result differs", dtn(dt),
+					  op == ST_SUM ? "sum" : "max", (long long)parts[k].off, (long long)count, w->n);
+				/* the same sums through the plain path */
+				fill(dt, rank, 0, count, seed, priv);
+				CHECK(st_comm_allreduce(c, priv, count, dt, op) == 0);
+				CHECK_MSG(memcmp(priv, ref, (size_t)count * esz(dt)) == 0, "plain allreduce beside it differs");
+			}
+	/* the other collectives on a shared region take their usual path */
+	check_rs_ag(c, w, w->n, all, rank, ST_DTYPE_F32, (int64_t[MAXP]){ 5, 1000, 77, 3 }, 0);
+	/* one member's buffer private, the others' shared: refused on every member */
+	double v[4] = { 1, 2, 3, 4 };
+	memcpy(region, v, sizeof(v));
+	rc = st_comm_allreduce(c, rank == 0 ? (void *)priv : (void *)region, 4, ST_DTYPE_F64, ST_SUM);
+	if (local) {
+		CHECK_MSG(rc == ST_EINVAL, "mismatched allreduce: rc %d, %s", rc, rc ? st_errmsg() : "accepted");
+		CHECK_MSG(st_comm_allreduce(c, priv, 4, ST_DTYPE_F64, ST_SUM) == ST_EINVAL,
+			  "a communicator after a mismatch: still used");
+	} else { /* nothing was shared: two plain all-reduces */
+		CHECK_MSG(rc == 0, "allreduce (share was a no-op): %s", st_errmsg());
+	}
+	st_comm_free(c);
+	/* the region outlives the communicator */
+	memset(region, 0x11, bytes);
+	CHECK(region[bytes - 1] == 0x11);
+	st_pages_free(region, bytes);
+	free(ref);
+	free(priv);
+	CHECK(st_group_status(g) == 0);
+}
+
 static void body_collectives(st_group *g, const world *w, int rank)
 {
 	const int(*lists)[5] = w->n == 4 ? comm_lists4 : w->n == 3 ? comm_lists3 : comm_lists2;
@@ -404,6 +492,7 @@ static void body_collectives(st_group *g, const world *w, int rank)
 		battery(c, w, n, ranks, l == 0 || l == 1 || l == 4);
 		st_comm_free(c);
 	}
+	body_shared(g, w, rank);
 	/* the trivial communicator */
 	st_comm *c1;
 	CHECK(st_comm_create(&c1, g, 1, &rank) == 0);
@@ -459,14 +548,10 @@ static int slow_ms; /* slow-peer test: how long the slow rank sleeps */
 /* Loop collectives until one fails; record when and why. */
 static void body_loop(st_group *g, const world *w, int rank)
 {
-	int all[MAXP];
-	for (int i = 0; i < w->n; i++)
-		all[i] = i;
-	st_comm *c;
-	int rc = st_comm_create(&c, g, w->n, all);
-	CHECK_MSG(rc == 0, "create: %s", st_errmsg());
-	if (rc)
+	st_comm *c = comm_all(g, w);
+	if (!c)
 		return;
+	int rc = 0;
 	size_t count = 50000;
 	float *x = calloc(2 * count, sizeof(float));
 	int64_t counts[MAXP];

@@ -28,7 +28,8 @@ void *st_pages_alloc(size_t bytes)
 	if (bytes == 0)
 		bytes = 1;
 #ifdef PAGES_VIA_MALLOC
-	void *p;
+	void *p; /* whole pages, as mmap gives (st_comm_share replaces them) */
+	bytes = (bytes + ST_PAGES_ALIGN - 1) / ST_PAGES_ALIGN * ST_PAGES_ALIGN;
 	if (posix_memalign(&p, ST_PAGES_ALIGN, bytes) != 0)
 		return NULL;
 	return memset(p, 0, bytes);

@@ -30,6 +30,13 @@
  * singleton groups (all TCP) too. Two members in shared memory each reduce
  * half of each window directly from the other's slot and their own buffer.
  *
+ * A buffer the members shared with st_comm_share skips the slots: in an
+ * all-reduce over one local group, member i reduces segment i straight from
+ * every member's mapping of the others' regions and writes the sums into all
+ * of them, between two barriers (allreduce_shared). Each all-reduce
+ * publishes its path in the member's line; the members check at the first
+ * barrier that they all took the same one.
+ *
  * Synchronization inside a local group: each member has a sequence counter
  * in the segment; a post increments it, a wait spins briefly, then yields,
  * then sleeps on the futex, and checks the group's failure state all along.
@@ -65,7 +72,15 @@ typedef struct shm_hdr {
 typedef struct shm_line {
 	_Atomic uint32_t seq;     /* posts made by this member */
 	_Atomic uint32_t waiters; /* members sleeping on seq */
+	_Atomic uint64_t mode;    /* this all-reduce's path: 0 slots, else shared region + 1 and offset */
 } shm_line;
+
+/* A region of every local member's memory mapped by all of them (st_comm_share). */
+typedef struct shared {
+	uint8_t *base; /* mine */
+	size_t len;    /* bytes, whole pages */
+	uint8_t **at;  /* each local member's region, by local index (mine included) */
+} shared;
 
 struct st_comm {
 	st_group *g;
@@ -92,6 +107,10 @@ struct st_comm {
 	int64_t *cnt, *off, *lo, *len, *wofs; /* per position, per call / window */
 	struct xop *ops;
 	struct pollfd *pf;
+	uint64_t key;
+	shared *sh; /* st_comm_share's regions, in the order shared */
+	int nsh;
+	int broken; /* an all-reduce found members on different paths: unusable */
 };
 
 /* ---- reductions ---- */
@@ -411,6 +430,7 @@ static int xchg(st_comm *c, xop *ops, int nops)
 
 typedef struct job {
 	int mode, dt, op;
+	int check; /* all-reduce, first window: every member must be on the slot path too */
 	size_t esz;
 	const uint8_t *in;
 	uint8_t *out;
@@ -449,6 +469,8 @@ static void add_op(st_comm *c, int *nops, int peer, int send, const void *p, int
 	(*nops)++;
 }
 
+static int same_path(st_comm *c, uint64_t mode);
+
 static int window_reduce(st_comm *c, const job *j, int par)
 {
 	const int n = c->n, me = c->me, G = c->ngrp, L = c->L, my_g = c->my_g;
@@ -460,7 +482,7 @@ static int window_reduce(st_comm *c, const job *j, int par)
 			if (c->len[i] && handler(c, my_g, i) != me)
 				copy_local(slot(c, j, me, par, i), in_ptr(c, j, i), (size_t)c->len[i] * esz);
 		post(c);
-		if ((r = wait_locals(c, c->seq)) < 0)
+		if ((r = wait_locals(c, c->seq)) < 0 || (j->check && (r = same_path(c, 0)) < 0))
 			return r;
 	}
 	/* group partials of the segments I handle */
@@ -539,11 +561,18 @@ static int window_gather(st_comm *c, const job *j, int par)
 	return 0;
 }
 
+static int usable(st_comm *c)
+{
+	if (c->broken)
+		return st_fail(ST_EINVAL, "collective: this communicator saw a mismatched all-reduce and is unusable");
+	return st_group_check(c->g);
+}
+
 static int run(st_comm *c, const job *j, const int64_t *cnt)
 {
 	const int n = c->n;
 	int r;
-	if ((r = st_group_check(c->g)) < 0)
+	if ((r = usable(c)) < 0)
 		return r;
 	int64_t total = 0;
 	for (int i = 0; i < n; i++) {
@@ -557,7 +586,12 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 	if (wel < 1)
 		return st_fail(ST_EINVAL, "collective: %d members do not fit a %zu-byte window", n, c->W);
 	int64_t nw = (total + wel - 1) / wel;
-	for (int64_t w = 0; w < nw; w++) {
+	job jw = *j;
+	jw.check = j->mode == M_AR && c->L > 1;
+	j = &jw;
+	if (jw.check)
+		atomic_store(&line(c, c->lidx[c->me])->mode, 0);
+	for (int64_t w = 0; w < nw; w++, jw.check = 0) {
 		int64_t acc = 0;
 		for (int i = 0; i < n; i++) {
 			int64_t a = (int64_t)((__int128)c->cnt[i] * w / nw);
@@ -593,6 +627,141 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 	return 0;
 }
 
+/* After the first post of an all-reduce: did every local member take the
+ * path I took (mode: as published in my line)? A member on the other path
+ * would read slots nobody filled or write into memory nobody expects. */
+static int same_path(st_comm *c, uint64_t mode)
+{
+	for (int k = 0; k < c->L; k++)
+		if (atomic_load(&line(c, k)->mode) != mode) {
+			c->broken = 1;
+			return st_fail(ST_EINVAL, "allreduce: members disagree on the buffer (one shared with "
+						  "st_comm_share, one not, or at different offsets); the communicator "
+						  "is unusable now");
+		}
+	return 0;
+}
+
+/* The region of st_comm_share that holds [buf, buf + bytes), or -1. */
+static int find_shared(const st_comm *c, const void *buf, size_t bytes)
+{
+	const uint8_t *b = buf;
+	for (int x = 0; x < c->nsh; x++)
+		if (b >= c->sh[x].base && bytes <= c->sh[x].len && (size_t)(b - c->sh[x].base) <= c->sh[x].len - bytes)
+			return x;
+	return -1;
+}
+
+/* All-reduce of a buffer every local member shared with st_comm_share, one
+ * local group only: after a barrier (everyone's input is in place), member i
+ * reduces segment i reading all members' regions directly, in member order
+ * (the bits of the slot path), and writes the result into all of them; a
+ * second barrier and every member holds every sum. No copies into slots
+ * and out again: each member reads its segment once from each region and
+ * writes it once into each. */
+static int allreduce_shared(st_comm *c, int x, size_t off, int64_t count, int dt, int op)
+{
+	const int L = c->L, me = c->me;
+	const size_t esz = st_dtype_size(dt);
+	uint64_t mode = (uint64_t)(x + 1) << 48 | off;
+	atomic_store(&line(c, c->lidx[me])->mode, mode);
+	post(c);
+	int r = wait_locals(c, c->seq);
+	if (r < 0 || (r = same_path(c, mode)) < 0)
+		return r;
+	int64_t lo = (int64_t)((__int128)count * me / c->n), hi = (int64_t)((__int128)count * (me + 1) / c->n);
+	size_t o0 = off + (size_t)lo * esz, bytes = (size_t)(hi - lo) * esz;
+	enum { BLK = 8192 };
+	_Alignas(64) uint8_t acc[BLK];
+	for (size_t o = 0; o < bytes; o += BLK) {
+		size_t b = bytes - o < BLK ? bytes - o : BLK, e = b / esz;
+		uint8_t *const *at = c->sh[x].at;
+		combine(acc, at[0] + o0 + o, at[1] + o0 + o, e, dt, op);
+		for (int k = 2; k < L; k++)
+			combine(acc, acc, at[k] + o0 + o, e, dt, op);
+		for (int k = 0; k < L; k++)
+			copy_local(at[k] + o0 + o, acc, b);
+	}
+	post(c);
+	return wait_locals(c, c->seq);
+}
+
+int st_comm_share(st_comm *c, void *buf, size_t bytes)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	if (!buf || bytes == 0 || (uintptr_t)buf % (uintptr_t)pg)
+		return st_fail(ST_EINVAL, "comm_share: the buffer must be non-empty and start on a page boundary");
+	if (c->n == 1 || c->L < 2 || c->ngrp > 1)
+		return st_group_check(c->g); /* nothing to share: collectives take their usual path */
+	size_t len = (bytes + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
+	for (int x = 0; x < c->nsh; x++)
+		if ((uint8_t *)buf < c->sh[x].base + c->sh[x].len && c->sh[x].base < (uint8_t *)buf + len)
+			return st_fail(ST_EINVAL, "comm_share: the buffer overlaps one shared before");
+	shared *grown = realloc(c->sh, sizeof(shared) * (size_t)(c->nsh + 1));
+	if (!grown)
+		return st_fail(ST_ENOMEM, "comm_share: out of memory");
+	c->sh = grown;
+	shared *s = &c->sh[c->nsh];
+	*s = (shared){ .base = buf, .len = len, .at = calloc((size_t)c->L, sizeof(uint8_t *)) };
+	if (!s->at)
+		return st_fail(ST_ENOMEM, "comm_share: out of memory");
+	int r, fd = memfd_create("slicetrain-shared", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
+		r = st_fail(ST_EIO, "comm_share: shared memory of %zu bytes: %s", len, strerror(errno));
+		goto out;
+	}
+	/* the contents into the new pages, which then replace the old ones at the same address */
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		r = st_fail(ST_EIO, "comm_share: cannot map %zu bytes: %s", len, strerror(errno));
+		goto out;
+	}
+	memcpy(p, buf, len);
+	if (mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, buf) == MAP_FAILED) {
+		r = st_fail(ST_EIO, "comm_share: cannot put the shared pages in place: %s", strerror(errno));
+		munmap(p, len);
+		goto out;
+	}
+	s->at[c->lidx[c->me]] = buf;
+	uint64_t key = st_fnv1a(c->key, "share", 5);
+	key = st_fnv1a(key, &c->nsh, sizeof(c->nsh)) | 1;
+	for (int k = 0; k < c->L; k++) {
+		int y = c->gmem[c->gstart[c->my_g] + k];
+		if (y != c->me && (r = st_group_send_fd(c->g, c->ranks[y], key, fd)) < 0)
+			goto out;
+	}
+	for (int k = 0; k < c->L; k++) {
+		int y = c->gmem[c->gstart[c->my_g] + k], pfd;
+		if (y == c->me)
+			continue;
+		if ((r = st_group_take_mail(c->g, F_FD, key, c->ranks[y], &pfd)) < 0)
+			goto out;
+		struct stat st;
+		void *q = MAP_FAILED;
+		if (fstat(pfd, &st) == 0 && (size_t)st.st_size == len)
+			q = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+		close(pfd);
+		if (q == MAP_FAILED) {
+			r = st_fail(ST_EPEER, "comm_share: rank %d shared %lld bytes, this member %zu (or mapping failed)",
+				    c->ranks[y], (long long)st.st_size, len);
+			goto out;
+		}
+		s->at[k] = q;
+	}
+	c->nsh++;
+	r = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	if (r < 0) {
+		for (int k = 0; k < c->L; k++)
+			if (s->at[k] && k != c->lidx[c->me])
+				munmap(s->at[k], len);
+		free(s->at);
+	}
+	return r;
+}
+
 /* ---- API ---- */
 
 static int check_dt(int dt, int op)
@@ -613,7 +782,14 @@ int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype dt, en
 		return st_fail(ST_EINVAL, "allreduce: bad buffer or count %lld", (long long)count);
 	if (c->n == 1 || count == 0)
 		return c->n == 1 ? 0 : st_group_check(c->g);
-	job j = { .mode = M_AR, .dt = dt, .op = op, .esz = st_dtype_size(dt), .in = buf, .out = buf };
+	size_t esz = st_dtype_size(dt);
+	int x = c->nsh ? find_shared(c, buf, (size_t)count * esz) : -1;
+	if (x >= 0) {
+		if ((r = usable(c)) < 0)
+			return r;
+		return allreduce_shared(c, x, (size_t)((uint8_t *)buf - c->sh[x].base), count, dt, op);
+	}
+	job j = { .mode = M_AR, .dt = dt, .op = op, .esz = esz, .in = buf, .out = buf };
 	for (int i = 0; i < c->n; i++)
 		c->cnt[i] = (int64_t)((__int128)count * (i + 1) / c->n - (__int128)count * i / c->n);
 	return run(c, &j, c->cnt);
@@ -708,6 +884,13 @@ void st_comm_destroy(st_comm *c)
 				close(c->dfd[i]);
 	if (c->shm)
 		munmap(c->shm, c->shm_len);
+	for (int x = 0; x < c->nsh; x++) {
+		for (int k = 0; k < c->L; k++)
+			if (c->sh[x].at[k] && k != c->lidx[c->me])
+				munmap(c->sh[x].at[k], c->sh[x].len);
+		free(c->sh[x].at);
+	}
+	free(c->sh);
 	free(c->scratch);
 	free(c->ranks);
 	free(c->grp);
@@ -880,6 +1063,7 @@ int st_comm_create(st_comm **out, st_group *g, int n, const int *ranks)
 	lh = st_fnv1a(lh, ranks, sizeof(int) * nn);
 	uint64_t seq = st_group_next_comm_seq(g, lh);
 	uint64_t key = st_fnv1a(lh, &seq, sizeof(seq)) | 1;
+	c->key = key;
 
 	if (n > 1 && c->ngrp > 1) {
 		c->scratch = aligned_alloc(64, (size_t)(c->ngrp - 1) * c->W);

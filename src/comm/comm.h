@@ -106,6 +106,20 @@ int st_comm_reduce_scatter(st_comm *c, const void *in, void *out, const int64_t 
 int st_comm_allgather(st_comm *c, const void *in, void *out, const int64_t *counts,
 		      enum st_dtype dt);
 int st_comm_broadcast(st_comm *c, void *buf, size_t bytes, int root);
+/* Share [buf, buf + bytes) with the members on this host and slice, so that
+ * an all-reduce of a buffer inside it reads the others' inputs and writes
+ * the sums straight into their memory, with no copies through the
+ * communicator's slots (twice the busbw of the plain path at 4-16 MB on two
+ * cores, docs/performance.md). buf starts on a page boundary and the caller
+ * owns every page it touches (st_pages_alloc's buffers); the pages are
+ * replaced, in place and with their contents, by shared ones, which stay
+ * valid after st_comm_free (the others' mappings of them end there).
+ * Collective: every member calls it, in the same order, with the same
+ * bytes, and from then on all-reduces the same parts of the regions (a
+ * member whose buffer is shared while another's is not: ST_EINVAL on all).
+ * Only communicators within one host and slice share; elsewhere this
+ * returns 0 and changes nothing. */
+int st_comm_share(st_comm *c, void *buf, size_t bytes);
 int st_comm_barrier(st_comm *c);
 
 #endif

@@ -44,6 +44,16 @@ int st_shard_init(st_shard *s, const st_llama *m, const st_par *p)
 	s->v = st_pages_alloc(bytes);
 	if (!s->p || !s->g || !s->m || !s->v)
 		goto oom;
+	/* data replicas on this host add each other's gradients straight from
+	 * their memory: the all-reduce of st_shard_reduce_grads without copies
+	 * (comm.h) */
+	if (p->mesh.size[ST_AXIS_DATA] > 1) {
+		int rc = st_comm_share(p->dp, s->g, bytes);
+		if (rc < 0) {
+			st_shard_release(s);
+			return rc;
+		}
+	}
 	return 0;
 oom:
 	st_shard_release(s);
