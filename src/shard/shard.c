@@ -44,20 +44,17 @@ int st_shard_init(st_shard *s, const st_llama *m, const st_par *p)
 	s->v = st_pages_alloc(bytes);
 	if (!s->p || !s->g || !s->m || !s->v)
 		goto oom;
-	/* data replicas on this host add each other's gradients straight from
-	 * their memory: the all-reduce of st_shard_reduce_grads without copies
-	 * (comm.h) */
-	if (p->mesh.size[ST_AXIS_DATA] > 1) {
-		int rc = st_comm_share(p->dp, s->g, bytes);
-		if (rc < 0) {
-			st_shard_release(s);
-			return rc;
-		}
-	}
 	return 0;
 oom:
 	st_shard_release(s);
 	return st_fail(ST_ENOMEM, "out of memory for the sharded optimizer state");
+}
+
+int st_shard_share(st_shard *s, const st_par *p)
+{
+	if (p->mesh.size[ST_AXIS_DATA] < 2 || s->n == 0)
+		return 0;
+	return st_comm_share(p->dp, s->g, (size_t)s->n * sizeof(float));
 }
 
 void st_shard_init_weights(st_shard *s, const st_llama *m, uint64_t seed)

@@ -29,6 +29,11 @@ typedef struct st_shard {
 
 /* Lay out the shard of model m (weights not yet set, moments zero). */
 int st_shard_init(st_shard *s, const st_llama *m, const st_par *p);
+/* Share the gradients with the data replicas on this host (st_comm_share on
+ * p->dp), so that st_shard_reduce_grads sums them without copies; nothing
+ * without data parallelism. Collective over p->dp: every member calls it
+ * after each (re)forming of the group. */
+int st_shard_share(st_shard *s, const st_par *p);
 /* Fill the shard's weights with their initial values (init_weights_seed):
  * the same values on every mesh. Not needed when a checkpoint fills them. */
 void st_shard_init_weights(st_shard *s, const st_llama *m, uint64_t seed);

@@ -780,6 +780,8 @@ static int bound_setup(trainer *t, int reformed)
 		return rc;
 	if (!t->shard.alias && (rc = st_fsdp_create(&t->fsdp, &t->shard, &t->model, p, t->rows * t->T)) < 0)
 		return rc;
+	if ((rc = st_shard_share(&t->shard, p)) < 0)
+		return rc;
 	if ((rc = st_dataset_open(&t->data, c, t->G)) < 0)
 		return rc;
 	if (t->accum > 1 && t->shard.alias &&
