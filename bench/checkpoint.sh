@@ -10,6 +10,10 @@
 #     same step (wall time: from the line of step 0 to the process's exit, so
 #     the last save's commit counts); the CPU time (user + sys) difference per
 #     save is printed beside it, being less sensitive to other load;
+#   - the step overlapping a save against the same run's other steps: what
+#     the background write costs the training threads, free of the host's
+#     drift from one run to the next (which moved the whole cost by up to a
+#     step per save on a 2-vCPU VM);
 #   - restore rate vs a sequential read (dd bs=8M) of the same shard file,
 #     each after dropping the page cache (echo 3 > drop_caches; where that is
 #     refused, posix_fadvise(DONTNEED) on the files: the script says which).
@@ -47,7 +51,8 @@ for f in sys.argv[1:]:
 }
 
 # run BIN SHAPE MODE(nosave|save) TAG: one training run; prints
-# "step_median wall cpu nsaves stall_per_save overlap_step_median background_cpu_per_save"
+# "step_median wall cpu nsaves stall_per_save overlap_step_median background_cpu_per_save
+# other_step_median" (the last: the median of the same run's steps that overlap no save)
 run() {
 	local bin=$1 shape=$2 mode=$3 tag=$4 b=${2%x*} s=${2#*x} out=$dir/$4
 	local steps_var=STEPS_$2 steps
@@ -60,7 +65,7 @@ run() {
 	/usr/bin/time -f '%U %S' -o "$out.time" "$bin" train "${args[@]}" 2>"$out.err" |
 		while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done >"$out.out"
 	local end=$EPOCHREALTIME
-	local t0 step wall cpu n stall ov bg
+	local t0 step wall cpu n stall ov bg oth
 	t0=$(awk '$2 == "completed" && $4 == "0," {print $1}' "$out.out")
 	wall=$(awk -v a="$t0" -v b="$end" 'BEGIN {printf "%.3f", b - a}')
 	cpu=$(awk 'NR == 1 {printf "%.2f", $1 + $2}' "$out.time")
@@ -72,9 +77,10 @@ run() {
 		END {printf "%.3f", NR ? s : 0}' "$out.err")
 	[ "$n" -gt 0 ] && stall=$(awk -v s="$stall" -v n="$n" 'BEGIN {printf "%.3f", s / n}')
 	ov=$(awk -v p="$PERIOD" '$2 == "completed" {st = $4 + 0; sub(",", "", $6); if (st > 0 && st % p == 0) print $6}' "$out.out" | med)
+	oth=$(awk -v p="$PERIOD" '$2 == "completed" {st = $4 + 0; sub(",", "", $6); if (st > 0 && st % p != 0) print $6}' "$out.out" | med)
 	bg=$(sed -n 's/.*background CPU \([0-9.]*\) s per save.*/\1/p' "$out.err")
 	grep -q 'FAILED' "$out.err" && { echo "run $tag: a save FAILED" >&2; cat "$out.err" >&2; exit 1; }
-	echo "$step $wall $cpu $n $stall $ov ${bg:-0}"
+	echo "$step $wall $cpu $n $stall $ov ${bg:-0} $oth"
 }
 
 declare -A R
@@ -98,30 +104,35 @@ for rep in $(seq 1 "$REPS"); do
 	done
 done
 
-echo "== save (columns per run: step s, wall s, cpu s, saves, stall per save s, step overlapping a save s, background CPU per save s)"
+echo "== save (columns per run: step s, wall s, cpu s, saves, stall per save s, step overlapping a save s, background CPU per save s, other steps s)"
 for shape in $SHAPES; do
 	bi=0
 	for bin in $BINS; do
 		bi=$((bi + 1))
-		stalls= costs= cpus= steps= bgs=
+		stalls= costs= cpus= steps= bgs= ins=
 		for rep in $(seq 1 "$REPS"); do
 			read -r step0 wall0 cpu0 _ <<<"${R[$shape.nosave.$rep]}"
-			read -r _ wall1 cpu1 n stall ov bg <<<"${R[$shape.$bi.$rep]}"
+			read -r _ wall1 cpu1 n stall ov bg oth <<<"${R[$shape.$bi.$rep]}"
+			# within the run: how much longer the step overlapping a save is than
+			# the run's other steps (the host's drift between runs cancels)
+			in=$(awk -v a="$ov" -v b="$oth" 'BEGIN{print 100*(a-b)/b}')
 			c=$(awk -v a="$wall1" -v b="$wall0" -v n="$n" 'BEGIN {printf "%.3f", (a - b) / n}')
 			cc=$(awk -v a="$cpu1" -v b="$cpu0" -v n="$n" 'BEGIN {printf "%.3f", (a - b) / n}')
-			printf '  %s %s rep %d: step %.3f s; stall %.3f s (%.1f%%); whole cost %.3f s (%.1f%%), cpu %+.3f s per save; overlapping step %.3f s (%+.1f%%); background CPU %.3f s per save\n' \
+			printf '  %s %s rep %d: step %.3f s; stall %.3f s (%.1f%%); whole cost %.3f s (%.1f%%), cpu %+.3f s per save; overlapping step %.3f s (%+.1f%%; %+.1f%% of this run'"'"'s other steps); background CPU %.3f s per save\n' \
 				"$shape" "$bin" "$rep" "$step0" "$stall" "$(awk -v a="$stall" -v b="$step0" 'BEGIN{print 100*a/b}')" \
 				"$c" "$(awk -v a="$c" -v b="$step0" 'BEGIN{print 100*a/b}')" "$cc" "$ov" \
-				"$(awk -v a="$ov" -v b="$step0" 'BEGIN{print 100*(a-b)/b}')" "$bg"
+				"$(awk -v a="$ov" -v b="$step0" 'BEGIN{print 100*(a-b)/b}')" "$in" "$bg"
 			bgs+="$bg"$'\n'
+			ins+="$in"$'\n'
 			stalls+="$(awk -v a="$stall" -v b="$step0" 'BEGIN{print 100*a/b}')"$'\n'
 			costs+="$(awk -v a="$c" -v b="$step0" 'BEGIN{print 100*a/b}')"$'\n'
 			cpus+="$cc"$'\n'
 			steps+="$step0"$'\n'
 		done
-		printf '%s %s MEDIAN: step %.3f s, stall %.1f%% of a step (target <= 5%%), whole cost %.1f%% of a step (target <= 30%%), cpu %+.3f s per save, background CPU %.3f s per save\n' \
+		printf '%s %s MEDIAN: step %.3f s, stall %.1f%% of a step (target <= 5%%), whole cost %.1f%% of a step (target <= 30%%), cpu %+.3f s per save, background CPU %.3f s per save, step overlapping a save %+.1f%% of its run'"'"'s other steps\n' \
 			"$shape" "$bin" "$(printf '%s' "$steps" | med)" "$(printf '%s' "$stalls" | med)" \
-			"$(printf '%s' "$costs" | med)" "$(printf '%s' "$cpus" | med)" "$(printf '%s' "$bgs" | med)"
+			"$(printf '%s' "$costs" | med)" "$(printf '%s' "$cpus" | med)" "$(printf '%s' "$bgs" | med)" \
+			"$(printf '%s' "$ins" | med)"
 	done
 done
 
