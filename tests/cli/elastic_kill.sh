@@ -6,29 +6,36 @@
 # (5); the final weights within 1e-4 relative (per tensor, by norm) of a
 # fault-free 2-slice run of the same 40 steps, and in fact bit-identical; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
-# Twice: the DCN data axis -1, then the DCN FSDP axis -1 (dcn_data 1); on a
-# sanitized build the second only (below).
+# Three times: the DCN data axis -1, the same with 2 devices per slice
+# (ici_data 2), then the DCN FSDP axis -1 (dcn_data 1); on a sanitized
+# build the last only (below).
 # With the DCN data axis the group re-forms in place (worker.h): the
 # survivor keeps its state, 0 steps lost, and the returning slice's worker
 # gets the state from its peer; no worker reads a checkpoint after the
-# start. The DCN FSDP axis changes every shard: the group restarts from the
-# newest checkpoint (at most the checkpoint period lost).
+# start. With 2 devices per slice the survivors are 2 data replicas on one
+# host, which share their gradients for the all-reduce once the group has
+# re-formed (st_shard_share in bound_setup; comm.h), and stop sharing when
+# the other slice is back (two local groups again, joined by TCP): the
+# same checks, the weights within 1e-4 but not bit for bit (on one slice
+# each device sums two micro-batches before the all-reduce; on two, the
+# all-reduce sums four). The DCN FSDP axis changes every shard: the group
+# restarts from the newest checkpoint (at most the checkpoint period lost).
 # timeout: 200
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/../mesh_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 steps=$el_steps
 
-# scenario NAME in-place|restart DCN_KEYS...: the kill run and its fault-free reference
+# scenario NAME in-place|restart DEVICES_PER_SLICE KEYS...: the kill run and its fault-free reference
 scenario() {
-	local n=$1 how=$2; shift 2
+	local n=$1 how=$2 dps=$3; shift 3
 	local keys=("${el_keys[@]}" steps=$steps "$@")
 	echo "== $n: $*"
 	# the fault-free reference: the same 2 slices, straight through
-	OMP_NUM_THREADS=1 "$el_ref" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref$n \
+	OMP_NUM_THREADS=1 "$el_ref" launch --num-slices 2 --devices-per-slice $dps -- "${keys[@]}" run_name=ref$n \
 		metrics_file="$TMP/ref$n.jsonl" >"$TMP/ref$n.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref$n.out")"
 
-	SLICETRAIN_SAMPLE_LOG="$TMP/samples$n" el_start kill$n --num-slices 2 --min-slices 1 --devices-per-slice 1 \
+	SLICETRAIN_SAMPLE_LOG="$TMP/samples$n" el_start kill$n --num-slices 2 --min-slices 1 --devices-per-slice $dps \
 		--repair-delay 2 --kill 1@10 -- "${keys[@]}" run_name=kill$n metrics_file="$TMP/kill$n.jsonl"
 	el_wait kill$n 90
 	status_is "$n: elastic run with a kill" "$el_rc" 0 "$TMP/kill$n.err"
@@ -74,7 +81,7 @@ PY
 	# more: the same bits. Steps on one slice sum their two micro-batches as
 	# the all-reduce sums two slices' (src/train/train.c, sum_micro_batch),
 	# and rolled-back steps are trained again from a checkpoint of the same bits
-	cmp -s "$TMP/hf-ref$n/model.safetensors" "$TMP/hf-kill$n/model.safetensors" ||
+	[ "$dps" != 1 ] || cmp -s "$TMP/hf-ref$n/model.safetensors" "$TMP/hf-kill$n/model.safetensors" ||
 		fail "$n: the final weights are not bit-identical to the fault-free run's"
 
 	# every sample trained exactly once in the kept history: a rolled-back step
@@ -91,7 +98,7 @@ n, g, r = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 late = sorted(s for s in at if s >= r * g)
 print(f"samples: {len(pairs)} distinct (step, sample) pairs; from step {r} on {len(late)}, want {r * g}..{n * g - 1}")
 bad = [s for s, v in at.items() if v != {s // g}]
-sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps $((2 * el_batch)) 0 ||
+sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps $((2 * dps * el_batch)) 0 ||
 		fail "$n: samples skipped, repeated or trained at the wrong step"
 }
 
@@ -100,6 +107,7 @@ sys.exit(late != list(range(r * g, n * g)) or bool(bad) or min(at) != 0)' $steps
 # in place, the slice's return) is elastic_soak_short's worker_kill; its
 # workers' checks run on the optimized build, with the same workers.
 [ "$el_san" = 1 ] && echo "== data: on the optimized build (here: elastic_soak_short's worker_kill)" ||
-	scenario data in-place dcn_data_parallelism=-1
-scenario fsdp restart dcn_data_parallelism=1 dcn_fsdp_parallelism=-1
+	{ scenario data in-place 1 dcn_data_parallelism=-1
+	  scenario data2 in-place 2 dcn_data_parallelism=-1 ici_data_parallelism=2; }
+scenario fsdp restart 1 dcn_data_parallelism=1 dcn_fsdp_parallelism=-1
 finish
