@@ -50,6 +50,13 @@ for f in sys.argv[1:]:
 	fi
 }
 
+# step_median OUT OVERLAP: the median time of the steps (after step 0) of a
+# run's output that overlap a save (OVERLAP 1: every PERIOD-th) or not (0)
+step_median() {
+	awk -v p="$PERIOD" -v want="$2" '$2 == "completed" {st = $4 + 0; sub(",", "", $6)
+		if (st > 0 && (st % p == 0) == want) print $6}' "$1" | med
+}
+
 # run BIN SHAPE MODE(nosave|save) TAG: one training run; prints
 # "step_median wall cpu nsaves stall_per_save overlap_step_median background_cpu_per_save
 # other_step_median" (the last: the median of the same run's steps that overlap no save)
@@ -76,8 +83,8 @@ run() {
 		/update waited/ {for (i = 1; i <= NF; i++) if ($i == "waited") s += $(i+1)}
 		END {printf "%.3f", NR ? s : 0}' "$out.err")
 	[ "$n" -gt 0 ] && stall=$(awk -v s="$stall" -v n="$n" 'BEGIN {printf "%.3f", s / n}')
-	ov=$(awk -v p="$PERIOD" '$2 == "completed" {st = $4 + 0; sub(",", "", $6); if (st > 0 && st % p == 0) print $6}' "$out.out" | med)
-	oth=$(awk -v p="$PERIOD" '$2 == "completed" {st = $4 + 0; sub(",", "", $6); if (st > 0 && st % p != 0) print $6}' "$out.out" | med)
+	ov=$(step_median "$out.out" 1)
+	oth=$(step_median "$out.out" 0)
 	bg=$(sed -n 's/.*background CPU \([0-9.]*\) s per save.*/\1/p' "$out.err")
 	grep -q 'FAILED' "$out.err" && { echo "run $tag: a save FAILED" >&2; cat "$out.err" >&2; exit 1; }
 	echo "$step $wall $cpu $n $stall $ov ${bg:-0} $oth"

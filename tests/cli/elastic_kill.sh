@@ -78,9 +78,10 @@ PY
 	done
 	[ -f "$TMP/hf-kill$n/model.safetensors" ] && mesh_compare_weights "$TMP/hf-ref$n/model.safetensors" \
 		"$TMP/hf-kill$n/model.safetensors" "$n: kill 1@10 vs fault-free"
-	# more: the same bits. Steps on one slice sum their two micro-batches as
-	# the all-reduce sums two slices' (src/train/train.c, sum_micro_batch),
-	# and rolled-back steps are trained again from a checkpoint of the same bits
+	# more, with one device per slice: the same bits. Steps on one slice sum
+	# their two micro-batches as the all-reduce sums two slices'
+	# (src/train/train.c, sum_micro_batch), and rolled-back steps are trained
+	# again from a checkpoint of the same bits
 	[ "$dps" != 1 ] || cmp -s "$TMP/hf-ref$n/model.safetensors" "$TMP/hf-kill$n/model.safetensors" ||
 		fail "$n: the final weights are not bit-identical to the fault-free run's"
 
