@@ -48,6 +48,7 @@
 #include "bench_cpu.h"
 #include "base/err.h"
 #include "config/config.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/gemm.h"
 #include "train/plan.h"
@@ -210,7 +211,9 @@ static void train(run *r, const char *bin, int threads, int steps, const char *s
 }
 
 /* GFLOP/s of C(2048,2048) = A(2048,768) B(2048,768)^T, median of 9 calls
- * after 2 warm-ups. dtype: 0 fp32 sgemm, 1 fp32 matmul primitive, 2 bf16. */
+ * after 2 warm-ups. dtype: 0 fp32 sgemm, 1 fp32 matmul primitive, 2 bf16
+ * (oneDNN's matmul), 3 bf16 (slicetrain's AMX kernel, st_gemm_bf16's path
+ * where the CPU has AMX). */
 static double matmul_rate(int dtype, int threads, double *cpu_share)
 {
 	enum { M = 2048, N = 2048, K = 768 };
@@ -225,6 +228,7 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 	st_f32_to_bf16_array(Bh, B, (int64_t)N * K);
 	enum st_gemm_backend be = st_gemm_f32_backend();
 	st_gemm_set_f32_backend(dtype == 1 ? ST_GEMM_MATMUL : ST_GEMM_SGEMM);
+	st_amx_set_enabled(dtype == 3);
 	double t[9];
 	int rc = 0;
 	struct rusage ru0, ru1;
@@ -232,7 +236,7 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 	double w0 = now_s();
 	for (int i = 0; i < 11; i++) {
 		double t0 = now_s();
-		rc |= dtype == 2 ? st_gemm_bf16('N', 'T', M, N, K, 1.0f, Ah, K, Bh, K, 0.0f, C, N)
+		rc |= dtype >= 2 ? st_gemm_bf16('N', 'T', M, N, K, 1.0f, Ah, K, Bh, K, 0.0f, C, N)
 				 : st_gemm('N', 'T', M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
 		if (i >= 2)
 			t[i - 2] = now_s() - t0;
@@ -244,6 +248,7 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 		     1e-6 * (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec);
 	*cpu_share = cpu / ((now_s() - w0) * threads);
 	st_gemm_set_f32_backend(be);
+	st_amx_set_enabled(1);
 	free(A), free(B), free(C), free(Ah), free(Bh);
 	return rc ? 0 : 2.0 * M * N * K / median(t, 9) / 1e9;
 }
@@ -306,10 +311,11 @@ static void fail_tail(const run *r, const char *what)
 }
 
 /* one measured row of one repetition at one thread count */
-enum { R_SGEMM, R_MATMUL, R_MMBF16, R_TMM32, R_TMM16, R_ST32, R_STBF16, R_STB32, R_PEER0, NROWS = R_PEER0 + 4 };
+enum { R_SGEMM, R_MATMUL, R_MMBF16, R_AMXBF16, R_TMM32, R_TMM16, R_ST32, R_STBF16, R_STB32, R_PEER0, NROWS = R_PEER0 + 4 };
 static const char *const peer_modes[4] = {"eager", "compile", "bf16", "compile-bf16"};
 static const char *const st_modes[3] = {"fp32", "bf16", "bf16-fp32-kern"}; /* rows R_ST32 .. R_STB32 */
 static const char *row_name[NROWS] = {"oneDNN sgemm fp32", "oneDNN matmul fp32", "oneDNN matmul bf16",
+				      "st AMX bf16",
 				      "torch mm fp32",     "torch mm bf16",
 				      "st fp32",           "st bf16",            "st bf16 fp32-kern", "torch eager fp32",
 				      "torch compile fp32", "torch eager bf16",  "torch compile bf16"};
@@ -411,12 +417,14 @@ int main(int argc, char **argv)
 	spawn(r, probe, 1);
 	parse_steps(r);
 	int bf16_model = r->rc == 0 && !r->bf16_missing;
-	int cpu_bf16 = st_cpu_has_bf16();
+	int cpu_bf16 = st_cpu_has_bf16(), amx = st_amx_available();
 
 	char cpu[512];
 	bench_cpu_model(cpu, sizeof(cpu));
-	printf("bench/train_step: llama3-125m, batch 4 x 512, remat none; %s\n",
-	       cpu_bf16 ? "CPU has AVX512_BF16" : st_cpu_bf16_message());
+	printf("bench/train_step: llama3-125m, batch 4 x 512, remat none; %s; %s\n",
+	       cpu_bf16 ? "CPU has AVX512_BF16" : st_cpu_bf16_message(),
+	       amx ? "bf16 products on slicetrain's AMX kernel (ST_AMX=0: oneDNN's)"
+		   : "bf16 products on oneDNN's matmul (no AMX in use)");
 	printf("cpu: %s\n", cpu);
 	printf("model: emb %lld, layers %lld, heads %lld, kv heads %lld, head_dim %lld, mlp %lld, vocab %lld, "
 	       "rope theta %g, eps %g, untied output layer\n",
@@ -456,8 +464,8 @@ int main(int argc, char **argv)
 		for (int ti = 0; ti < nthreads; ti++) {
 			int th = threads[ti];
 			meas *row = m[k][ti];
-			for (int d = 0; d < 3; d++) {
-				if (d == 2 && !cpu_bf16)
+			for (int d = 0; d < 4; d++) {
+				if ((d == 2 && !cpu_bf16) || (d == 3 && !amx))
 					continue;
 				row[d].load = load1();
 				row[d].gflops = matmul_rate(d, th, &row[d].cpu);
@@ -537,7 +545,7 @@ int main(int argc, char **argv)
 	for (int ti = 0; ti < nthreads; ti++) {
 		int th = threads[ti];
 		double mm32 = fmax(med_of(m, reps, ti, R_SGEMM, 2), med_of(m, reps, ti, R_MATMUL, 2));
-		double mm16 = med_of(m, reps, ti, R_MMBF16, 2);
+		double mm16 = fmax(med_of(m, reps, ti, R_MMBF16, 2), med_of(m, reps, ti, R_AMXBF16, 2));
 		for (int i = 0; i < NROWS; i++) {
 			double tok = med_of(m, reps, ti, i, 0), gf = med_of(m, reps, ti, i, 2);
 			if (i < R_ST32 ? gf <= 0 : tok <= 0)
@@ -553,19 +561,19 @@ int main(int argc, char **argv)
 		}
 	}
 	printf("(vs mm: model GFLOP/s / the faster oneDNN fp32 rate of the same thread count, bf16 rows / the "
-	       "bf16 rate)\n");
+	       "faster bf16 rate, oneDNN's or the AMX kernel's)\n");
 
 	printf("\nratios of median tokens/s (targets: fp32 >= 1.30x torch, bf16 >= 1.50x torch's bf16; bf16 >= "
-	       "1.6x fp32 where oneDNN's bf16 products are faster,\n else >= 0.97x; the fp32 kernels' bf16 >= 0.97x fp32: "
+	       "1.6x fp32 where the bf16 products are faster,\n else >= 0.97x; the fp32 kernels' bf16 >= 0.97x fp32: "
 	       "what a CPU whose bf16 products are slower runs); per repetition in brackets\n");
 	struct { int a, b; double target; } rat[] = {{R_ST32, R_PEER0 + 0, 1.3}, {R_ST32, R_PEER0 + 1, 1.3},
 						     {R_STBF16, R_PEER0 + 2, 1.5}, {R_STBF16, R_PEER0 + 3, 1.5},
 						     {R_STBF16, R_ST32, 1.6}, {R_STB32, R_ST32, 0.97}};
 	for (int ti = 0; ti < nthreads; ti++) {
-		/* bf16 / fp32: 1.6x where oneDNN's bf16 products beat its fp32 ones
+		/* bf16 / fp32: 1.6x where the bf16 products (oneDNN's or AMX) beat the fp32 ones
 		 * at this thread count, else (slower or none) 0.97x */
 		double mm32 = fmax(med_of(m, reps, ti, R_SGEMM, 2), med_of(m, reps, ti, R_MATMUL, 2));
-		int bf16_faster = med_of(m, reps, ti, R_MMBF16, 2) > mm32;
+		int bf16_faster = fmax(med_of(m, reps, ti, R_MMBF16, 2), med_of(m, reps, ti, R_AMXBF16, 2)) > mm32;
 		for (size_t j = 0; j < sizeof(rat) / sizeof(rat[0]); j++) {
 			double x = med_of(m, reps, ti, rat[j].a, 0), y = med_of(m, reps, ti, rat[j].b, 0);
 			if (x <= 0 || y <= 0)

@@ -13,6 +13,11 @@
  *    bf16 first, and exact results where the arithmetic is exact;
  *  - st_gemm (both fp32 back ends) and the bf16 products against a float64
  *    reference: transposes, leading dimensions, alpha, beta, K = 0;
+ *  - the AMX bf16 products (where the CPU has AMX): bit-exact on integer
+ *    data whose sums are exact in any order (every transpose, edges of M, N
+ *    and K, K over one block, leading dimensions, beta 0 and 1, bf16 C),
+ *    bit-identical at 1, 2 and 3 threads on random data, a bf16 C equal to
+ *    the fp32 C rounded, padding untouched, the calls it leaves to oneDNN;
  *  - fp32 <-> bf16 conversion on edge cases (ties, NaN, Inf, subnormals,
  *    overflow), array versions equal to the scalar rule at every length.
  */
@@ -24,6 +29,7 @@
 #include "base/err.h"
 #include "base/rng.h"
 #include "check.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
@@ -476,6 +482,153 @@ static void test_gemm(void)
 	st_gemm_cache_clear();
 	/* a cleared cache recreates primitives */
 	gemm_case('N', 'T', 8, 8, 8, 0, 1.0f, 0.0f);
+}
+
+/* ---- the AMX bf16 products ---- */
+
+/* Small integers in bf16 (exact), seeded. */
+static uint16_t *ints16(int64_t n, uint64_t stream, int range)
+{
+	uint16_t *x = malloc((size_t)(n > 0 ? n : 1) * 2);
+	for (int64_t i = 0; i < n; i++)
+		x[i] = st_f32_to_bf16((float)(st_rng_u64(7, stream, (uint64_t)i) % (2 * range + 1)) -
+				      (float)range);
+	return x;
+}
+
+static uint16_t *rand16(int64_t n, uint64_t stream)
+{
+	float *f = randn(n, stream, 1.0);
+	uint16_t *x = malloc((size_t)(n > 0 ? n : 1) * 2);
+	st_f32_to_bf16_array(x, f, n);
+	free(f);
+	return x;
+}
+
+/* One shape: exact on integers against an int64 reference (fp32 C, beta 0
+ * and 1, and bf16 C), padding of C untouched. */
+static void amx_exact_case(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t pad)
+{
+	int64_t lda = (ta == 'N' ? K : M) + pad, ldb = (tb == 'N' ? N : K) + pad, ldc = N + pad;
+	int64_t na = (ta == 'N' ? M : K) * lda, nb = (tb == 'N' ? K : N) * ldb, nc = M * ldc;
+	uint16_t *A = ints16(na, 40 + (uint64_t)M, 8), *B = ints16(nb, 41 + (uint64_t)N, 8);
+	float *C = malloc((size_t)nc * sizeof(float)), *C0 = malloc((size_t)nc * sizeof(float));
+	for (int64_t i = 0; i < nc; i++)
+		C0[i] = (float)(i % 11) - 5.0f;
+	for (int beta = 0; beta <= 1; beta++) {
+		memcpy(C, C0, (size_t)nc * sizeof(float));
+		int rc = st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, (float)beta, C, ldc, 0);
+		CHECK_MSG(rc == 1, "AMX %c%c %lldx%lldx%lld beta %d: rc %d", ta, tb, (long long)M,
+			  (long long)N, (long long)K, beta, rc);
+		int64_t bad = 0, padbad = 0;
+		for (int64_t i = 0; i < M; i++) {
+			for (int64_t j = 0; j < N; j++) {
+				int64_t acc = beta ? (int64_t)C0[i * ldc + j] : 0;
+				for (int64_t k = 0; k < K; k++) {
+					uint16_t a = ta == 'N' ? A[i * lda + k] : A[k * lda + i];
+					uint16_t b = tb == 'N' ? B[k * ldb + j] : B[j * ldb + k];
+					acc += (int64_t)st_bf16_to_f32(a) * (int64_t)st_bf16_to_f32(b);
+				}
+				bad += C[i * ldc + j] != (float)acc;
+			}
+			for (int64_t j = N; j < ldc; j++)
+				padbad += C[i * ldc + j] != C0[i * ldc + j];
+		}
+		CHECK_MSG(bad == 0 && padbad == 0,
+			  "AMX %c%c %lldx%lldx%lld pad %lld beta %d: %lld of %lld wrong, %lld padding "
+			  "elements written", ta, tb, (long long)M, (long long)N, (long long)K,
+			  (long long)pad, beta, (long long)bad, (long long)(M * N), (long long)padbad);
+		if (beta || K > 2048)
+			continue;
+		/* bf16 C: the exact fp32 result rounded (C was beta 0's result) */
+		uint16_t *H = malloc((size_t)nc * 2);
+		for (int64_t i = 0; i < nc; i++)
+			H[i] = 0x7fc1; /* padding marker */
+		CHECK(st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, H, ldc, 1) == 1);
+		int64_t hbad = 0;
+		for (int64_t i = 0; i < M; i++)
+			for (int64_t j = 0; j < ldc; j++)
+				hbad += H[i * ldc + j] != (j < N ? st_f32_to_bf16(C[i * ldc + j]) : 0x7fc1);
+		CHECK_MSG(hbad == 0, "AMX bf16 C %c%c %lldx%lldx%lld: %lld elements wrong", ta, tb,
+			  (long long)M, (long long)N, (long long)K, (long long)hbad);
+		free(H);
+	}
+	free(A), free(B), free(C), free(C0);
+}
+
+/* Random data: the same bits at 1, 2 and 3 threads, and close to float64. */
+static void amx_threads_case(char ta, char tb, int64_t M, int64_t N, int64_t K)
+{
+	int64_t lda = ta == 'N' ? K : M, ldb = tb == 'N' ? N : K;
+	int64_t na = (ta == 'N' ? M : K) * lda, nb = (tb == 'N' ? K : N) * ldb;
+	uint16_t *A = rand16(na, 50), *B = rand16(nb, 51);
+	float *C[3];
+	for (int t = 0; t < 3; t++) {
+		omp_set_num_threads(t + 1);
+		C[t] = calloc((size_t)(M * N), sizeof(float));
+		CHECK(st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C[t], N, 0) == 1);
+	}
+	omp_set_num_threads(omp_get_num_procs());
+	for (int t = 1; t < 3; t++)
+		CHECK_MSG(same(C[0], C[t], M * N * (int64_t)sizeof(float)),
+			  "AMX %c%c %lldx%lldx%lld differs at %d threads", ta, tb, (long long)M,
+			  (long long)N, (long long)K, t + 1);
+	double err = 0, scale = sqrt((double)K) + 1.0;
+	for (int64_t i = 0; i < M; i += 7)
+		for (int64_t j = 0; j < N; j += 5) {
+			double ref = 0;
+			for (int64_t k = 0; k < K; k++)
+				ref += (double)st_bf16_to_f32(ta == 'N' ? A[i * lda + k] : A[k * lda + i]) *
+				       (double)st_bf16_to_f32(tb == 'N' ? B[k * ldb + j] : B[j * ldb + k]);
+			err = fmax(err, fabs(C[0][i * N + j] - ref) / scale);
+		}
+	CHECK_MSG(err < 1e-5, "AMX %c%c %lldx%lldx%lld: error %.2e against float64", ta, tb,
+		  (long long)M, (long long)N, (long long)K, err);
+	for (int t = 0; t < 3; t++)
+		free(C[t]);
+	free(A), free(B);
+}
+
+static void test_amx(void)
+{
+	if (!st_amx_available()) {
+		printf("AMX products: not in use (no AMX-BF16 on this CPU, no tile state from the "
+		       "kernel, a build without AVX-512, or ST_AMX=0; ST_AMX=%s): their checks "
+		       "skipped\n", getenv("ST_AMX") ? getenv("ST_AMX") : "unset");
+		return;
+	}
+	const char *tt[] = {"NN", "NT", "TN", "TT"};
+	for (int t = 0; t < 4; t++) {
+		char ta = tt[t][0], tb = tt[t][1];
+		amx_exact_case(ta, tb, 64, 64, 64, 0);     /* whole tiles */
+		amx_exact_case(ta, tb, 37, 50, 77, 3);     /* edges of M, N and K, odd K */
+		amx_exact_case(ta, tb, 33, 300, 2100, 1);  /* two blocks of N and of K */
+		amx_exact_case(ta, tb, 96, 32, 1, 0);      /* K = 1 */
+		amx_exact_case(ta, tb, 1, 17, 40, 2);      /* one row */
+		amx_threads_case(ta, tb, 200, 290, 300);
+	}
+	/* calls this path leaves to oneDNN: it returns 0 and writes nothing */
+	uint16_t *A = ints16(64 * 64, 60, 3), *B = ints16(64 * 64, 61, 3);
+	float C[64 * 64];
+	for (int i = 0; i < 64 * 64; i++)
+		C[i] = 1.0f;
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 0.5f, A, 64, B, 64, 0.0f, C, 64, 0) == 0);
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.5f, C, 64, 0) == 0);
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 1.0f, C, 64, 1) == 0);
+	st_amx_set_enabled(0);
+	CHECK(!st_amx_available());
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.0f, C, 64, 0) == 0);
+	st_amx_set_enabled(1);
+	int untouched = 1;
+	for (int i = 0; i < 64 * 64; i++)
+		untouched &= C[i] == 1.0f;
+	CHECK(untouched);
+	/* long K with a bf16 C goes to oneDNN (its sums would not fit one block) */
+	uint16_t *Al = ints16(2 * 2100, 62, 3), *Bl = ints16(2100 * 2, 63, 3), H[4] = {0};
+	CHECK(st_amx_gemm_bf16('N', 'N', 2, 2, 2100, 1.0f, Al, 2100, Bl, 2, 0.0f, H, 2, 1) == 0);
+	st_amx_release(); /* and back after a release */
+	amx_exact_case('N', 'T', 40, 40, 40, 0);
+	free(A), free(B), free(Al), free(Bl);
 }
 
 /* ---- bf16 conversions ---- */
@@ -958,6 +1111,7 @@ int main(void)
 	test_exp8();
 	test_bf16_conversion();
 	test_gemm();
+	test_amx();
 	test_gemm_ksplit_threads();
 	test_bf16_outputs();
 	test_attention_shape(1, 1, 1, 1, 16);

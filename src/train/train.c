@@ -19,6 +19,7 @@
 #include "ckpt/ckpt.h"
 #include "data/data.h"
 #include "elastic/worker.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16.h"
 #include "comm/comm.h"
 #include "comm/mesh.h"
@@ -102,6 +103,10 @@ static void print_header(const trainer *t)
 		(long long)t->B, (long long)t->T, (long long)t->accum,
 		remat_name(c->remat_policy),
 		c->dtype == ST_DTYPE_BF16 ? "bf16 activations and products (per bf16_kernels), fp32 weights" : "fp32", omp_get_max_threads());
+	if (c->dtype == ST_DTYPE_BF16)
+		st_info("bf16 matrix products: %s", st_amx_available()
+			? "AMX (slicetrain's tile kernel; ST_AMX=0 for oneDNN's)"
+			: "oneDNN's matmul (no AMX in use: see docs/performance.md)");
 }
 
 /* Weights, gradients and two AdamW moments, in fp32. */

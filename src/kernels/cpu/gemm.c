@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16.h"
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_BF16_OUT = 2 };
@@ -460,6 +461,9 @@ int st_gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, floa
 		 const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
 		 float *C, int64_t ldc)
 {
+	int rc = st_amx_gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
+	if (rc)
+		return rc < 0 ? rc : 0;
 	return gemm_any(DT_BF16, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -467,6 +471,9 @@ int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, 
 		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
 		     uint16_t *C, int64_t ldc)
 {
+	int rc = st_amx_gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
+	if (rc)
+		return rc < 0 ? rc : 0;
 	return gemm_any(DT_BF16_OUT, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -500,4 +507,5 @@ void st_gemm_cache_clear(void)
 	G.n = G.cap = 0;
 	buffers_release();
 	pthread_mutex_unlock(&G.lock);
+	st_amx_release();
 }

@@ -1,0 +1,434 @@
+#include "kernels/cpu/amx.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "kernels/cpu/bf16.h"
+
+/*
+ * Layout (see amx.h for the contract). tdpbf16ps multiplies a 16 x 32 bf16
+ * tile of A by a 32 x 16 tile of B held in VNNI form (16 rows of k pairs)
+ * into a 16 x 16 fp32 tile of C. Each call:
+ *  - packs op(A) whole into tiles, 32 rows (two tiles) by 32 k per step, the
+ *    steps of a strip of 32 rows one after the other (up to APACK_MAX; else
+ *    each strip is read straight from A, or packed when it must be). Packed,
+ *    the tile loads of every block of N read contiguous memory; straight
+ *    from a row-major A they ran at 0.8-0.9x (2048 x 2048 x 768, 1 thread);
+ *  - walks op(B) in blocks of nb columns (at most NB_MAX, about B_BYTES) by
+ *    KC rows of K; the threads pack a block together (its 32-column panels
+ *    one after the other, 2 KiB per k step), then each computes its share
+ *    of the 32-row strips of C against it: four C tiles (32 x 32) over the
+ *    block's k steps in order, two A tiles and two B tiles per step.
+ * The fp32 sums go through C between blocks of K (a tile store and load of
+ * fp32 lose nothing), so each element of C is the same sequence of
+ * tdpbf16ps whatever the thread count, nb and KC. Strips and panels at an
+ * edge of C, and a bf16 C, go through a per-thread scratch strip.
+ */
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* A block of op(B) is at most KC rows by NB_MAX columns, and about B_BYTES
+ * (it stays in L2 while every strip of C passes over it): 512 columns where
+ * K is 768, 256 where it is 2048 (measured 5-8% faster at K 512-768 than a
+ * fixed 256, slower for a 2 MiB block at K 2048). */
+enum { NB_MAX = 512, NB_MIN = 128, KC = 2048, B_BYTES = 1 << 20 };
+/* op(A) packed whole up to this size, else strip by strip */
+#define APACK_MAX ((size_t)64 << 20)
+
+typedef struct {
+	uint8_t palette, start;
+	uint8_t reserved[14];
+	uint16_t colsb[16];
+	uint8_t rows[16];
+} __attribute__((packed)) tilecfg;
+
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_ok;
+
+static void amx_probe(void)
+{
+#ifndef __AVX512F__
+	return; /* a build without AVX-512 (-mno-avx512f) uses none of ours, AMX included */
+#endif
+	unsigned a = 0, b = 0, c = 0, d = 0;
+	__asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+	if (a < 7)
+		return;
+	__asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+	int bf16 = (d >> 22) & 1, tile = (d >> 24) & 1, avx512bw = (b >> 30) & 1,
+	    avx512f = (b >> 16) & 1;
+	if (!bf16 || !tile || !avx512bw || !avx512f)
+		return;
+	/* Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM,
+	 * XFEATURE_XTILEDATA); a kernel without it refuses and we do not use AMX */
+	amx_ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+static int amx_forced_off = -1; /* -1: from the environment on first use */
+
+int st_amx_available(void)
+{
+	pthread_once(&amx_once, amx_probe);
+	if (amx_forced_off < 0) {
+		const char *e = getenv("ST_AMX");
+		amx_forced_off = e && !strcmp(e, "0");
+	}
+	return amx_ok && !amx_forced_off;
+}
+
+void st_amx_set_enabled(int on) { amx_forced_off = !on; }
+
+AMX_TARGET static void tiles_config(void)
+{
+	tilecfg cfg;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.palette = 1;
+	for (int i = 0; i < 8; i++) {
+		cfg.colsb[i] = 64;
+		cfg.rows[i] = 16;
+	}
+	_tile_loadconfig(&cfg);
+}
+
+/* 16 x 16 32-bit transpose: v[i] row i in, v[c] column c out. */
+AMX_TARGET static void transpose16(__m512i v[16])
+{
+	__m512i t[16], u[16];
+	for (int i = 0; i < 8; i++) {
+		t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+		t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+	}
+	for (int i = 0; i < 4; i++) {
+		u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+		u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+		u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+		u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+	}
+	/* u[4i+q], 128-bit lane L: rows 4i..4i+3 of column 4L+q */
+	for (int q = 0; q < 4; q++) {
+		__m512i w0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88);
+		__m512i w1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xDD);
+		__m512i w2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88);
+		__m512i w3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xDD);
+		v[q] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+		v[8 + q] = _mm512_shuffle_i32x4(w0, w2, 0xDD);
+		v[4 + q] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+		v[12 + q] = _mm512_shuffle_i32x4(w1, w3, 0xDD);
+	}
+}
+
+/* Mask of the first n (0..32) 16-bit elements. */
+static __mmask32 mask16(int64_t n)
+{
+	return n >= 32 ? 0xFFFFFFFFu : n <= 0 ? 0 : (__mmask32)((1u << n) - 1);
+}
+
+/* Row pairs (r, r+1) of a row-major X interleaved into 16 dwords: dword j =
+ * (X[r][c+j], X[r+1][c+j]); nr valid rows (0..2) and nc valid columns
+ * (0..16) from (r, c), zeros beyond. */
+AMX_TARGET static __m512i pair_rows(const uint16_t *X, int64_t ld, int64_t r, int64_t c, int nr,
+				    int nc)
+{
+	__mmask16 m = nc >= 16 ? 0xFFFF : (__mmask16)((1u << (nc > 0 ? nc : 0)) - 1);
+	__m256i lo = nr > 0 ? _mm256_maskz_loadu_epi16(m, X + r * ld + c) : _mm256_setzero_si256();
+	__m256i hi = nr > 1 ? _mm256_maskz_loadu_epi16(m, X + (r + 1) * ld + c) : _mm256_setzero_si256();
+	return _mm512_or_si512(_mm512_cvtepu16_epi32(lo),
+			       _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+}
+
+/*
+ * One VNNI tile of op(B) (tb 'N': B is (K, N); 'T': B is (N, K)) for
+ * columns n0..n0+15 and k0..k0+31, zeros outside K x N, to out (16 rows of
+ * 64 bytes: row r = k pair k0+2r, column j = dword j).
+ */
+AMX_TARGET static void pack_b_tile(char tb, const uint16_t *B, int64_t ldb, int64_t K, int64_t N,
+				   int64_t k0, int64_t n0, uint16_t *out)
+{
+	__m512i v[16];
+	int64_t kr = K - k0, nr = N - n0;
+	if (tb == 'N') {
+		for (int r = 0; r < 16; r++) {
+			int64_t left = kr - 2 * r;
+			v[r] = pair_rows(B, ldb, k0 + 2 * r, n0, left >= 2 ? 2 : left > 0 ? (int)left : 0,
+					 nr >= 16 ? 16 : (int)nr);
+		}
+	} else {
+		__mmask32 m = mask16(kr);
+		for (int j = 0; j < 16; j++)
+			v[j] = j < nr ? _mm512_maskz_loadu_epi16(m, B + (n0 + j) * ldb + k0)
+				      : _mm512_setzero_si512();
+		transpose16(v);
+	}
+	for (int r = 0; r < 16; r++)
+		_mm512_store_si512((__m512i *)(out + r * 32), v[r]);
+}
+
+/*
+ * One A tile (rows m0..m0+15, k0..k0+31 of op(A); ta 'N': A is (M, K),
+ * 'T': A is (K, M)) to out (16 rows of 64 bytes, 32 consecutive k), zeros
+ * outside M x K.
+ */
+AMX_TARGET static void pack_a_tile(char ta, const uint16_t *A, int64_t lda, int64_t M, int64_t K,
+				   int64_t m0, int64_t k0, uint16_t *out)
+{
+	int64_t mr = M - m0, kr = K - k0;
+	if (ta == 'N') {
+		__mmask32 m = mask16(kr);
+		for (int r = 0; r < 16; r++) {
+			__m512i v = r < mr ? _mm512_maskz_loadu_epi16(m, A + (m0 + r) * lda + k0)
+					   : _mm512_setzero_si512();
+			_mm512_store_si512((__m512i *)(out + r * 32), v);
+		}
+		return;
+	}
+	__m512i v[16];
+	for (int r = 0; r < 16; r++) {
+		int64_t left = kr - 2 * r;
+		v[r] = pair_rows(A, lda, k0 + 2 * r, m0, left >= 2 ? 2 : left > 0 ? (int)left : 0,
+				 mr >= 16 ? 16 : (int)mr);
+	}
+	transpose16(v); /* v[m]: dword r = (k0+2r, k0+2r+1) of row m */
+	for (int r = 0; r < 16; r++)
+		_mm512_store_si512((__m512i *)(out + r * 32), v[r]);
+}
+
+/* Per-thread scratch: a packed A strip (32 rows x KC) and a 32 x 32 C. */
+typedef struct {
+	uint16_t *a;
+	float *c;
+} scratch;
+
+static struct {
+	pthread_mutex_t lock;
+	uint16_t *b;    /* one packed block of op(B), B_BYTES */
+	uint16_t *a;    /* all of op(A) packed (apack) */
+	size_t an;      /* its size in bytes */
+	scratch *t;
+	int nt;
+} S = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int scratch_reserve(int threads)
+{
+	if (!S.b && !(S.b = aligned_alloc(64, B_BYTES)))
+		return -1;
+	if (threads <= S.nt)
+		return 0;
+	scratch *t = realloc(S.t, (size_t)threads * sizeof(*t));
+	if (!t)
+		return -1;
+	S.t = t;
+	for (; S.nt < threads; S.nt++) {
+		t[S.nt].a = aligned_alloc(64, (size_t)32 * KC * 2);
+		t[S.nt].c = aligned_alloc(64, 32 * NB_MAX * sizeof(float));
+		if (!t[S.nt].a || !t[S.nt].c) {
+			free(t[S.nt].a);
+			free(t[S.nt].c);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+void st_amx_release(void)
+{
+	pthread_mutex_lock(&S.lock);
+	free(S.b);
+	free(S.a);
+	S.a = NULL, S.an = 0;
+	for (int i = 0; i < S.nt; i++) {
+		free(S.t[i].a);
+		free(S.t[i].c);
+	}
+	free(S.t);
+	S.b = NULL, S.t = NULL, S.nt = 0;
+	pthread_mutex_unlock(&S.lock);
+}
+
+/*
+ * The 32 x 32 block of C at c (row stride ldc floats) += A strip x B panel
+ * over ks k steps. a0/a1: the strip's two A tiles of the first step, stride
+ * as bytes, next step astep bytes on; bp: the panel (2 KiB per step).
+ * load: start from C's contents, else from zero.
+ */
+AMX_TARGET static void kernel(const char *a0, const char *a1, int64_t as, int64_t astep,
+			      const char *bp, int64_t ks, float *c, int64_t ldc, int load)
+{
+	int64_t cs = ldc * (int64_t)sizeof(float);
+	if (load) {
+		_tile_loadd(0, c, cs);
+		_tile_loadd(1, c + 16, cs);
+		_tile_loadd(2, c + 16 * ldc, cs);
+		_tile_loadd(3, c + 16 * ldc + 16, cs);
+	} else {
+		_tile_zero(0);
+		_tile_zero(1);
+		_tile_zero(2);
+		_tile_zero(3);
+	}
+	for (int64_t s = 0; s < ks; s++) {
+		_tile_loadd(4, a0, as);
+		_tile_loadd(6, bp, 64);
+		_tile_loadd(7, bp + 1024, 64);
+		_tile_dpbf16ps(0, 4, 6);
+		_tile_dpbf16ps(1, 4, 7);
+		_tile_loadd(5, a1, as);
+		_tile_dpbf16ps(2, 5, 6);
+		_tile_dpbf16ps(3, 5, 7);
+		a0 += astep;
+		a1 += astep;
+		bp += 2048;
+	}
+	_tile_stored(0, c, cs);
+	_tile_stored(1, c + 16, cs);
+	_tile_stored(2, c + 16 * ldc, cs);
+	_tile_stored(3, c + 16 * ldc + 16, cs);
+}
+
+typedef struct {
+	const uint16_t *ap; /* op(A) packed whole: strip i, k step s at ap + (i * aks + s) * 1024 */
+	int64_t aks;
+	int64_t nb;         /* columns per block of op(B) */
+	char ta, tb;
+	int64_t M, N, K, lda, ldb, ldc;
+	const uint16_t *A, *B;
+	float beta;
+	void *C;
+	int c16;
+} job;
+
+/* Strip [m0, m0+32) of C against the packed block (columns n0..n0+nb, K
+ * rows k0..k0+kc), first: the first block of K. */
+AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, int64_t m0, int64_t n0,
+			     int64_t nb, int64_t k0, int64_t kc, int first)
+{
+	int64_t ks = (kc + 31) / 32, mr = j->M - m0;
+	int whole_rows = mr >= 32;
+	const char *a0, *a1;
+	int64_t as, astep;
+	if (j->ap) {
+		a0 = (const char *)(j->ap + ((m0 / 32) * j->aks + k0 / 32) * 1024);
+		a1 = a0 + 1024;
+		as = 64;
+		astep = 2048;
+	} else if (j->ta == 'N' && whole_rows && kc % 32 == 0) {
+		const uint16_t *a = j->A + m0 * j->lda + k0;
+		a0 = (const char *)a;
+		a1 = (const char *)(a + 16 * j->lda);
+		as = j->lda * 2;
+		astep = 64;
+	} else {
+		for (int64_t s = 0; s < ks; s++) {
+			pack_a_tile(j->ta, j->A, j->lda, j->M, k0 + kc, m0, k0 + 32 * s, sc->a + s * 1024);
+			pack_a_tile(j->ta, j->A, j->lda, j->M, k0 + kc, m0 + 16, k0 + 32 * s,
+				    sc->a + s * 1024 + 512);
+		}
+		a0 = (const char *)sc->a;
+		a1 = a0 + 1024;
+		as = 64;
+		astep = 2048;
+	}
+	int load = !first || j->beta != 0.0f;
+	/* an edge of C, or a bf16 C: the strip's sums in the scratch (32 x nb) */
+	int64_t rows = mr < 32 ? mr : 32, cols = j->N - n0 < nb ? j->N - n0 : nb;
+	int scr = j->c16 || !whole_rows || cols < nb;
+	float *c = scr ? sc->c : (float *)j->C + m0 * j->ldc + n0;
+	int64_t ldc = scr ? NB_MAX : j->ldc;
+	if (scr && load) {
+		memset(sc->c, 0, 32 * NB_MAX * sizeof(float));
+		for (int64_t r = 0; r < rows; r++)
+			memcpy(sc->c + r * NB_MAX, (float *)j->C + (m0 + r) * j->ldc + n0,
+			       (size_t)cols * sizeof(float));
+	}
+	for (int64_t p = 0; p < nb; p += 32)
+		kernel(a0, a1, as, astep, (const char *)(bblk + (p / 32) * ks * 1024), ks, c + p, ldc,
+		       load);
+	if (!scr)
+		return;
+	for (int64_t r = 0; r < rows; r++) {
+		const float *src = sc->c + r * NB_MAX;
+		if (j->c16) /* rounded to nearest even, as everywhere */
+			st_f32_to_bf16_serial((uint16_t *)j->C + (m0 + r) * j->ldc + n0, src, cols);
+		else
+			memcpy((float *)j->C + (m0 + r) * j->ldc + n0, src, (size_t)cols * sizeof(float));
+	}
+}
+
+AMX_TARGET static void run(const job *j)
+{
+	int64_t strips = (j->M + 31) / 32;
+#pragma omp parallel
+	{
+		scratch *sc = &S.t[omp_get_thread_num()];
+		tiles_config();
+		if (j->ap) {
+#pragma omp for schedule(static)
+			for (int64_t t = 0; t < strips * j->aks * 2; t++) {
+				int64_t i = t / (j->aks * 2), s = (t / 2) % j->aks, h = t % 2;
+				pack_a_tile(j->ta, j->A, j->lda, j->M, j->K, 32 * i + 16 * h, 32 * s,
+					    (uint16_t *)j->ap + (i * j->aks + s) * 1024 + h * 512);
+			}
+		}
+		for (int64_t n0 = 0; n0 < j->N; n0 += j->nb) {
+			int64_t nb = j->N - n0 < j->nb ? (j->N - n0 + 31) / 32 * 32 : j->nb;
+			for (int64_t k0 = 0; k0 < j->K; k0 += KC) {
+				int64_t kc = j->K - k0 < KC ? j->K - k0 : KC, ks = (kc + 31) / 32;
+#pragma omp for schedule(static)
+				for (int64_t t = 0; t < (nb / 32) * ks * 2; t++) {
+					int64_t p = t / (ks * 2), s = (t / 2) % ks, h = t % 2;
+					pack_b_tile(j->tb, j->B, j->ldb, k0 + kc, j->N, k0 + 32 * s,
+						    n0 + 32 * p + 16 * h, S.b + (p * ks + s) * 1024 + h * 512);
+				}
+#pragma omp for schedule(static)
+				for (int64_t i = 0; i < strips; i++) {
+					strip(j, sc, S.b, 32 * i, n0, nb, k0, kc, k0 == 0);
+				}
+			}
+		}
+		_tile_release();
+	}
+}
+
+int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+		     void *C, int64_t ldc, int c_bf16)
+{
+	ta = ta == 'n' ? 'N' : ta == 't' ? 'T' : ta;
+	tb = tb == 'n' ? 'N' : tb == 't' ? 'T' : tb;
+	if (!st_amx_available() || alpha != 1.0f || (beta != 0.0f && beta != 1.0f) ||
+	    (c_bf16 && (beta != 0.0f || K > KC)) || M <= 0 || N <= 0 || K <= 0 ||
+	    (ta != 'N' && ta != 'T') || (tb != 'N' && tb != 'T') || omp_in_parallel())
+		return 0;
+	int64_t kcp = ((K < KC ? K : KC) + 31) / 32 * 32, nb = B_BYTES / (kcp * 2) / 32 * 32;
+	job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+		 .A = A, .B = B, .beta = beta, .C = C, .c16 = c_bf16,
+		 .nb = nb > NB_MAX ? NB_MAX : nb < NB_MIN ? NB_MIN : nb};
+	pthread_mutex_lock(&S.lock);
+	int64_t aks = (K + 31) / 32;
+	size_t an = (size_t)((M + 31) / 32) * (size_t)aks * 2048;
+	if (an <= APACK_MAX) {
+		if (an > S.an) {
+			free(S.a);
+			S.an = 0;
+			if (!(S.a = aligned_alloc(64, an))) {
+				pthread_mutex_unlock(&S.lock);
+				return st_fail(ST_ENOMEM, "out of memory for the AMX products' packing buffers");
+			}
+			S.an = an;
+		}
+		j.ap = S.a;
+		j.aks = aks;
+	}
+	if (scratch_reserve(omp_get_max_threads()) < 0) {
+		pthread_mutex_unlock(&S.lock);
+		return st_fail(ST_ENOMEM, "out of memory for the AMX products' packing buffers");
+	}
+	run(&j);
+	pthread_mutex_unlock(&S.lock);
+	return 1;
+}

@@ -1,0 +1,35 @@
+/*
+ * amx.h - bf16 matrix products on Intel AMX (tdpbf16ps), where the CPU and
+ * the kernel offer it; st_gemm_bf16 and st_gemm_bf16_out try this first.
+ *
+ * C(M,N) = op(A) op(B) (+ C when beta is 1), row-major, op 'N' or 'T' as in
+ * gemm.h; bf16 inputs, fp32 sums; C fp32, or bf16 (c_bf16: rounded to
+ * nearest even, beta 0 only). Returns 1 when done, 0 when this path does
+ * not take the call (no AMX, ST_AMX=0 in the environment, alpha != 1, beta
+ * not 0 or 1, a bf16 C with K > 2048, called inside a parallel region): the
+ * caller then runs its other path. <0: ST_ENOMEM.
+ *
+ * Each element of C is the same sequence of tdpbf16ps (k steps of 32 in
+ * order, zeros past K) whatever the thread count, so results are bit for
+ * bit the same at any thread count. Calls are serialized (one packing
+ * buffer); use all OpenMP threads.
+ */
+#ifndef ST_KERNELS_AMX_H
+#define ST_KERNELS_AMX_H
+
+#include <stdint.h>
+
+/* The CPU has AMX-BF16 and the kernel granted the tile state (and ST_AMX
+ * is not "0", and st_amx_set_enabled(0) was not called). */
+int st_amx_available(void);
+/* Process-wide switch (tests and benchmarks compare both paths). */
+void st_amx_set_enabled(int on);
+
+int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+		     void *C, int64_t ldc, int c_bf16);
+
+/* Free the packing buffers (recreated on demand). */
+void st_amx_release(void);
+
+#endif
