@@ -18,6 +18,7 @@
  *    and K, K over one block, leading dimensions, beta 0 and 1, bf16 C),
  *    bit-identical at 1, 2 and 3 threads on random data, a bf16 C equal to
  *    the fp32 C rounded, padding untouched, the calls it leaves to oneDNN;
+ *    and the bf16 attention's AMX tile products, exact the same way;
  *  - fp32 <-> bf16 conversion on edge cases (ties, NaN, Inf, subnormals,
  *    overflow), array versions equal to the scalar rule at every length.
  */
@@ -631,6 +632,63 @@ static void test_amx(void)
 	free(A), free(B), free(Al), free(Bl);
 }
 
+/* st_amx_dp_tile, the bf16 attention's tile products: exact on integer
+ * words against int64, A read by rows (sc 1) and transposed (sr 1), C
+ * accumulated or scaled, strided C; and the shapes it leaves to the caller. */
+static void amx_dp_case(int64_t m, int64_t N, int64_t np, int transposed, int acc)
+{
+	int64_t ldb = N + 16, ldc = N + 3, sr = transposed ? 1 : np + 5, sc = transposed ? m + 7 : 1;
+	int64_t na = transposed ? np * sc : m * sr;
+	uint16_t *A = ints16(2 * na, 70 + (uint64_t)m, 6), *B = ints16(2 * np * ldb, 71 + (uint64_t)N, 6);
+	const uint32_t *Aw = (const uint32_t *)A, *Bw = (const uint32_t *)B;
+	float *C = malloc((size_t)(m * ldc) * sizeof(float)), *C0 = malloc((size_t)(m * ldc) * sizeof(float));
+	for (int64_t i = 0; i < m * ldc; i++)
+		C0[i] = C[i] = (float)(i % 9) - 4.0f;
+	float scale = acc ? 1.0f : 0.25f;
+	CHECK(st_amx_dp_tile(C, ldc, m, N, Aw, sr, sc, np, Bw, ldb, acc, scale) == 1);
+	int64_t bad = 0;
+	for (int64_t r = 0; r < m; r++)
+		for (int64_t j = 0; j < ldc; j++) {
+			if (j >= N) {
+				bad += C[r * ldc + j] != C0[r * ldc + j];
+				continue;
+			}
+			int64_t s = 0;
+			for (int64_t p = 0; p < np; p++) {
+				const uint16_t *a = A + 2 * (r * sr + p * sc), *b = B + 2 * (p * ldb + j);
+				s += (int64_t)st_bf16_to_f32(a[0]) * (int64_t)st_bf16_to_f32(b[0]) +
+				     (int64_t)st_bf16_to_f32(a[1]) * (int64_t)st_bf16_to_f32(b[1]);
+			}
+			float want = acc ? C0[r * ldc + j] + (float)s : scale * (float)s;
+			bad += C[r * ldc + j] != want;
+		}
+	CHECK_MSG(bad == 0, "AMX tile product %lldx%lldx%lld %s acc %d: %lld wrong", (long long)m,
+		  (long long)N, (long long)np, transposed ? "transposed" : "rows", acc, (long long)bad);
+	free(A), free(B), free(C), free(C0);
+}
+
+static void test_amx_dp_tile(void)
+{
+	if (!st_amx_available())
+		return; /* test_amx said why */
+	for (int tr = 0; tr <= 1; tr++)
+		for (int acc = 0; acc <= 1; acc++) {
+			amx_dp_case(64, 64, 32, tr, acc);
+			amx_dp_case(48, 16, 64, tr, acc); /* odd numbers of tiles */
+			amx_dp_case(16, 80, 16, tr, acc);
+		}
+	/* shapes for the caller's vector path: 0, nothing written */
+	uint32_t w[64 * 64] = {0};
+	float c[64 * 64];
+	c[0] = 5.0f;
+	CHECK(st_amx_dp_tile(c, 64, 24, 64, w, 32, 1, 32, w, 64, 1, 1.0f) == 0); /* m */
+	CHECK(st_amx_dp_tile(c, 64, 64, 40, w, 32, 1, 32, w, 64, 1, 1.0f) == 0); /* N */
+	CHECK(st_amx_dp_tile(c, 64, 64, 64, w, 40, 1, 24, w, 64, 1, 1.0f) == 0); /* np */
+	CHECK(st_amx_dp_tile(c, 64, 80, 64, w, 32, 1, 32, w, 64, 1, 1.0f) == 0); /* m > 64 */
+	CHECK(st_amx_dp_tile(c, 64, 64, 64, w, 2, 3, 32, w, 64, 1, 1.0f) == 0);  /* strides */
+	CHECK(c[0] == 5.0f);
+}
+
 /* ---- bf16 conversions ---- */
 
 static uint32_t bits(float f)
@@ -1112,6 +1170,7 @@ int main(void)
 	test_bf16_conversion();
 	test_gemm();
 	test_amx();
+	test_amx_dp_tile();
 	test_gemm_ksplit_threads();
 	test_bf16_outputs();
 	test_attention_shape(1, 1, 1, 1, 16);

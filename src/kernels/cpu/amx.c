@@ -84,8 +84,13 @@ int st_amx_available(void)
 
 void st_amx_set_enabled(int on) { amx_forced_off = !on; }
 
+/* This thread's tile configuration is loaded (st_amx_dp_tile keeps it
+ * between calls; a product's parallel region releases it at its end). */
+static _Thread_local int tiles_ready;
+
 AMX_TARGET static void tiles_config(void)
 {
+	tiles_ready = 1;
 	tilecfg cfg;
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.palette = 1;
@@ -256,21 +261,44 @@ void st_amx_release(void)
  * as bytes, next step astep bytes on; bp: the panel (2 KiB per step).
  * load: start from C's contents, else from zero.
  */
-AMX_TARGET static void kernel(const char *a0, const char *a1, int64_t as, int64_t astep,
-			      const char *bp, int64_t ks, float *c, int64_t ldc, int load)
+/* The C tiles 0-3 of a 32 x 32 block at c (row stride ldc floats): rows
+ * 16-31 (tiles 2, 3) only if two_i, columns 16-31 (tiles 1, 3) only if
+ * two_j. Start: from C (load) or zero; end: stored back. */
+AMX_TARGET static void c_start(float *c, int64_t ldc, int two_i, int two_j, int load)
 {
 	int64_t cs = ldc * (int64_t)sizeof(float);
-	if (load) {
-		_tile_loadd(0, c, cs);
-		_tile_loadd(1, c + 16, cs);
-		_tile_loadd(2, c + 16 * ldc, cs);
-		_tile_loadd(3, c + 16 * ldc + 16, cs);
-	} else {
+	if (!load) {
 		_tile_zero(0);
 		_tile_zero(1);
 		_tile_zero(2);
 		_tile_zero(3);
+		return;
 	}
+	_tile_loadd(0, c, cs);
+	if (two_j)
+		_tile_loadd(1, c + 16, cs);
+	if (two_i)
+		_tile_loadd(2, c + 16 * ldc, cs);
+	if (two_i && two_j)
+		_tile_loadd(3, c + 16 * ldc + 16, cs);
+}
+
+AMX_TARGET static void c_end(float *c, int64_t ldc, int two_i, int two_j)
+{
+	int64_t cs = ldc * (int64_t)sizeof(float);
+	_tile_stored(0, c, cs);
+	if (two_j)
+		_tile_stored(1, c + 16, cs);
+	if (two_i)
+		_tile_stored(2, c + 16 * ldc, cs);
+	if (two_i && two_j)
+		_tile_stored(3, c + 16 * ldc + 16, cs);
+}
+
+AMX_TARGET static void kernel(const char *a0, const char *a1, int64_t as, int64_t astep,
+			      const char *bp, int64_t ks, float *c, int64_t ldc, int load)
+{
+	c_start(c, ldc, 1, 1, load);
 	for (int64_t s = 0; s < ks; s++) {
 		_tile_loadd(4, a0, as);
 		_tile_loadd(6, bp, 64);
@@ -284,10 +312,7 @@ AMX_TARGET static void kernel(const char *a0, const char *a1, int64_t as, int64_
 		a1 += astep;
 		bp += 2048;
 	}
-	_tile_stored(0, c, cs);
-	_tile_stored(1, c + 16, cs);
-	_tile_stored(2, c + 16 * ldc, cs);
-	_tile_stored(3, c + 16 * ldc + 16, cs);
+	c_end(c, ldc, 1, 1);
 }
 
 typedef struct {
@@ -391,6 +416,7 @@ AMX_TARGET static void run(const job *j)
 			}
 		}
 		_tile_release();
+		tiles_ready = 0;
 	}
 }
 
@@ -430,5 +456,70 @@ int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float al
 	}
 	run(&j);
 	pthread_mutex_unlock(&S.lock);
+	return 1;
+}
+
+/*
+ * The bf16 attention's tile products (attention_bf16.c's dp_tile): C (m x
+ * N, row stride ldc) += A B (acc) or = scale * A B, A (m x np words of two
+ * bf16 along the reduction), word (r, p) at A[r*sr + p*sc] with sc 1 (rows
+ * read straight) or sr 1 (transposed: 16 x 16 blocks transposed into a
+ * local copy), B (np x N words) word (p, c) at B[p*ldb + c]: already the
+ * VNNI form a B tile reads. m, N and np multiples of 16, m and np at most
+ * 64; else 0 (the caller's vector path). C in 32 x 32 blocks (four tiles),
+ * each over np in steps of 16 words in order.
+ */
+AMX_TARGET int st_amx_dp_tile(float *C, int64_t ldc, int64_t m, int64_t N, const uint32_t *A,
+			      int64_t sr, int64_t sc, int64_t np, const uint32_t *B, int64_t ldb,
+			      int acc, float scale)
+{
+	if (m <= 0 || N <= 0 || np <= 0 || m % 16 || N % 16 || np % 16 || m > 64 || np > 64 ||
+	    (sc != 1 && sr != 1) || !st_amx_available())
+		return 0;
+	uint32_t At[64 * 64] __attribute__((aligned(64)));
+	if (sc != 1) {
+		for (int64_t r0 = 0; r0 < m; r0 += 16)
+			for (int64_t p0 = 0; p0 < np; p0 += 16) {
+				__m512i v[16];
+				for (int i = 0; i < 16; i++)
+					v[i] = _mm512_loadu_si512(A + (p0 + i) * sc + r0);
+				transpose16(v);
+				for (int i = 0; i < 16; i++)
+					_mm512_store_si512((__m512i *)(At + (r0 + i) * np + p0), v[i]);
+			}
+		A = At;
+		sr = np;
+	}
+	if (!tiles_ready)
+		tiles_config();
+	int64_t as = sr * 4, bs = ldb * 4;
+	for (int64_t i0 = 0; i0 < m; i0 += 32)
+		for (int64_t j0 = 0; j0 < N; j0 += 32) {
+			int two_i = m - i0 >= 32, two_j = N - j0 >= 32;
+			float *c = C + i0 * ldc + j0;
+			c_start(c, ldc, two_i, two_j, acc);
+			for (int64_t p = 0; p < np; p += 16) {
+				_tile_loadd(4, A + i0 * sr + p, as);
+				_tile_loadd(6, B + p * ldb + j0, bs);
+				_tile_dpbf16ps(0, 4, 6);
+				if (two_j) {
+					_tile_loadd(7, B + p * ldb + j0 + 16, bs);
+					_tile_dpbf16ps(1, 4, 7);
+				}
+				if (two_i) {
+					_tile_loadd(5, A + (i0 + 16) * sr + p, as);
+					_tile_dpbf16ps(2, 5, 6);
+					if (two_j)
+						_tile_dpbf16ps(3, 5, 7);
+				}
+			}
+			c_end(c, ldc, two_i, two_j);
+		}
+	if (!acc) {
+		__m512 vs = _mm512_set1_ps(scale);
+		for (int64_t r = 0; r < m; r++)
+			for (int64_t j = 0; j < N; j += 16)
+				_mm512_storeu_ps(C + r * ldc + j, _mm512_mul_ps(_mm512_loadu_ps(C + r * ldc + j), vs));
+	}
 	return 1;
 }

@@ -29,6 +29,17 @@ int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float al
 		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
 		     void *C, int64_t ldc, int c_bf16);
 
+/*
+ * One tile product of the bf16 attention (attention_bf16.c's dp_tile, whose
+ * operands are words of two bf16 along the reduction): C (m x N, stride
+ * ldc) += A B (acc), or = scale * A B; word (r, p) of A at A[r*sr + p*sc]
+ * (sc or sr 1), word (p, c) of B at B[p*ldb + c]. Returns 1 when done, 0
+ * when not taken (no AMX; m, N, np not multiples of 16, m or np over 64).
+ * Leaves this thread's tile configuration loaded for the next call.
+ */
+int st_amx_dp_tile(float *C, int64_t ldc, int64_t m, int64_t N, const uint32_t *A, int64_t sr,
+		   int64_t sc, int64_t np, const uint32_t *B, int64_t ldb, int acc, float scale);
+
 /* Free the packing buffers (recreated on demand). */
 void st_amx_release(void);
 
