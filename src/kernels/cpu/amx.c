@@ -394,7 +394,13 @@ AMX_TARGET static void run(const job *j)
 		if (j->ap) {
 #pragma omp for schedule(static)
 			for (int64_t t = 0; t < strips * j->aks * 2; t++) {
-				int64_t i = t / (j->aks * 2), s = (t / 2) % j->aks, h = t % 2;
+				/* consecutive tiles read on along the same rows of A
+				 * (a transposed A: 32 rows of K, across M) */
+				int64_t i, s, h = t % 2;
+				if (j->ta == 'N')
+					i = t / (j->aks * 2), s = (t / 2) % j->aks;
+				else
+					s = t / (strips * 2), i = (t / 2) % strips;
 				pack_a_tile(j->ta, j->A, j->lda, j->M, j->K, 32 * i + 16 * h, 32 * s,
 					    (uint16_t *)j->ap + (i * j->aks + s) * 1024 + h * 512);
 			}
@@ -405,7 +411,12 @@ AMX_TARGET static void run(const job *j)
 				int64_t kc = j->K - k0 < KC ? j->K - k0 : KC, ks = (kc + 31) / 32;
 #pragma omp for schedule(static)
 				for (int64_t t = 0; t < (nb / 32) * ks * 2; t++) {
-					int64_t p = t / (ks * 2), s = (t / 2) % ks, h = t % 2;
+					/* along rows of B: (K, N) across N, (N, K) across K */
+					int64_t p, s, h = t % 2;
+					if (j->tb == 'T')
+						p = t / (ks * 2), s = (t / 2) % ks;
+					else
+						s = t / (nb / 32 * 2), p = (t / 2) % (nb / 32);
 					pack_b_tile(j->tb, j->B, j->ldb, k0 + kc, j->N, k0 + 32 * s,
 						    n0 + 32 * p + 16 * h, S.b + (p * ks + s) * 1024 + h * 512);
 				}
