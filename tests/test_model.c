@@ -133,6 +133,71 @@ static double worst_rel(const st_llama_shape *sh, const float *g, const float *r
 	return worst;
 }
 
+/*
+ * st_llama_zero_grads leaves resident gradients to be written, not added to,
+ * by the next backward: whatever the buffer held before (NaN here), every
+ * gradient after zero_grads + one backward equals the same backward added
+ * onto real zeros (compared with ==: a sum onto +0 may turn a -0 into +0),
+ * and a second backward without zero_grads adds to the first. fp32 and, where
+ * the CPU has them, bf16 products (the output layer's gradient over several
+ * chunks of rows on either path).
+ */
+static void test_fresh_gradients(void)
+{
+	for (int bf16 = 0; bf16 < 2; bf16++) {
+		if (bf16 && !st_cpu_has_bf16()) {
+			check_skip_hw("fresh gradients in bf16 mode: %s", st_cpu_bf16_message());
+			continue;
+		}
+		st_llama m = ST_LLAMA_INIT;
+		CHECK(st_llama_init(&m, &shape) == 0);
+		st_llama_init_weights(&m, 11);
+		m.bf16 = bf16;
+		CHECK(st_llama_weights_changed(&m) == 0);
+		CHECK(st_llama_alloc_acts(&m, B, T, ST_REMAT_NONE) == 0);
+		size_t bytes = (size_t)m.nparams * sizeof(float);
+		float *ref = malloc(bytes), *one = malloc(bytes);
+		int32_t tok[B * (T + 1)], tok2[B * (T + 1)];
+		make_tokens(tok);
+		for (int i = 0; i < B * (T + 1); i++)
+			tok2[i] = (tok[i] + 5) % (int32_t)shape.V;
+		double s = 0;
+		/* the reference: onto zeros, as before lazy zeroing */
+		memset(m.grads, 0, bytes);
+		m.gfresh = 0;
+		CHECK(st_llama_forward_backward(&m, tok, 1.0f / (B * T), &s) == 0);
+		memcpy(ref, m.grads, bytes);
+		for (int64_t i = 0; i < m.nparams; i++)
+			m.grads[i] = NAN;
+		st_llama_zero_grads(&m);
+		CHECK(m.gfresh == 1);
+		CHECK(st_llama_forward_backward(&m, tok, 1.0f / (B * T), &s) == 0);
+		CHECK(m.gfresh == 0);
+		int64_t bad = 0;
+		for (int64_t i = 0; i < m.nparams; i++)
+			bad += !(m.grads[i] == ref[i]);
+		CHECK_MSG(bad == 0, "bf16 %d: %lld of %lld gradients differ from the sum onto zeros",
+			  bf16, (long long)bad, (long long)m.nparams);
+		memcpy(one, m.grads, bytes);
+		/* a second backward without zero_grads adds to the first */
+		CHECK(st_llama_forward_backward(&m, tok2, 1.0f / (B * T), &s) == 0);
+		float *two = malloc(bytes);
+		memcpy(two, m.grads, bytes);
+		st_llama_zero_grads(&m);
+		CHECK(st_llama_forward_backward(&m, tok2, 1.0f / (B * T), &s) == 0); /* tok2 alone */
+		double worst = 0;
+		for (int64_t i = 0; i < m.nparams; i++)
+			worst = fmax(worst, fabs((double)two[i] - ((double)one[i] + m.grads[i])) /
+						    (fabs((double)one[i]) + fabs((double)m.grads[i]) + 1e-6));
+		free(two);
+		CHECK_MSG(worst < 1e-4, "bf16 %d: two backwards vs the sum of each, relative %.3g", bf16,
+			  worst);
+		free(ref);
+		free(one);
+		st_llama_release(&m);
+	}
+}
+
 /* The bf16 tests' shape: its head_dim takes the vector bf16 attention path. */
 static const st_llama_shape sh = {
 	.V = 53, .E = 32, .L = 2, .H = 4, .K = 2, .D = 16, .M = 48, .eps = 1e-5f, .theta = 10000.0,
@@ -323,5 +388,6 @@ int main(void)
 	test_bf16();
 	test_bf16_storage_fp32_kernels();
 	test_bf16_kernels();
+	test_fresh_gradients();
 	return check_result();
 }

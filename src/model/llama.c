@@ -317,8 +317,27 @@ void st_llama_init_weights(st_llama *m, uint64_t seed)
 
 void st_llama_zero_grads(st_llama *m)
 {
-	if (m->grads) /* else the gradient slots are zeroed as units are acquired */
+	if (!m->grads) /* the gradient slots are zeroed as units are acquired */
+		return;
+	if (m->hooks)
 		memset(m->grads, 0, (size_t)m->nparams * sizeof(float));
+	else /* written, not added to, by the next backward (gbeta) */
+		m->gfresh = 1;
+}
+
+/* beta of a weight's gradient product, its first (or only) one in this
+ * backward: 0 when the gradients are fresh (st_llama_zero_grads), else 1. */
+static float gbeta(const st_llama *m)
+{
+	return m->gfresh ? 0.0f : 1.0f;
+}
+
+/* A gradient that is only ever added to (norms, embedding), cleared when
+ * the gradients are fresh. */
+static void gclear(const st_llama *m, float *g, int64_t n)
+{
+	if (m->gfresh)
+		memset(g, 0, (size_t)n * sizeof(float));
 }
 
 int64_t st_llama_largest_linear(const st_llama *m)
@@ -1045,8 +1064,8 @@ static int gate_up_grads(st_llama *m, int f32, opnd dgate, opnd dup, int64_t ld,
 		TRY(mm(m, ST_KS_D_GATE_UP, 'N', 'N', N, E, M, dup, ld, OPF(w->wu), E, 1, a->dh, E));
 	}
 	if (on_f32(m, ST_KS_W_GATE_UP) == f32) {
-		TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dgate, ld, h2, E, 1, g->wg, E));
-		TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dup, ld, h2, E, 1, g->wu, E));
+		TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dgate, ld, h2, E, gbeta(m), g->wg, E));
+		TRY(mm(m, ST_KS_W_GATE_UP, 'T', 'N', M, E, N, dup, ld, h2, E, gbeta(m), g->wu, E));
 	}
 	return 0;
 }
@@ -1065,7 +1084,7 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	/* MLP: out = xmid + down(swiglu(gate(h2), up(h2))); the weight
 	 * gradient first, as act's fp32 copy may be in dm1 */
 	opnd dxo = grad_op(m, dx, a->dxb, N * E, ST_KS_D_DOWN, ST_KS_W_DOWN);
-	TRY(mm(m, ST_KS_W_DOWN, 'T', 'N', E, M, N, dxo, E, act_operand(m, A, ST_KS_W_DOWN), M, 1,
+	TRY(mm(m, ST_KS_W_DOWN, 'T', 'N', E, M, N, dxo, E, act_operand(m, A, ST_KS_W_DOWN), M, gbeta(m),
 	       g->wd, M));
 	TRY(mm(m, ST_KS_D_DOWN, 'N', 'N', N, M, E, dxo, E, OPF(w->wd), M, 0, a->dm1, M));
 	/* the kept intermediates (bf16 mode: their fp32 values, already there
@@ -1102,12 +1121,13 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 		TRY(gate_up_grads(m, 0, (opnd){.h = a->dm2b}, (opnd){.h = a->dm1b}, M, h2, w, g));
 	}
 	TRY(tp_sum(m, a->dh, N * E));
+	gclear(m, g->ln2, E);
 	TRY(st_rmsnorm_backward(dx, g->ln2, a->dh, kv.xmid, w->ln2, A->rstd2, N, E, &a->ws));
 
 	/* attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))) */
 	dxo = grad_op(m, dx, a->dxb, N * E, ST_KS_D_O, ST_KS_W_O);
 	TRY(mm(m, ST_KS_D_O, 'N', 'N', N, HD, E, dxo, E, OPF(w->wo), HD, 0, a->dctx, HD));
-	TRY(mm(m, ST_KS_W_O, 'T', 'N', E, HD, N, dxo, E, (opnd){.f = kv.ctx, .h = A->ctxb}, HD, 1,
+	TRY(mm(m, ST_KS_W_O, 'T', 'N', E, HD, N, dxo, E, (opnd){.f = kv.ctx, .h = A->ctxb}, HD, gbeta(m),
 	       g->wo, HD));
 	TRY((on_f32(m, ST_KS_D_ATTN) ? st_attention_backward : st_attention_backward_bf16)(
 		a->dq, a->dk, a->dv, a->dctx, kv.ctx, A->lse, kv.q, kv.k, kv.v, a->B, a->T, s->H, s->K,
@@ -1120,10 +1140,11 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	TRY(mm(m, ST_KS_D_Q, 'N', 'N', N, E, HD, dq, HD, OPF(w->wq), E, 0, a->dh, E));
 	TRY(mm(m, ST_KS_D_KV, 'N', 'N', N, E, KD, dk, KD, OPF(w->wk), E, 1, a->dh, E));
 	TRY(mm(m, ST_KS_D_KV, 'N', 'N', N, E, KD, dv, KD, OPF(w->wv), E, 1, a->dh, E));
-	TRY(mm(m, ST_KS_W_Q, 'T', 'N', HD, E, N, dq, HD, h1, E, 1, g->wq, E));
-	TRY(mm(m, ST_KS_W_KV, 'T', 'N', KD, E, N, dk, KD, h1, E, 1, g->wk, E));
-	TRY(mm(m, ST_KS_W_KV, 'T', 'N', KD, E, N, dv, KD, h1, E, 1, g->wv, E));
+	TRY(mm(m, ST_KS_W_Q, 'T', 'N', HD, E, N, dq, HD, h1, E, gbeta(m), g->wq, E));
+	TRY(mm(m, ST_KS_W_KV, 'T', 'N', KD, E, N, dk, KD, h1, E, gbeta(m), g->wk, E));
+	TRY(mm(m, ST_KS_W_KV, 'T', 'N', KD, E, N, dv, KD, h1, E, gbeta(m), g->wv, E));
 	TRY(tp_sum(m, a->dh, N * E));
+	gclear(m, g->ln1, E);
 	TRY(st_rmsnorm_backward(dx, g->ln1, a->dh, x, w->ln1, A->rstd1, N, E, &a->ws));
 	return 0;
 }
@@ -1133,13 +1154,15 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
  * kernel (f32 1) or those on the bf16 one (0). dx (nr, E) is written, dW
  * accumulated. */
 static int logits_grads(st_llama *m, int f32, opnd dl, int64_t ld, opnd x, int64_t nr, float *dx,
-			float *dW)
+			float *dW, float *wbeta)
 {
 	int64_t E = m->s.E, Vl = m->ls.V;
 	if (on_f32(m, ST_KS_D_LOGITS) == f32)
 		TRY(mm(m, ST_KS_D_LOGITS, 'N', 'N', nr, E, Vl, dl, ld, OPF(m->p.lm_head), E, 0, dx, E));
-	if (on_f32(m, ST_KS_W_LOGITS) == f32)
-		TRY(mm(m, ST_KS_W_LOGITS, 'T', 'N', Vl, E, nr, dl, ld, x, E, 1, dW, E));
+	if (on_f32(m, ST_KS_W_LOGITS) == f32) {
+		TRY(mm(m, ST_KS_W_LOGITS, 'T', 'N', Vl, E, nr, dl, ld, x, E, *wbeta, dW, E));
+		*wbeta = 1.0f; /* the later chunks add */
+	}
 	return 0;
 }
 
@@ -1159,6 +1182,7 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 	opnd x = {.f = a->hf, .h = a->hfb};
 	float *lmax = a->xr_f, *gmax = lmax + R, *tlog = gmax + R, *rscale = tlog + R;
 	double *rsum = a->xr_d, total = 0;
+	float wbeta = gbeta(m);
 	for (int64_t r0 = 0; r0 < N; r0 += R) {
 		int64_t nr = N - r0 < R ? N - r0 : R;
 		float *l = a->xent;
@@ -1186,7 +1210,8 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 		uint16_t *g16 = (uint16_t *)l;
 		if (fd || fw) {
 			st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
-			TRY(logits_grads(m, 1, OPF(l), Vl, op_at(x, r0 * E), nr, dx + r0 * E, dW));
+			TRY(logits_grads(m, 1, OPF(l), Vl, op_at(x, r0 * E), nr, dx + r0 * E, dW,
+					 &wbeta));
 			if (!fd || !fw)
 				st_bf16_rows_in_place(l, nr, Vl);
 		} else {
@@ -1195,7 +1220,7 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 		if (!fd || !fw) {
 			bf16_written(m);
 			TRY(logits_grads(m, 0, (opnd){.h = g16}, 2 * Vl, op_at(x, r0 * E), nr, dx + r0 * E,
-					 dW));
+					 dW, &wbeta));
 		}
 	}
 	if (dx)
@@ -1212,6 +1237,7 @@ static int lm_head(st_llama *m, double *loss_sum, float *dx, float scale)
 	if (!dx)
 		return st_lm_head_loss(loss_sum, a->hf, m->p.lm_head, a->targets, a->N, m->s.E, m->s.V,
 				       a->chunk_rows, &a->xent_ws);
+	gclear(m, m->g.lm_head, m->ls.V * m->s.E); /* st_lm_head_xent adds */
 	return st_lm_head_xent(loss_sum, dx, m->g.lm_head, a->hf, m->p.lm_head, a->targets, a->N,
 			       m->s.E, m->s.V, scale, a->chunk_rows, &a->xent_ws);
 }
@@ -1280,6 +1306,7 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	TRY(acquire(m, L + 1, 1));
 	TRY(lm_head(m, loss_sum, a->dh, loss_scale));
 	memset(a->dx, 0, (size_t)(N * E) * sizeof(float));
+	gclear(m, m->g.norm, E);
 	TRY(st_rmsnorm_backward(a->dx, m->g.norm, a->dh, stream_in(m, L), m->p.norm, a->rstdf, N, E,
 				&a->ws));
 	TRY(grads_ready(m, L + 1));
@@ -1296,7 +1323,9 @@ int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_sca
 	if (m->hooks && m->hooks->embed_backward)
 		return m->hooks->embed_backward(m->hooks->ctx, m, a->inputs, N, a->dx);
 	TRY(acquire(m, 0, 1));
+	gclear(m, m->g.embed, m->s.V * E);
 	st_embedding_backward(m->g.embed, a->dx, a->inputs, N, E);
+	m->gfresh = 0;
 	return grads_ready(m, 0);
 }
 

@@ -106,6 +106,9 @@ typedef struct st_llama {
 	int bf16;                    /* matrix products with bf16 inputs (set before st_llama_alloc_acts) */
 	uint16_t *wbf16;             /* bf16 copy of resident weights (st_llama_weights_changed) */
 	st_kplan kplan;              /* bf16 mode: each site's kernel (st_llama_set_kernels; zero: all bf16) */
+	int gfresh;                  /* resident gradients zeroed by st_llama_zero_grads but not yet
+					written: the next backward writes them (products with beta 0)
+					in place of adding to zeros */
 } st_llama;
 
 #define ST_LLAMA_INIT {0}
@@ -176,6 +179,10 @@ void st_llama_init_weights(st_llama *m, uint64_t seed);
  * omp_get_max_threads() at this call (OMP_NUM_THREADS, omp_set_num_threads):
  * the kernels then run on at most that many threads. */
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy);
+/* The gradients to zero. Resident ones without hooks are not cleared here:
+ * the next st_llama_forward_backward writes each one (its first product
+ * with beta 0; the embedding's and the norms' cleared first) instead of
+ * adding to zeros; until it returns they are not to be read. */
 void st_llama_zero_grads(st_llama *m);
 /* loss_sum += sum of token losses; grads += loss_scale * d(loss_sum)/dparams. */
 int st_llama_forward_backward(st_llama *m, const int32_t *tokens, float loss_scale,
