@@ -384,6 +384,44 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 	}
 }
 
+/*
+ * Prefetches into L2 of what the next strips read from memory; in the model
+ * most operands and C come from DRAM (written long before, or bigger than
+ * the caches), and the packing and tile loads alone do not keep enough
+ * lines in flight.
+ */
+
+/* The lines of C that strip m0 (columns n0 .. n0+nb of the block) loads or
+ * stores. */
+static void prefetch_c(const job *j, int64_t m0, int64_t n0, int64_t nb)
+{
+	int64_t rows = j->M - m0 < 32 ? j->M - m0 : 32, cols = j->N - n0 < nb ? j->N - n0 : nb;
+	size_t es = j->c16 ? 2 : 4;
+	for (int64_t r = 0; r < rows; r++) {
+		const char *p = (const char *)j->C + ((m0 + r) * j->ldc + n0) * (int64_t)es;
+		for (size_t b = 0; b < (size_t)cols * es; b += 64)
+			_mm_prefetch(p + b, _MM_HINT_T1);
+	}
+}
+
+/* Piece `piece` of `pieces` of thread t's (of nt) share of the source rows
+ * of op(B)'s block at (n0, k0): rows of B across n (tb 'T') or along k
+ * (tb 'N'), split among the threads as the packing loop splits them. */
+static void prefetch_b(const job *j, int64_t n0, int64_t k0, int t, int nt, int64_t piece,
+		       int64_t pieces)
+{
+	int64_t nb = j->N - n0 < j->nb ? j->N - n0 : j->nb, kc = j->K - k0 < KC ? j->K - k0 : KC;
+	int64_t rows = j->tb == 'T' ? nb : kc, len = j->tb == 'T' ? kc : nb;
+	int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt, n = r1 - r0;
+	int64_t a = r0 + n * piece / pieces, b = r0 + n * (piece + 1) / pieces;
+	for (int64_t r = a; r < b; r++) {
+		const uint16_t *row = j->tb == 'T' ? j->B + (n0 + r) * j->ldb + k0
+						   : j->B + (k0 + r) * j->ldb + n0;
+		for (int64_t e = 0; e < len; e += 32)
+			_mm_prefetch((const char *)(row + e), _MM_HINT_T1);
+	}
+}
+
 AMX_TARGET static void run(const job *j)
 {
 	int64_t strips = (j->M + 31) / 32;
@@ -391,9 +429,15 @@ AMX_TARGET static void run(const job *j)
 	{
 		scratch *sc = &S.t[omp_get_thread_num()];
 		tiles_config();
+		/* this thread's strips of C, contiguous (as schedule(static)) */
+		int nt = omp_get_num_threads(), me = omp_get_thread_num();
+		int64_t i0 = strips * me / nt, i1 = strips * (me + 1) / nt;
 		if (j->ap) {
-#pragma omp for schedule(static)
-			for (int64_t t = 0; t < strips * j->aks * 2; t++) {
+			/* this thread's tiles, in pieces of 64, each followed by a
+			 * piece of its share of the first block of op(B) */
+			int64_t n = strips * j->aks * 2, t0 = n * me / nt, t1 = n * (me + 1) / nt;
+			int64_t pieces = (t1 - t0 + 63) / 64;
+			for (int64_t t = t0; t < t1; t++) {
 				/* consecutive tiles read on along the same rows of A
 				 * (a transposed A: 32 rows of K, across M) */
 				int64_t i, s, h = t % 2;
@@ -403,13 +447,16 @@ AMX_TARGET static void run(const job *j)
 					s = t / (strips * 2), i = (t / 2) % strips;
 				pack_a_tile(j->ta, j->A, j->lda, j->M, j->K, 32 * i + 16 * h, 32 * s,
 					    (uint16_t *)j->ap + (i * j->aks + s) * 1024 + h * 512);
+				if ((t - t0) % 64 == 63 || t + 1 == t1)
+					prefetch_b(j, 0, 0, me, nt, (t - t0) / 64, pieces);
 			}
+#pragma omp barrier
 		}
 		for (int64_t n0 = 0; n0 < j->N; n0 += j->nb) {
 			int64_t nb = j->N - n0 < j->nb ? (j->N - n0 + 31) / 32 * 32 : j->nb;
 			for (int64_t k0 = 0; k0 < j->K; k0 += KC) {
 				int64_t kc = j->K - k0 < KC ? j->K - k0 : KC, ks = (kc + 31) / 32;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
 				for (int64_t t = 0; t < (nb / 32) * ks * 2; t++) {
 					/* along rows of B: (K, N) across N, (N, K) across K */
 					int64_t p, s, h = t % 2;
@@ -420,10 +467,21 @@ AMX_TARGET static void run(const job *j)
 					pack_b_tile(j->tb, j->B, j->ldb, k0 + kc, j->N, k0 + 32 * s,
 						    n0 + 32 * p + 16 * h, S.b + (p * ks + s) * 1024 + h * 512);
 				}
-#pragma omp for schedule(static)
-				for (int64_t i = 0; i < strips; i++) {
+				if (i0 < i1)
+					prefetch_c(j, 32 * i0, n0, nb);
+#pragma omp barrier
+				/* the next block of op(B), if any */
+				int64_t nn0 = n0, nk0 = k0 + KC;
+				if (nk0 >= j->K)
+					nn0 = n0 + j->nb, nk0 = 0;
+				for (int64_t i = i0; i < i1; i++) {
 					strip(j, sc, S.b, 32 * i, n0, nb, k0, kc, k0 == 0);
+					if (i + 1 < i1)
+						prefetch_c(j, 32 * (i + 1), n0, nb);
+					if (nn0 < j->N)
+						prefetch_b(j, nn0, nk0, me, nt, i - i0, i1 - i0);
 				}
+#pragma omp barrier
 			}
 		}
 		_tile_release();
