@@ -10,6 +10,7 @@
 
 #include "base/rng.h"
 #include "check.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/ops.h"
 
 static void fill(float *x, int64_t n, uint64_t stream, double std)
@@ -289,6 +290,60 @@ static void test_xent_rows_split(void)
 	printf("%-28s max abs diff %.2e\n", "xent rows split in 2", worst);
 }
 
+/* ---- cross-entropy rows over bf16 logits (the bf16 mode's output layer) ----
+ * st_xent_rows_exp16 and st_xent_rows_grad16 over bf16 logits (rows with a
+ * leading dimension past V, V not a multiple of 16 or 8, targets in and out
+ * of this process's columns) give bit for bit what the fp32 kernels give
+ * over the same values widened to fp32, the gradient rounded once to bf16
+ * (st_xent_rows_grad_bf16); the padding past V is left as it was. */
+static void test_xent_rows_bf16(void)
+{
+	enum { R = 6, V = 1013, LD = 1040, V0 = 100 };
+	static uint16_t h[R * LD];
+	static float f[R * V], sc[R];
+	static uint16_t want[R * V];
+	int32_t tg[R] = {100, 1112, 99, 600, 101 + 17, 5000}; /* v0 = 100: 0, 1012, out, 500, 17, out */
+	float l[LD];
+	for (int r = 0; r < R; r++) {
+		fill(l, LD, 41 + (uint64_t)r, 4.0);
+		for (int c = 0; c < LD; c++)
+			h[r * LD + c] = st_f32_to_bf16(l[c]);
+		for (int c = 0; c < V; c++)
+			f[r * V + c] = st_bf16_to_f32(h[r * LD + c]);
+	}
+	float m32[R], t32[R], m16[R], t16[R];
+	double s32[R], s16[R];
+	st_xent_rows_exp(f, m32, s32, t32, tg, V0, R, V);
+	st_xent_rows_exp16(h, LD, m16, s16, t16, tg, V0, R, V);
+	int same = 1;
+	for (int r = 0; r < R; r++) {
+		same &= m16[r] == m32[r] && s16[r] == s32[r] && t16[r] == t32[r];
+		sc[r] = (float)(0.25 / s32[r]);
+	}
+	CHECK_MSG(same, "bf16 logits: row max, sum or target logit differ from the fp32 kernel's");
+	CHECK_MSG(t16[2] == 0.0f && t16[5] == 0.0f && t16[0] != 0.0f, "target logits outside the columns");
+	st_xent_rows_grad_bf16(want, V, f, sc, tg, V0, R, V, 0.25f);
+	uint16_t pad[R * (LD - V)];
+	for (int r = 0; r < R; r++)
+		memcpy(pad + r * (LD - V), h + r * LD + V, (LD - V) * sizeof(uint16_t));
+	st_xent_rows_grad16(h, LD, m16, sc, tg, V0, R, V, 0.25f);
+	int64_t bad = 0;
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < V; c++)
+			bad += h[r * LD + c] != want[r * V + c];
+	CHECK_MSG(bad == 0, "bf16 cross-entropy gradient: %lld of %d values differ from the fp32 kernel's",
+		  (long long)bad, R * V);
+	int kept = 1;
+	for (int r = 0; r < R; r++)
+		kept &= memcmp(pad + r * (LD - V), h + r * LD + V, (LD - V) * sizeof(uint16_t)) == 0;
+	CHECK_MSG(kept, "bf16 cross-entropy gradient wrote past the row's V values");
+	double sum = 0; /* softmax - onehot: about 0 per row where the target is local */
+	for (int c = 0; c < V; c++)
+		sum += st_bf16_to_f32(h[c]);
+	CHECK_MSG(fabs(sum) < 2e-3, "bf16 cross-entropy gradient: row 0 sums to %.3g, not about 0", sum);
+	printf("%-28s bit-identical to the fp32 kernels over bf16 values\n", "xent rows over bf16 logits");
+}
+
 int main(void)
 {
 	size_t need[] = {st_rmsnorm_backward_workspace_bytes(N, C),
@@ -309,6 +364,7 @@ int main(void)
 	test_xent(XN);
 	test_xent(3); /* chunked rows give the same gradients */
 	test_xent_rows_split();
+	test_xent_rows_bf16();
 	st_ws_release(&ws);
 	return check_result();
 }

@@ -476,13 +476,24 @@ static void layer_merge(layer_acts *d, const layer_acts *s)
 #undef MERGE
 }
 
-/* Rows of logits per cross-entropy chunk: 64 MiB of fp32 logits (large
- * enough that the output layer's weight-gradient product, whose inner
- * dimension is the chunk's rows, runs near full speed). */
-static int64_t xent_chunk_rows(int64_t V, int64_t N)
+/* Rows of logits per cross-entropy chunk: at most 64 MiB of logits of
+ * `size` bytes each (fp32 4, or 2 in bf16 mode, which keeps them in bf16):
+ * large enough that the output layer's weight-gradient product, whose inner
+ * dimension is the chunk's rows, runs near full speed. The rows are spread
+ * evenly over the chunks that takes, rounded up to a multiple of 32 where
+ * that stays within the 64 MiB (whole 32-row strips for the products:
+ * llama3-125m at 4 x 512 tokens gives 4 x 512 rows in fp32, 2 x 1024 in
+ * bf16). */
+static int64_t xent_chunk_rows(int64_t V, int64_t N, int size)
 {
-	int64_t r = (64 << 20) / (int64_t)sizeof(float) / V;
-	return r < 1 ? 1 : r > N ? N : r;
+	int64_t r = (64 << 20) / size / V;
+	if (r < 1)
+		return 1;
+	if (r >= N)
+		return N;
+	int64_t chunks = (N + r - 1) / r, even = (N + chunks - 1) / chunks;
+	int64_t r32 = (even + 31) / 32 * 32;
+	return r32 <= r ? r32 : even;
 }
 
 static int keep_mask(enum st_remat policy)
@@ -519,9 +530,13 @@ static phase_set phase_needs(int bf16, int tp, const st_kplan *p)
 	return ps;
 }
 
+/* The logits chunk: R rows of fp32, or in bf16 mode of bf16 (when an fp32
+ * kernel runs one of the output layer's products, R / 2 rows of fp32 at a
+ * time: lm_head_xent_split). */
 static int64_t xent_bytes(const st_llama_shape *s, int64_t R, const phase_set *ps)
 {
-	return ps->fused_xent ? (int64_t)st_lm_head_workspace_bytes(s->V, R) : R * s->V * 4;
+	return ps->fused_xent ? (int64_t)st_lm_head_workspace_bytes(s->V, R)
+			      : R * s->V * (ps->bf16 ? 2 : 4);
 }
 
 /*
@@ -537,8 +552,8 @@ static int64_t xent_bytes(const st_llama_shape *s, int64_t R, const phase_set *p
  *  - the output layer, between the last layer's forward and its backward:
  *    the logits chunk over everything above (the gradient it feeds the
  *    final norm goes to dh, outside the block). The logits' gradient is
- *    written over the chunk itself, in bf16 each row over the first half of
- *    its own storage (lm_head_xent_split).
+ *    written over the chunk itself: over the bf16 logits, or in bf16 each
+ *    row over the first half of its own fp32 storage (lm_head_xent_split).
  * dx (the layers' output gradient, live across phases) and dh are outside.
  */
 static int64_t phase_layout(st_llama_acts *a, char *base, const st_llama_shape *s, int64_t N,
@@ -609,7 +624,7 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 {
 	st_llama_acts dummy = {0}, *a = c->a ? c->a : &dummy;
 	int64_t L = s->L, N = B * T, E = s->E, HD = s->H * s->D, M = s->M;
-	int64_t mx = HD > E ? HD : E, R = xent_chunk_rows(s->V, N);
+	int64_t mx = HD > E ? HD : E, R = xent_chunk_rows(s->V, N, o->bf16 ? 2 : 4);
 	int bf = o->bf16;
 	int keep = keep_mask(policy), shared = (K_NORMS | K_MM | K_ATTN | K_ACT) & ~keep;
 	char *blk;
@@ -1173,6 +1188,13 @@ static int logits_grads(st_llama *m, int f32, opnd dl, int64_t ld, opnd x, int64
  * and the sum of exponentials combined over the group, the target's logit
  * from the process that holds it. dx (N,E) = summed partial products;
  * dW += local. Same contract as st_lm_head_xent (dx NULL: loss only).
+ *
+ * In bf16 mode the logits are bf16 (as MaxText's and PyTorch autocast's:
+ * the product's fp32 sums rounded once): with the three products on the
+ * bf16 kernel, the logits product writes them in bf16 (a chunk of R rows),
+ * the softmax reads them and the gradient is written over them; with any of
+ * them on the fp32 kernel, the fp32 logits (R / 2 rows at a time, the same
+ * bytes) are rounded to bf16's values and go the fp32 way.
  */
 static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *dW, float scale)
 {
@@ -1183,11 +1205,23 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 	float *lmax = a->xr_f, *gmax = lmax + R, *tlog = gmax + R, *rscale = tlog + R;
 	double *rsum = a->xr_d, total = 0;
 	float wbeta = gbeta(m);
-	for (int64_t r0 = 0; r0 < N; r0 += R) {
-		int64_t nr = N - r0 < R ? N - r0 : R;
+	int fl = on_f32(m, ST_KS_LOGITS), fd = on_f32(m, ST_KS_D_LOGITS), fw = on_f32(m, ST_KS_W_LOGITS);
+	int all16 = m->bf16 && !fl && !fd && !fw;
+	int64_t step = m->bf16 && !all16 ? (R / 2 > 0 ? R / 2 : 1) : R;
+	for (int64_t r0 = 0; r0 < N; r0 += step) {
+		int64_t nr = N - r0 < step ? N - r0 : step;
 		float *l = a->xent;
-		TRY(mm(m, ST_KS_LOGITS, 'N', 'T', nr, Vl, E, op_at(x, r0 * E), E, OPF(W), E, 0, l, Vl));
-		st_xent_rows_exp(l, lmax, rsum, tlog, a->targets + r0, v0, nr, Vl);
+		uint16_t *l16 = (uint16_t *)a->xent;
+		if (all16) {
+			TRY(mm_out16(m, nr, Vl, E, op_at(x, r0 * E), W, l16));
+			st_xent_rows_exp16(l16, Vl, lmax, rsum, tlog, a->targets + r0, v0, nr, Vl);
+		} else {
+			TRY(mm(m, ST_KS_LOGITS, 'N', 'T', nr, Vl, E, op_at(x, r0 * E), E, OPF(W), E, 0, l,
+			       Vl));
+			if (m->bf16)
+				st_bf16_round_values(l, nr * Vl);
+			st_xent_rows_exp(l, lmax, rsum, tlog, a->targets + r0, v0, nr, Vl);
+		}
 		memcpy(gmax, lmax, (size_t)nr * sizeof(float));
 		if (m->tp_comm)
 			TRY(st_comm_allreduce(m->tp_comm, gmax, nr, ST_DTYPE_F32, ST_MAX));
@@ -1203,11 +1237,16 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 			continue;
 		for (int64_t r = 0; r < nr; r++)
 			rscale[r] = (float)(scale * exp((double)lmax[r] - (double)gmax[r]) / rsum[r]);
+		if (all16) {
+			st_xent_rows_grad16(l16, Vl, lmax, rscale, a->targets + r0, v0, nr, Vl, scale);
+			bf16_written(m);
+			TRY(logits_grads(m, 0, (opnd){.h = l16}, Vl, op_at(x, r0 * E), nr, dx + r0 * E, dW,
+					 &wbeta));
+			continue;
+		}
 		/* the gradient over the logits, in fp32 when an fp32 kernel reads
 		 * it; then, for a bf16 one, rounded in place (each row over the
 		 * first half of its own storage: ld 2 Vl) */
-		int fd = on_f32(m, ST_KS_D_LOGITS), fw = on_f32(m, ST_KS_W_LOGITS);
-		uint16_t *g16 = (uint16_t *)l;
 		if (fd || fw) {
 			st_xent_rows_grad(l, rscale, a->targets + r0, v0, nr, Vl, scale);
 			TRY(logits_grads(m, 1, OPF(l), Vl, op_at(x, r0 * E), nr, dx + r0 * E, dW,
@@ -1215,11 +1254,11 @@ static int lm_head_xent_split(st_llama *m, double *loss_sum, float *dx, float *d
 			if (!fd || !fw)
 				st_bf16_rows_in_place(l, nr, Vl);
 		} else {
-			st_xent_rows_grad_bf16(g16, 2 * Vl, l, rscale, a->targets + r0, v0, nr, Vl, scale);
+			st_xent_rows_grad_bf16(l16, 2 * Vl, l, rscale, a->targets + r0, v0, nr, Vl, scale);
 		}
 		if (!fd || !fw) {
 			bf16_written(m);
-			TRY(logits_grads(m, 0, (opnd){.h = g16}, 2 * Vl, op_at(x, r0 * E), nr, dx + r0 * E,
+			TRY(logits_grads(m, 0, (opnd){.h = l16}, 2 * Vl, op_at(x, r0 * E), nr, dx + r0 * E,
 					 dW, &wbeta));
 		}
 	}
@@ -1353,7 +1392,8 @@ void st_llama_kernel_shape(const st_llama *m, int64_t B, int64_t T, st_kshape *o
 {
 	const st_llama_shape *s = &m->ls;
 	*out = (st_kshape){.B = B, .T = T, .E = s->E, .H = s->H, .K = s->K, .D = s->D, .M = s->M,
-			   .V = s->V, .R = xent_chunk_rows(s->V, B * T), .resident = m->params != NULL};
+			   .V = s->V, .R = xent_chunk_rows(s->V, B * T, m->bf16 ? 2 : 4),
+			   .resident = m->params != NULL};
 }
 
 int st_llama_set_kernels(st_llama *m, const st_kplan *p)

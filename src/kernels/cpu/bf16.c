@@ -121,6 +121,18 @@ void st_bf16_round_keep(uint16_t *h, float *x, int64_t n)
 	}
 }
 
+void st_bf16_round_values(float *x, int64_t n)
+{
+	int64_t nb = (n + CONV_BLOCK - 1) / CONV_BLOCK;
+#pragma omp parallel for schedule(static) if (nb > 1)
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t i0 = b * CONV_BLOCK, i1 = n - i0 < CONV_BLOCK ? n : i0 + CONV_BLOCK;
+		uint16_t h[1024];
+		for (int64_t i = i0; i < i1; i += 1024)
+			round_range(h, x + i, i1 - i < 1024 ? i1 - i : 1024);
+	}
+}
+
 static int cpuid_has_avx512_bf16(void)
 {
 	unsigned a, b, c, d;

@@ -45,6 +45,8 @@ void st_bf16_to_f32_array(float *dst, const uint16_t *src, int64_t n);
 /* h[i] = bf16(x[i]) and x[i] = fp32(h[i]) (x rounded to bf16 in place), in
  * one pass, i < n. */
 void st_bf16_round_keep(uint16_t *h, float *x, int64_t n);
+/* x[i] = fp32(bf16(x[i])): x rounded to bf16's values in place, i < n. */
+void st_bf16_round_values(float *x, int64_t n);
 /* x (rows, cols) rounded to bf16 in place, each row's values over the first
  * half of its own storage: returns them as bf16 (rows, cols) with leading
  * dimension 2 * cols (x's values are gone). Rows are independent, so threads

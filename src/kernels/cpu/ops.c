@@ -477,30 +477,36 @@ void st_embedding_backward(float *demb, const float *dx, const int32_t *tokens, 
 
 /* ---- cross-entropy rows ---- */
 
-void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const int32_t *targets,
-		      int64_t v0, int64_t nr, int64_t V)
+/* Row r of the logits at l + r * ld elements, fp32 or bf16 (l16): rmax,
+ * rsum, tlogit as st_xent_rows_exp says; the exponentials stored over the
+ * row when `store` (fp32 only). */
+static void xent_rows_exp(void *l, int l16, int64_t ld, int store, float *rmax, double *rsum,
+			  float *tlogit, const int32_t *targets, int64_t v0, int64_t nr, int64_t V)
 {
+	size_t sz = l16 ? 2 : 4;
 #pragma omp parallel for schedule(static)
 	for (int64_t r = 0; r < nr; r++) {
-		float *lr = l + r * V;
+		char *lr = (char *)l + (size_t)(r * ld) * sz;
+		float *pr = store ? (float *)lr : NULL;
 		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
 		if (tlogit)
-			tlogit[r] = tg >= 0 && tg < V ? lr[tg] : 0.0f;
+			tlogit[r] = tg >= 0 && tg < V ? get(lr, l16, tg) : 0.0f;
 		float mx = -INFINITY;
 		double sum = 0;
 #if ST_HAVE_AVX512
 		__m512 vmax = _mm512_set1_ps(-INFINITY);
 		for (int64_t c = 0; c < V; c += 16)
 			vmax = _mm512_mask_max_ps(vmax, st_mask16(V - c), vmax,
-						  _mm512_maskz_loadu_ps(st_mask16(V - c), lr + c));
+						  st_load16(lr + c * sz, l16, st_mask16(V - c)));
 		mx = _mm512_reduce_max_ps(vmax);
 		__m512 vm = _mm512_set1_ps(mx);
 		__m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
 		for (int64_t c = 0; c < V; c += 16) {
 			__mmask16 mk = st_mask16(V - c);
-			__m512 p = st_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, lr + c), vm));
+			__m512 p = st_exp16(_mm512_sub_ps(st_load16(lr + c * sz, l16, mk), vm));
 			p = _mm512_maskz_mov_ps(mk, p);
-			_mm512_mask_storeu_ps(lr + c, mk, p);
+			if (pr)
+				_mm512_mask_storeu_ps(pr + c, mk, p);
 			s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
 			s1 = _mm512_add_pd(
 				s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
@@ -510,21 +516,23 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 		__m256 vmax = _mm256_set1_ps(-INFINITY);
 		int64_t c = 0;
 		for (; c + 8 <= V; c += 8)
-			vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(lr + c));
+			vmax = _mm256_max_ps(vmax, st_load8(lr + c * sz, l16));
 		mx = st_hmax8(vmax);
 		for (; c < V; c++)
-			mx = lr[c] > mx ? lr[c] : mx;
+			mx = get(lr, l16, c) > mx ? get(lr, l16, c) : mx;
 		__m256 vm = _mm256_set1_ps(mx);
 		__m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
 		for (c = 0; c < V; c += 8) {
 			int n8 = V - c < 8 ? (int)(V - c) : 8;
 			float x[8], y[8]; /* the row's last partial block only */
 			for (int k = 0; n8 < 8 && k < 8; k++)
-				x[k] = k < n8 ? lr[c + k] : -INFINITY; /* e^-Inf = 0 past the row */
-			__m256 p = st_exp8(_mm256_sub_ps(_mm256_loadu_ps(n8 == 8 ? lr + c : x), vm));
-			_mm256_storeu_ps(n8 == 8 ? lr + c : y, p);
-			if (n8 < 8)
-				memcpy(lr + c, y, (size_t)n8 * sizeof(float));
+				x[k] = k < n8 ? get(lr, l16, c + k) : -INFINITY; /* e^-Inf = 0 past the row */
+			__m256 p = st_exp8(_mm256_sub_ps(n8 == 8 ? st_load8(lr + c * sz, l16) : _mm256_loadu_ps(x), vm));
+			if (pr) {
+				_mm256_storeu_ps(n8 == 8 ? pr + c : y, p);
+				if (n8 < 8)
+					memcpy(pr + c, y, (size_t)n8 * sizeof(float));
+			}
 			s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
 			s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
 		}
@@ -533,14 +541,70 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 		sum = (part[0] + part[1]) + (part[2] + part[3]);
 #else
 		for (int64_t c = 0; c < V; c++)
-			mx = lr[c] > mx ? lr[c] : mx;
+			mx = get(lr, l16, c) > mx ? get(lr, l16, c) : mx;
 		for (int64_t c = 0; c < V; c++) {
-			lr[c] = expf(lr[c] - mx);
-			sum += lr[c];
+			float p = expf(get(lr, l16, c) - mx);
+			if (pr)
+				pr[c] = p;
+			sum += p;
 		}
 #endif
 		rmax[r] = mx;
 		rsum[r] = sum;
+	}
+}
+
+void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const int32_t *targets,
+		      int64_t v0, int64_t nr, int64_t V)
+{
+	xent_rows_exp(l, 0, V, 1, rmax, rsum, tlogit, targets, v0, nr, V);
+}
+
+void st_xent_rows_exp16(const uint16_t *l, int64_t ld, float *rmax, double *rsum, float *tlogit,
+			const int32_t *targets, int64_t v0, int64_t nr, int64_t V)
+{
+	xent_rows_exp((void *)(uintptr_t)l, 1, ld, 0, rmax, rsum, tlogit, targets, v0, nr, V);
+}
+
+void st_xent_rows_grad16(uint16_t *l, int64_t ld, const float *rmax, const float *rscale,
+			 const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t r = 0; r < nr; r++) {
+		uint16_t *lr = l + r * ld;
+		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
+		int has_t = tg >= 0 && tg < V;
+		float mx = rmax[r], tval = 0.0f;
+#if ST_HAVE_AVX512
+		__m512 f = _mm512_set1_ps(rscale[r]), vm = _mm512_set1_ps(mx);
+		if (has_t) /* the target's exponential as the loop computes it */
+			tval = _mm512_cvtss_f32(st_exp16(_mm512_set1_ps(st_bf16_to_f32(lr[tg]) - mx))) *
+				       rscale[r] - scale;
+		for (int64_t c = 0; c < V; c += 16) {
+			__mmask16 mk = st_mask16(V - c);
+			__m512 p = st_exp16(_mm512_sub_ps(st_load16(lr + c, 1, mk), vm));
+			st_store16(lr + c, 1, mk, _mm512_mul_ps(p, f));
+		}
+#elif ST_HAVE_AVX2
+		__m256 f = _mm256_set1_ps(rscale[r]), vm = _mm256_set1_ps(mx);
+		if (has_t)
+			tval = _mm256_cvtss_f32(st_exp8(_mm256_set1_ps(st_bf16_to_f32(lr[tg]) - mx))) *
+				       rscale[r] - scale;
+		int64_t c = 0;
+		for (; c + 8 <= V; c += 8)
+			st_store8(lr + c, 1, _mm256_mul_ps(st_exp8(_mm256_sub_ps(st_load8(lr + c, 1), vm)), f));
+		for (; c < V; c++) { /* as the vector lanes do */
+			float x[8] = {st_bf16_to_f32(lr[c]) - mx};
+			lr[c] = st_f32_to_bf16(_mm256_cvtss_f32(st_exp8(_mm256_loadu_ps(x))) * rscale[r]);
+		}
+#else
+		if (has_t)
+			tval = expf(st_bf16_to_f32(lr[tg]) - mx) * rscale[r] - scale;
+		for (int64_t c = 0; c < V; c++)
+			lr[c] = st_f32_to_bf16(expf(st_bf16_to_f32(lr[c]) - mx) * rscale[r]);
+#endif
+		if (has_t)
+			lr[tg] = st_f32_to_bf16(tval);
 	}
 }
 

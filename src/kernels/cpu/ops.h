@@ -156,6 +156,15 @@ void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const 
 		      int64_t v0, int64_t nr, int64_t V);
 void st_xent_rows_grad(float *l, const float *rscale, const int32_t *targets, int64_t v0,
 		       int64_t nr, int64_t V, float scale);
+/* The same over bf16 logits (row r at l + r * ld), as the bf16 mode's
+ * output layer keeps them: st_xent_rows_exp16 stores nothing (rmax, rsum,
+ * tlogit as above); st_xent_rows_grad16 then writes, over the logits in
+ * place, the gradient exp(l - rmax[r]) * rscale[r] (minus scale at the
+ * target column), each value computed in fp32 and rounded once to bf16. */
+void st_xent_rows_exp16(const uint16_t *l, int64_t ld, float *rmax, double *rsum, float *tlogit,
+			const int32_t *targets, int64_t v0, int64_t nr, int64_t V);
+void st_xent_rows_grad16(uint16_t *l, int64_t ld, const float *rmax, const float *rscale,
+			 const int32_t *targets, int64_t v0, int64_t nr, int64_t V, float scale);
 /* The same written as bf16 (each value the fp32 result above rounded once),
  * row r at out + r * ldo: a separate array (ldo >= V; l is left unchanged),
  * or l itself with ldo = 2V (each row's bf16 values over the first half of
