@@ -25,6 +25,9 @@
  *    one after the other, 2 KiB per k step), then each computes its share
  *    of the 32-row strips of C against it: four C tiles (32 x 32) over the
  *    block's k steps in order, two A tiles and two B tiles per step.
+ * Each thread prefetches into L2 what its next strip and the next block
+ * read (prefetch_c, prefetch_b below): in a training step they come from
+ * DRAM.
  * The fp32 sums go through C between blocks of K (a tile store and load of
  * fp32 lose nothing), so each element of C is the same sequence of
  * tdpbf16ps whatever the thread count, nb and KC. Strips and panels at an
