@@ -532,11 +532,12 @@ static phase_set phase_needs(int bf16, int tp, const st_kplan *p)
 
 /* The logits chunk: R rows of fp32, or in bf16 mode of bf16 (when an fp32
  * kernel runs one of the output layer's products, R / 2 rows of fp32 at a
- * time: lm_head_xent_split). */
+ * time, at least one: lm_head_xent_split). */
 static int64_t xent_bytes(const st_llama_shape *s, int64_t R, const phase_set *ps)
 {
-	return ps->fused_xent ? (int64_t)st_lm_head_workspace_bytes(s->V, R)
-			      : R * s->V * (ps->bf16 ? 2 : 4);
+	if (ps->fused_xent)
+		return (int64_t)st_lm_head_workspace_bytes(s->V, R);
+	return ps->bf16 ? (R > 1 ? R : 2) * s->V * 2 : R * s->V * 4;
 }
 
 /*
