@@ -24,6 +24,12 @@ run() {
 	fi
 }
 
+# Is process $1 running (not gone, not a zombie waiting to be reaped)?
+running() {
+	local st
+	st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) && [ -n "$st" ] && [ "$st" != Z ]
+}
+
 for mode in single mesh; do
 	batch=8; [ $mode = mesh ] && batch=2
 	run $mode straight-$mode $batch "$TMP/straight-$mode" || fail "$mode: straight run failed: $(tail -3 "$TMP/straight-$mode.err")"
@@ -32,10 +38,12 @@ for mode in single mesh; do
 		grep -q "checkpoint step $s: .*(checksums from the update)" "$TMP/straight-$mode.err" \
 			|| fail "$mode: the save of step $s did not take its checksums from the update"
 	done
-	# the interrupted run: SIGKILL once step 10 is committed and a later step is printed
+	# the interrupted run: SIGKILL once step 10 is committed and a later step
+	# is printed (waiting as long as the run runs: a sanitized 4-process mesh
+	# on a slow host took more than the 10-20 s a fixed count of polls gave it)
 	EXEC=1 run $mode cut-$mode $batch "$TMP/cut-$mode" &
 	pid=$!
-	for _ in $(seq 1 2000); do
+	while running $pid; do
 		[ -f "$TMP/o/cut-$mode/checkpoints/10/manifest.json" ] && grep -q 'completed step: 1[1-9]' "$TMP/cut-$mode" && break
 		sleep 0.005
 	done
