@@ -478,16 +478,16 @@ void st_embedding_backward(float *demb, const float *dx, const int32_t *tokens, 
 /* ---- cross-entropy rows ---- */
 
 /* Row r of the logits at l + r * ld elements, fp32 or bf16 (l16): rmax,
- * rsum, tlogit as st_xent_rows_exp says; the exponentials stored over the
- * row when `store` (fp32 only). */
-static void xent_rows_exp(void *l, int l16, int64_t ld, int store, float *rmax, double *rsum,
+ * rsum, tlogit as st_xent_rows_exp says; the exponentials written to row r
+ * of p (ld V; may be l itself) unless p is NULL. */
+static void xent_rows_exp(const void *l, int l16, int64_t ld, float *p, float *rmax, double *rsum,
 			  float *tlogit, const int32_t *targets, int64_t v0, int64_t nr, int64_t V)
 {
 	size_t sz = l16 ? 2 : 4;
 #pragma omp parallel for schedule(static)
 	for (int64_t r = 0; r < nr; r++) {
-		char *lr = (char *)l + (size_t)(r * ld) * sz;
-		float *pr = store ? (float *)lr : NULL;
+		const char *lr = (const char *)l + (size_t)(r * ld) * sz;
+		float *pr = p ? p + r * V : NULL;
 		int64_t tg = targets ? (int64_t)targets[r] - v0 : -1;
 		if (tlogit)
 			tlogit[r] = tg >= 0 && tg < V ? get(lr, l16, tg) : 0.0f;
@@ -557,13 +557,13 @@ static void xent_rows_exp(void *l, int l16, int64_t ld, int store, float *rmax, 
 void st_xent_rows_exp(float *l, float *rmax, double *rsum, float *tlogit, const int32_t *targets,
 		      int64_t v0, int64_t nr, int64_t V)
 {
-	xent_rows_exp(l, 0, V, 1, rmax, rsum, tlogit, targets, v0, nr, V);
+	xent_rows_exp(l, 0, V, l, rmax, rsum, tlogit, targets, v0, nr, V);
 }
 
 void st_xent_rows_exp16(const uint16_t *l, int64_t ld, float *rmax, double *rsum, float *tlogit,
 			const int32_t *targets, int64_t v0, int64_t nr, int64_t V)
 {
-	xent_rows_exp((void *)(uintptr_t)l, 1, ld, 0, rmax, rsum, tlogit, targets, v0, nr, V);
+	xent_rows_exp(l, 1, ld, NULL, rmax, rsum, tlogit, targets, v0, nr, V);
 }
 
 void st_xent_rows_grad16(uint16_t *l, int64_t ld, const float *rmax, const float *rscale,
