@@ -44,9 +44,6 @@
  * file supplies the fp32 tile products.
  */
 #include "kernels/cpu/attention_impl.h"
-
-#include <string.h>
-
 #include "kernels/cpu/ops.h"
 
 static int split_mode; /* 0 auto, 1 fused, 2 split (tests) */
@@ -343,7 +340,8 @@ static void tile_acc(const attn *a, float *C, int64_t ldc, int64_t m, const floa
 		static _Thread_local float bc[BK * 64] __attribute__((aligned(64)));
 		if (ldb != D && kn <= BK && D <= 64) {
 			for (int64_t k = 0; k < kn; k++)
-				memcpy(bc + k * D, Bm + k * ldb, (size_t)D * sizeof(float));
+				for (int64_t d = 0; d < D; d += 16) /* D: a multiple of 16 (vec) */
+					_mm512_store_ps(bc + k * D + d, _mm512_loadu_ps(Bm + k * ldb + d));
 			Bm = bc;
 			ldb = D;
 		}
