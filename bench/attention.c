@@ -25,6 +25,7 @@
 #include "bench_cpu.h"
 #include "base/err.h"
 #include "base/rng.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/ops.h"
 
 static double now(void)
@@ -92,15 +93,20 @@ int main(int argc, char **argv)
 	int64_t B = sh[0], T = sh[1], H = sh[2], K = sh[3], D = sh[4];
 	int64_t nq = B * T * H * D, nk = B * T * K * D;
 	float *q = randn(nq, 1), *k = randn(nk, 2), *v = randn(nk, 3), *g = randn(nq, 4);
+	/* the bf16 kernels' inputs: q, k, v rounded, as the model keeps them */
+	uint16_t *qh = malloc((size_t)nq * 2), *kh = malloc((size_t)nk * 2), *vh = malloc((size_t)nk * 2);
 	float *o = malloc((size_t)nq * sizeof(float)), *lse = malloc((size_t)(B * H * T) * sizeof(float));
 	float *dq = malloc((size_t)nq * sizeof(float)), *dk = malloc((size_t)nk * sizeof(float));
 	float *dv = malloc((size_t)nk * sizeof(float));
 	double *tf = malloc((size_t)runs * sizeof(double)), *tb = malloc((size_t)runs * sizeof(double));
 	double *tt = malloc((size_t)runs * sizeof(double));
-	if (!o || !lse || !dq || !dk || !dv || !tf || !tb || !tt) {
+	if (!o || !lse || !dq || !dk || !dv || !tf || !tb || !tt || !qh || !kh || !vh) {
 		fprintf(stderr, "out of memory\n");
 		return 1;
 	}
+	st_f32_to_bf16_array(qh, q, nq);
+	st_f32_to_bf16_array(kh, k, nk);
+	st_f32_to_bf16_array(vh, v, nk);
 	double prod = 2.0 * (double)B * (double)H * (double)T * (double)T * (double)D / 2.0;
 	char cpu[512];
 	bench_cpu_model(cpu, sizeof(cpu));
@@ -123,13 +129,13 @@ int main(int argc, char **argv)
 			for (int r = -1; r < runs; r++) {
 				double t0 = now();
 				if (prec)
-					rc |= st_attention_forward_bf16(o, lse, q, k, v, B, T, H, K, D, &ws);
+					rc |= st_attention_forward_bf16(o, lse, qh, kh, vh, B, T, H, K, D, &ws);
 				else
 					rc |= st_attention_forward(o, lse, q, k, v, B, T, H, K, D, &ws);
 				double t1 = now();
 				if (prec)
-					rc |= st_attention_backward_bf16(dq, dk, dv, g, o, lse, q, k, v, B, T, H,
-									 K, D, &ws);
+					rc |= st_attention_backward_bf16(dq, dk, dv, g, o, lse, qh, kh, vh, B,
+									 T, H, K, D, &ws);
 				else
 					rc |= st_attention_backward(dq, dk, dv, g, o, lse, q, k, v, B, T, H, K, D,
 								    &ws);
@@ -160,6 +166,6 @@ int main(int argc, char **argv)
 		}
 	}
 	free(q), free(k), free(v), free(g), free(o), free(lse), free(dq), free(dk), free(dv);
-	free(tf), free(tb), free(tt);
+	free(tf), free(tb), free(tt), free(qh), free(kh), free(vh);
 	return 0;
 }

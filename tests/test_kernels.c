@@ -205,6 +205,15 @@ static void test_thread_counts(void)
 	omp_set_num_threads(omp_get_num_procs());
 }
 
+/* x rounded to bf16 (nearest even), in a new array. */
+static uint16_t *bf16_copy(const float *x, int64_t n)
+{
+	uint16_t *h = malloc((size_t)n * sizeof(uint16_t));
+	CHECK(h != NULL);
+	st_f32_to_bf16_array(h, x, n);
+	return h;
+}
+
 /* Workspaces a kernel must refuse (ST_EINVAL, output untouched): one byte
  * short, not 16-byte aligned, NULL, sized for no thread. */
 static void test_workspace_refused(void)
@@ -212,6 +221,7 @@ static void test_workspace_refused(void)
 	enum { B = 1, T = 70, H = 2, K = 1, D = 16, N = B * T, C = 32, V = 11, E = 8 };
 	int64_t nq = B * T * H * D, nk = B * T * K * D;
 	float *q = randn(nq, 60, 1.0), *k = randn(nk, 61, 1.0), *v = randn(nk, 62, 1.0);
+	uint16_t *qh = bf16_copy(q, nq), *kh = bf16_copy(k, nk), *vh = bf16_copy(v, nk);
 	float *o = malloc((size_t)nq * sizeof(float)), *lse = malloc(B * H * T * sizeof(float));
 	float *x = randn(N * C, 63, 1.0), *dx = calloc(N * C, sizeof(float)), dw[C] = {0}, rs[N];
 	for (int i = 0; i < N; i++)
@@ -236,7 +246,7 @@ static void test_workspace_refused(void)
 			if (i == 0)
 				rc = st_attention_backward(o, dx, dx, q, q, lse, q, k, v, B, T, H, K, D, ws);
 			else if (i == 1)
-				rc = st_attention_backward_bf16(o, dx, dx, q, q, lse, q, k, v, B, T, H, K, D, ws);
+				rc = st_attention_backward_bf16(o, dx, dx, q, q, lse, qh, kh, vh, B, T, H, K, D, ws);
 			else if (i == 2)
 				rc = st_rmsnorm_backward(dx, dw, x, x, x, rs, N, C, ws);
 			else
@@ -249,6 +259,7 @@ static void test_workspace_refused(void)
 	}
 	omp_set_num_threads(omp_get_num_procs());
 	free(q), free(k), free(v), free(o), free(lse), free(x), free(dx), free(xe), free(W);
+	free(qh), free(kh), free(vh);
 }
 
 /* ---- attention: partitions and a float64 reference ---- */
@@ -897,14 +908,17 @@ static void att_bf16_run(att_out *r, const float *q, const float *k, const float
 	r->dq = malloc((size_t)nq * sizeof(float));
 	r->dk = malloc((size_t)nk * sizeof(float));
 	r->dv = malloc((size_t)nk * sizeof(float));
+	/* the kernel's inputs: q, k, v rounded to bf16, as the model keeps them */
+	uint16_t *qh = bf16_copy(q, nq), *kh = bf16_copy(k, nk), *vh = bf16_copy(v, nk);
 	omp_set_num_threads(threads);
 	st_ws ws = ws_new(st_attention_bf16_workspace_bytes(B, T, H, K, D, threads), threads);
-	CHECK(st_attention_forward_bf16(r->o, r->lse, q, k, v, B, T, H, K, D, &ws) == 0);
+	CHECK(st_attention_forward_bf16(r->o, r->lse, qh, kh, vh, B, T, H, K, D, &ws) == 0);
 	st_attention_set_partition(part);
-	CHECK(st_attention_backward_bf16(r->dq, r->dk, r->dv, g, r->o, r->lse, q, k, v, B, T, H, K, D,
-					 &ws) == 0);
+	CHECK(st_attention_backward_bf16(r->dq, r->dk, r->dv, g, r->o, r->lse, qh, kh, vh, B, T, H, K,
+					 D, &ws) == 0);
 	st_attention_set_partition(0);
 	st_ws_release(&ws);
+	free(qh), free(kh), free(vh);
 	omp_set_num_threads(omp_get_num_procs());
 }
 

@@ -206,6 +206,7 @@ static int run_product(const st_kshape *s, int i, int f32, tbufs *b)
 
 typedef struct abufs {
 	float *q, *k, *v, *ctx, *lse, *dctx, *dq, *dk, *dv;
+	uint16_t *qh, *kh, *vh; /* q, k, v rounded: the bf16 attention's inputs */
 	st_ws ws;
 	int64_t B;
 } abufs;
@@ -213,11 +214,14 @@ typedef struct abufs {
 static int run_attention(const st_kshape *s, int backward, int f32, abufs *a)
 {
 	if (!backward)
-		return (f32 ? st_attention_forward : st_attention_forward_bf16)(
-			a->ctx, a->lse, a->q, a->k, a->v, a->B, s->T, s->H, s->K, s->D, &a->ws);
-	return (f32 ? st_attention_backward : st_attention_backward_bf16)(
-		a->dq, a->dk, a->dv, a->dctx, a->ctx, a->lse, a->q, a->k, a->v, a->B, s->T, s->H, s->K,
-		s->D, &a->ws);
+		return f32 ? st_attention_forward(a->ctx, a->lse, a->q, a->k, a->v, a->B, s->T, s->H,
+						  s->K, s->D, &a->ws)
+			   : st_attention_forward_bf16(a->ctx, a->lse, a->qh, a->kh, a->vh, a->B, s->T,
+						       s->H, s->K, s->D, &a->ws);
+	return f32 ? st_attention_backward(a->dq, a->dk, a->dv, a->dctx, a->ctx, a->lse, a->q, a->k,
+					   a->v, a->B, s->T, s->H, s->K, s->D, &a->ws)
+		   : st_attention_backward_bf16(a->dq, a->dk, a->dv, a->dctx, a->ctx, a->lse, a->qh,
+						a->kh, a->vh, a->B, s->T, s->H, s->K, s->D, &a->ws);
 }
 
 static void fill(float *x, uint16_t *h, int64_t n, uint64_t stream, float scale)
@@ -255,6 +259,9 @@ int st_kplan_time(const st_kshape *s, int reps, st_kplan *out, double ratio[ST_K
 	int oom = !b.af || !b.bf || !b.c || !b.ah || !b.bh;
 	for (int j = 0; j < 9; j++)
 		oom |= !(*qkv[j] = malloc((size_t)sz[j] * sizeof(float)));
+	uint16_t **qkvh[] = {&a.qh, &a.kh, &a.vh};
+	for (int j = 0; j < 3; j++)
+		oom |= !(*qkvh[j] = malloc((size_t)(j ? nk : nq) * sizeof(uint16_t)));
 	int threads = omp_get_max_threads();
 	size_t w32 = st_attention_workspace_bytes(1, T, s->H, s->K, s->D, threads);
 	size_t w16 = st_attention_bf16_workspace_bytes(1, T, s->H, s->K, s->D, threads);
@@ -265,6 +272,9 @@ int st_kplan_time(const st_kshape *s, int reps, st_kplan *out, double ratio[ST_K
 		fill(b.bf, b.bh, nb, 2, 0.5f);
 		for (int j = 0; j < 9; j++)
 			fill(*qkv[j], NULL, sz[j], 3 + (uint64_t)j, j == 8 ? 0.0f : 0.5f);
+		st_f32_to_bf16_array(a.qh, a.q, nq);
+		st_f32_to_bf16_array(a.kh, a.k, nk);
+		st_f32_to_bf16_array(a.vh, a.v, nk);
 		rc = run_attention(s, 0, 1, &a); /* a consistent ctx and lse for backward */
 	}
 	for (int i = 0; i < ST_KS_COUNT && rc == 0; i++) {
@@ -285,6 +295,8 @@ int st_kplan_time(const st_kshape *s, int reps, st_kplan *out, double ratio[ST_K
 	free(b.af), free(b.bf), free(b.c), free(b.ah), free(b.bh);
 	for (int j = 0; j < 9; j++)
 		free(*qkv[j]);
+	for (int j = 0; j < 3; j++)
+		free(*qkvh[j]);
 	st_ws_release(&a.ws);
 	return rc;
 }

@@ -1022,13 +1022,19 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 			st_bf16_round_keep(A->kb, kv.k, N * KD);
 			st_bf16_round_keep(A->vb, kv.v, N * KD);
 		}
-	} else if (m->bf16) { /* kept: their fp32 values */
+	} else if (m->bf16 && (on_f32(m, ST_KS_ATTN) || on_f32(m, ST_KS_D_ATTN))) {
+		/* kept: their fp32 values, for the fp32 attention (the bf16 one
+		 * reads the bf16 copies) */
 		st_bf16_to_f32_array(kv.q, A->qb, N * HD);
 		st_bf16_to_f32_array(kv.k, A->kb, N * KD);
 		st_bf16_to_f32_array(kv.v, A->vb, N * KD);
 	}
-	TRY((on_f32(m, ST_KS_ATTN) ? st_attention_forward : st_attention_forward_bf16)(
-		kv.ctx, A->lse, kv.q, kv.k, kv.v, a->B, a->T, s->H, s->K, s->D, &a->ws));
+	if (on_f32(m, ST_KS_ATTN))
+		TRY(st_attention_forward(kv.ctx, A->lse, kv.q, kv.k, kv.v, a->B, a->T, s->H, s->K, s->D,
+					 &a->ws));
+	else
+		TRY(st_attention_forward_bf16(kv.ctx, A->lse, A->qb, A->kb, A->vb, a->B, a->T, s->H, s->K,
+					      s->D, &a->ws));
 	if (m->bf16) {
 		st_bf16_round_keep(A->ctxb, kv.ctx, N * HD);
 		bf16_written(m);
@@ -1107,9 +1113,11 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	 * when the forward pass was just recomputed) */
 	kept_f32 kv = kept_views(m, A);
 	if (m->bf16 && a->policy == ST_REMAT_NONE) {
-		st_bf16_to_f32_array(kv.q, A->qb, N * HD);
-		st_bf16_to_f32_array(kv.k, A->kb, N * KD);
-		st_bf16_to_f32_array(kv.v, A->vb, N * KD);
+		if (on_f32(m, ST_KS_D_ATTN)) { /* the bf16 attention reads the bf16 copies */
+			st_bf16_to_f32_array(kv.q, A->qb, N * HD);
+			st_bf16_to_f32_array(kv.k, A->kb, N * KD);
+			st_bf16_to_f32_array(kv.v, A->vb, N * KD);
+		}
 		st_bf16_to_f32_array(kv.ctx, A->ctxb, N * HD);
 		st_bf16_to_f32_array(kv.xmid, A->xmidb, N * E);
 	}
@@ -1145,9 +1153,12 @@ static int layer_backward(st_llama *m, int64_t l, const layer_acts *A, const flo
 	TRY(mm(m, ST_KS_D_O, 'N', 'N', N, HD, E, dxo, E, OPF(w->wo), HD, 0, a->dctx, HD));
 	TRY(mm(m, ST_KS_W_O, 'T', 'N', E, HD, N, dxo, E, (opnd){.f = kv.ctx, .h = A->ctxb}, HD, gbeta(m),
 	       g->wo, HD));
-	TRY((on_f32(m, ST_KS_D_ATTN) ? st_attention_backward : st_attention_backward_bf16)(
-		a->dq, a->dk, a->dv, a->dctx, kv.ctx, A->lse, kv.q, kv.k, kv.v, a->B, a->T, s->H, s->K,
-		s->D, &a->ws));
+	if (on_f32(m, ST_KS_D_ATTN))
+		TRY(st_attention_backward(a->dq, a->dk, a->dv, a->dctx, kv.ctx, A->lse, kv.q, kv.k, kv.v,
+					  a->B, a->T, s->H, s->K, s->D, &a->ws));
+	else
+		TRY(st_attention_backward_bf16(a->dq, a->dk, a->dv, a->dctx, kv.ctx, A->lse, A->qb, A->kb,
+					       A->vb, a->B, a->T, s->H, s->K, s->D, &a->ws));
 	st_rope_backward(a->dq, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 	st_rope_backward(a->dk, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
 	opnd dq = grad_op(m, a->dq, a->dqb, N * HD, ST_KS_D_Q, ST_KS_W_Q);

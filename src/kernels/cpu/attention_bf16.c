@@ -5,8 +5,9 @@
  * and the order in which tiles add into dq, dk and dv are attention.c's,
  * through the drivers of attention_impl.h; what differs is the tile
  * products and what they read:
- *   - q, k, v and dout are rounded to bf16 once (st_f32_to_bf16: nearest
- *     even, subnormals kept) into the layouts below;
+ *   - q, k and v come in bf16 (the model's rounded copies, which it keeps
+ *     anyway), dout is rounded to bf16 once (st_f32_to_bf16: nearest even,
+ *     subnormals kept), into the layouts below;
  *   - each probability tile P, and in backward each dS tile, is rounded to
  *     bf16 (nearest even) before the products that read it;
  *   - the products are VDPBF16PS: pairs of bf16 along the reduction
@@ -57,6 +58,9 @@
  * instead of st_exp16, no DAZ/FTZ).
  */
 #include "kernels/cpu/attention_impl.h"
+
+#include <string.h>
+
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/ops.h"
@@ -73,7 +77,8 @@ typedef uint32_t pair_t __attribute__((__may_alias__));
 typedef struct bfw {
 	attn a;
 	int64_t Dp, hp;        /* D rounded up to even; words per bf16 row (Dp / 2) */
-	const float *q, *dout; /* converted per query block, in the thread's scratch */
+	const uint16_t *q;     /* bf16; q and dout are laid out per query block, */
+	const float *dout;     /* in the thread's scratch */
 	pair_t *kd, *vd;       /* dpairs of K, V (B*K, hp, Tpad); vd: backward */
 	pair_t *kt, *vt;       /* tpairs of K (backward), V (forward) (B*K, Tpad/2, D) */
 	float *dq, *dk, *dv, *di;
@@ -102,7 +107,19 @@ static size_t tpairs_bytes(const bfw *w)
 
 /* ---- operand layouts ---- */
 
-/* Rows t0 .. t0+m-1 of head h of x (B, T, nh, D) -> bf16 rows (m, Dp). */
+/* Rows t0 .. t0+m-1 of head h of x (B, T, nh, D), bf16 -> bf16 rows (m, Dp). */
+static void rows16(const bfw *w, uint16_t *dst, const uint16_t *x, int64_t nh, int64_t b, int64_t h,
+		   int64_t t0, int64_t m)
+{
+	int64_t D = w->a.D, Dp = w->Dp;
+	for (int64_t r = 0; r < m; r++) {
+		memcpy(dst + r * Dp, x + ((b * w->a.T + t0 + r) * nh + h) * D, (size_t)D * sizeof(uint16_t));
+		if (Dp > D)
+			dst[r * Dp + D] = 0;
+	}
+}
+
+/* The same from fp32 x, rounded. */
 static void to_rows(const bfw *w, uint16_t *dst, const float *x, int64_t nh, int64_t b, int64_t h,
 		    int64_t t0, int64_t m)
 {
@@ -157,7 +174,7 @@ static size_t kv_rows_bytes(const bfw *w) { return (size_t)(w->a.T * w->Dp) * si
 /* x (B, T, K, D) -> dpairs (B*K, hp, Tpad) into dp and tpairs (B*K, Tpad/2,
  * D) into tp (either may be NULL); a row buffer per thread at the start of
  * its slice. */
-static void kv_layouts(const bfw *w, const float *x, pair_t *dp, pair_t *tp, const attn_slices *sl)
+static void kv_layouts(const bfw *w, const uint16_t *x, pair_t *dp, pair_t *tp, const attn_slices *sl)
 {
 	int64_t T = w->a.T, Tpad = w->a.Tpad, K = w->a.K, D = w->a.D, hp = w->hp;
 #pragma omp parallel num_threads(sl->threads)
@@ -166,7 +183,7 @@ static void kv_layouts(const bfw *w, const float *x, pair_t *dp, pair_t *tp, con
 		const pair_t *rw = (const pair_t *)rows;
 #pragma omp for schedule(static)
 		for (int64_t bk = 0; bk < w->a.B * K; bk++) {
-			to_rows(w, rows, x, K, bk / K, bk % K, 0, T);
+			rows16(w, rows, x, K, bk / K, bk % K, 0, T);
 			if (tp)
 				to_tpairs(w, tp + bk * (Tpad / 2) * D, rows, T, Tpad / 2);
 			if (dp) {
@@ -220,7 +237,7 @@ static void qblock_load(const bfw *w, qblock *qb, int64_t b, int64_t h, int64_t 
 	if (qb->key == key)
 		return;
 	int64_t m = a->T - q0 < BQ ? a->T - q0 : BQ;
-	to_rows(w, qb->qr, w->q, a->H, b, h, q0, m);
+	rows16(w, qb->qr, w->q, a->H, b, h, q0, m);
 	if (bwd) {
 		to_rows(w, qb->dor, w->dout, a->H, b, h, q0, m);
 		to_tpairs(w, qb->qt, qb->qr, m, (m + 1) / 2);
@@ -490,8 +507,8 @@ static void fwd_pv(const void *ctx, float *O, const float *S, void *scratch, int
 		tpairs_at(w, w->vt, b * w->a.K + kh, jb * BK), D, 1, 1.0f);
 }
 
-int st_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
-			      const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+int st_attention_forward_bf16(float *out, float *lse, const uint16_t *q, const uint16_t *k,
+			      const uint16_t *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
 			      const st_ws *ws)
 {
 	bfw w = {.q = q};
@@ -541,8 +558,8 @@ static void bwd_tile(const void *ctx, int64_t b, int64_t h, int64_t ib, int64_t 
 }
 
 int st_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
-			       const float *out, const float *lse, const float *q, const float *k,
-			       const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			       const float *out, const float *lse, const uint16_t *q, const uint16_t *k,
+			       const uint16_t *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
 			       const st_ws *ws)
 {
 	bfw w = {.q = q, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .lse = lse};

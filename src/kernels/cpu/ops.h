@@ -82,11 +82,11 @@ int st_attention_backward(float *dq, float *dk, float *dv, const float *dout, co
 
 /*
  * The same with bf16 tile products (attention_bf16.c), for dtype=bfloat16:
- * same shapes, fp32 inputs and outputs, same tiling, partitions and
- * thread-count independence. Every product reads bf16 inputs and
- * accumulates in fp32: q, k, v and dout rounded once (st_f32_to_bf16), the
- * probabilities P and the tiles dS rounded before the products that read
- * them. Softmax statistics, lse, exp and rowsum(dout o out) stay fp32.
+ * same shapes and layouts, q, k and v in bf16 (the model keeps them so),
+ * the rest fp32; same tiling, partitions and thread-count independence.
+ * Every product reads bf16 inputs and accumulates in fp32: dout rounded
+ * once (st_f32_to_bf16), the probabilities P and the tiles dS rounded
+ * before the products that read them. Softmax statistics, lse, exp and rowsum(dout o out) stay fp32.
  * AVX512_BF16 (VDPBF16PS) when built for it and D % 16 == 0; plain loops
  * with the same roundings otherwise.
  * ws, st_attention_bf16_workspace_bytes(B, T, H, K, D, threads) for either
@@ -97,12 +97,12 @@ int st_attention_backward(float *dq, float *dk, float *dv, const float *dout, co
  */
 size_t st_attention_bf16_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
 					 int threads);
-int st_attention_forward_bf16(float *out, float *lse, const float *q, const float *k,
-			      const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+int st_attention_forward_bf16(float *out, float *lse, const uint16_t *q, const uint16_t *k,
+			      const uint16_t *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
 			      const st_ws *ws);
 int st_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout,
-			       const float *out, const float *lse, const float *q, const float *k,
-			       const float *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
+			       const float *out, const float *lse, const uint16_t *q, const uint16_t *k,
+			       const uint16_t *v, int64_t B, int64_t T, int64_t H, int64_t K, int64_t D,
 			       const st_ws *ws);
 
 /* Backward work partition, for tests: 0 automatic (default), 1 one task per
