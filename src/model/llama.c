@@ -815,6 +815,13 @@ static opnd op_at(opnd x, int64_t off)
 /* Does product site `site` run on the fp32 kernel (always in fp32 mode)? */
 static int on_f32(const st_llama *m, int site) { return !m->bf16 || m->kplan.f32[site]; }
 
+/* An attention site runs on the fp32 kernel, which reads q, k and v in fp32
+ * (the bf16 one reads the kept bf16 copies). */
+static int attn_reads_f32(const st_llama *m)
+{
+	return on_f32(m, ST_KS_ATTN) || on_f32(m, ST_KS_D_ATTN);
+}
+
 /* A bf16 product operand was (re)written: the fp32 copies no longer hold it.
  * Called by every writer of a bf16 operand (norms, SwiGLU, gradient
  * companions, cross-entropy gradients, ctx's copy). */
@@ -1017,14 +1024,16 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wv), E, 0, kv.v, KD));
 		st_rope_forward(kv.q, a->cos_t, a->sin_t, a->B, a->T, s->H, s->D);
 		st_rope_forward(kv.k, a->cos_t, a->sin_t, a->B, a->T, s->K, s->D);
-		if (m->bf16) {
+		if (m->bf16 && attn_reads_f32(m)) { /* the rounded values in fp32 too */
 			st_bf16_round_keep(A->qb, kv.q, N * HD);
 			st_bf16_round_keep(A->kb, kv.k, N * KD);
 			st_bf16_round_keep(A->vb, kv.v, N * KD);
+		} else if (m->bf16) {
+			st_f32_to_bf16_array(A->qb, kv.q, N * HD);
+			st_f32_to_bf16_array(A->kb, kv.k, N * KD);
+			st_f32_to_bf16_array(A->vb, kv.v, N * KD);
 		}
-	} else if (m->bf16 && (on_f32(m, ST_KS_ATTN) || on_f32(m, ST_KS_D_ATTN))) {
-		/* kept: their fp32 values, for the fp32 attention (the bf16 one
-		 * reads the bf16 copies) */
+	} else if (m->bf16 && attn_reads_f32(m)) { /* kept: their fp32 values */
 		st_bf16_to_f32_array(kv.q, A->qb, N * HD);
 		st_bf16_to_f32_array(kv.k, A->kb, N * KD);
 		st_bf16_to_f32_array(kv.v, A->vb, N * KD);

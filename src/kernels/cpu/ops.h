@@ -86,7 +86,8 @@ int st_attention_backward(float *dq, float *dk, float *dv, const float *dout, co
  * the rest fp32; same tiling, partitions and thread-count independence.
  * Every product reads bf16 inputs and accumulates in fp32: dout rounded
  * once (st_f32_to_bf16), the probabilities P and the tiles dS rounded
- * before the products that read them. Softmax statistics, lse, exp and rowsum(dout o out) stay fp32.
+ * before the products that read them. Softmax statistics, lse, exp and
+ * rowsum(dout o out) stay fp32.
  * AVX512_BF16 (VDPBF16PS) when built for it and D % 16 == 0; plain loops
  * with the same roundings otherwise.
  * ws, st_attention_bf16_workspace_bytes(B, T, H, K, D, threads) for either
