@@ -615,6 +615,7 @@ static void test_amx(void)
 		amx_exact_case(ta, tb, 64, 64, 64, 0);     /* whole tiles */
 		amx_exact_case(ta, tb, 37, 50, 77, 3);     /* edges of M, N and K, odd K */
 		amx_exact_case(ta, tb, 33, 300, 2100, 1);  /* two blocks of N and of K */
+		amx_exact_case(ta, tb, 40, 70, 530, 1);    /* 17 k steps: a strip in two halves */
 		amx_exact_case(ta, tb, 96, 32, 1, 0);      /* K = 1 */
 		amx_exact_case(ta, tb, 1, 17, 40, 2);      /* one row */
 		amx_threads_case(ta, tb, 200, 290, 300);
