@@ -644,6 +644,61 @@ static void test_amx(void)
 	free(A), free(B), free(Al), free(Bl);
 }
 
+/* The residual forms (gemm.h's st_gemm_bf16_res, st_gemm_res): C = R + A B
+ * with C's old contents never read, the same bits as copying R into C and
+ * accumulating (beta 1), on the AMX path, oneDNN's (ST_AMX off) and fp32;
+ * random data, so any change in the order of the sums shows. */
+static void gemm_res_case(char ta, char tb, int64_t M, int64_t N, int64_t K)
+{
+	int64_t lda = ta == 'N' ? K : M, ldb = tb == 'N' ? N : K, ldc = N + 5, nc = M * ldc;
+	int64_t na = (ta == 'N' ? M : K) * lda, nb = (tb == 'N' ? K : N) * ldb;
+	uint16_t *A = rand16(na, 80), *B = rand16(nb, 81);
+	float *Af = malloc((size_t)na * sizeof(float)), *Bf = malloc((size_t)nb * sizeof(float));
+	st_bf16_to_f32_array(Af, A, na);
+	st_bf16_to_f32_array(Bf, B, nb);
+	float *R = randn(nc, 82, 1.0), *want = malloc((size_t)nc * sizeof(float)),
+	      *C = malloc((size_t)nc * sizeof(float));
+	for (int amx = 1; amx >= 0; amx--) {
+		st_amx_set_enabled(amx);
+		memcpy(want, R, (size_t)nc * sizeof(float));
+		CHECK(st_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, want, ldc) == 0);
+		for (int64_t i = 0; i < nc; i++)
+			C[i] = NAN; /* C's old contents must not matter */
+		CHECK(st_gemm_bf16_res(ta, tb, M, N, K, A, lda, B, ldb, R, C, ldc) == 0);
+		/* the padding past N in each row is R's (copied) or untouched (NaN) */
+		int64_t bad = 0;
+		for (int64_t i = 0; i < M; i++)
+			bad += !same(C + i * ldc, want + i * ldc, N * (int64_t)sizeof(float));
+		CHECK_MSG(bad == 0, "bf16 residual product %c%c %lldx%lldx%lld (AMX %s): %lld rows differ "
+			  "from copy and accumulate", ta, tb, (long long)M, (long long)N, (long long)K,
+			  amx && st_amx_available() ? "on" : "off", (long long)bad);
+		/* R == C: the plain accumulation */
+		memcpy(C, R, (size_t)nc * sizeof(float));
+		CHECK(st_gemm_bf16_res(ta, tb, M, N, K, A, lda, B, ldb, C, C, ldc) == 0);
+		CHECK(same(C, want, nc * (int64_t)sizeof(float)));
+	}
+	st_amx_set_enabled(1);
+	memcpy(want, R, (size_t)nc * sizeof(float));
+	CHECK(st_gemm(ta, tb, M, N, K, 1.0f, Af, lda, Bf, ldb, 1.0f, want, ldc) == 0);
+	for (int64_t i = 0; i < nc; i++)
+		C[i] = NAN;
+	CHECK(st_gemm_res(ta, tb, M, N, K, Af, lda, Bf, ldb, R, C, ldc) == 0);
+	int64_t bad = 0;
+	for (int64_t i = 0; i < M; i++)
+		bad += !same(C + i * ldc, want + i * ldc, N * (int64_t)sizeof(float));
+	CHECK_MSG(bad == 0, "fp32 residual product %c%c %lldx%lldx%lld: %lld rows differ", ta, tb,
+		  (long long)M, (long long)N, (long long)K, (long long)bad);
+	free(A), free(B), free(Af), free(Bf), free(R), free(want), free(C);
+}
+
+static void test_gemm_res(void)
+{
+	gemm_res_case('N', 'T', 64, 96, 768);   /* whole strips, a strip in halves */
+	gemm_res_case('N', 'T', 50, 70, 300);   /* edges of M and N: the scratch strip */
+	gemm_res_case('T', 'N', 96, 40, 2100);  /* two blocks of K */
+	gemm_res_case('N', 'N', 33, 600, 128);  /* two blocks of N */
+}
+
 /* st_amx_dp_tile, the bf16 attention's tile products: exact on integer
  * words against int64, A read by rows (sc 1) and transposed (sr 1), C
  * accumulated or scaled, strided C; and the shapes it leaves to the caller. */
@@ -1185,6 +1240,7 @@ int main(void)
 	test_bf16_conversion();
 	test_gemm();
 	test_amx();
+	test_gemm_res();
 	test_amx_dp_tile();
 	test_gemm_ksplit_threads();
 	test_bf16_outputs();

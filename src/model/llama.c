@@ -883,26 +883,33 @@ static const uint16_t *bf16_second(st_llama *m, opnd B, char tb, int64_t N, int6
  * operands are bf16 and the product accumulates in fp32 (MaxText's bf16
  * compute with fp32 weights); A must already be bf16, B may be a weight,
  * whose bf16 copy is the resident one (st_llama_weights_changed) or made
- * here. Else plain fp32.
+ * here. Else plain fp32. R: C = R + A B (a residual add, gemm.h's _res
+ * forms; beta unused), else NULL.
  */
+static int mm_r(st_llama *m, int site, char ta, char tb, int64_t M, int64_t N, int64_t K, opnd A,
+		int64_t lda, opnd B, int64_t ldb, float beta, const float *R, float *C, int64_t ldc)
+{
+	const float *af = A.f, *bf = B.f;
+	if (m->bf16 && m->kplan.f32[site]) { /* bf16 mode, the fp32 kernel (kplan.h) */
+		st_llama_acts *a = m->acts;
+		af = f32_operand(A, &a->ka, ta == 'N' ? M : K, lda);
+		bf = f32_operand(B, &a->kb, tb == 'N' ? K : N, ldb);
+	} else if (m->bf16) {
+		if (!A.h)
+			ST_BUG("bf16 product without a bf16 first operand");
+		const uint16_t *bh = bf16_second(m, B, tb, N, K, ldb);
+		return R ? st_gemm_bf16_res(ta, tb, M, N, K, A.h, lda, bh, ldb, R, C, ldc)
+			 : st_gemm_bf16(ta, tb, M, N, K, 1.0f, A.h, lda, bh, ldb, beta, C, ldc);
+	} else if (!af || !bf)
+		ST_BUG("fp32 product without fp32 operands");
+	return R ? st_gemm_res(ta, tb, M, N, K, af, lda, bf, ldb, R, C, ldc)
+		 : st_gemm(ta, tb, M, N, K, 1.0f, af, lda, bf, ldb, beta, C, ldc);
+}
+
 static int mm(st_llama *m, int site, char ta, char tb, int64_t M, int64_t N, int64_t K, opnd A,
 	      int64_t lda, opnd B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-	if (!m->bf16) {
-		if (!A.f || !B.f)
-			ST_BUG("fp32 product without fp32 operands");
-		return st_gemm(ta, tb, M, N, K, 1.0f, A.f, lda, B.f, ldb, beta, C, ldc);
-	}
-	if (m->kplan.f32[site]) { /* bf16 mode, the fp32 kernel (kplan.h) */
-		st_llama_acts *a = m->acts;
-		const float *af = f32_operand(A, &a->ka, ta == 'N' ? M : K, lda);
-		const float *bf = f32_operand(B, &a->kb, tb == 'N' ? K : N, ldb);
-		return st_gemm(ta, tb, M, N, K, 1.0f, af, lda, bf, ldb, beta, C, ldc);
-	}
-	if (!A.h)
-		ST_BUG("bf16 product without a bf16 first operand");
-	return st_gemm_bf16(ta, tb, M, N, K, 1.0f, A.h, lda, bf16_second(m, B, tb, N, K, ldb), ldb,
-			    beta, C, ldc);
+	return mm_r(m, site, ta, tb, M, N, K, A, lda, B, ldb, beta, NULL, C, ldc);
 }
 
 /* A bf16 product's output rounded to bf16 by the product itself (in place
@@ -925,12 +932,11 @@ static int residual_product(st_llama *m, int site, float *out, const float *res,
 {
 	st_llama_acts *ac = m->acts;
 	int64_t N = ac->N, E = m->s.E;
-	if (!m->tp_comm) {
-		memcpy(out, res, (size_t)(N * E) * sizeof(float));
-		return mm(m, site, 'N', 'T', N, E, k, a, k, OPF(W), k, 1, out, E);
-	}
+	if (!m->tp_comm)
+		return mm_r(m, site, 'N', 'T', N, E, k, a, k, OPF(W), k, 1, res, out, E);
 	TRY(mm(m, site, 'N', 'T', N, E, k, a, k, OPF(W), k, 0, ac->tp_tmp, E));
 	TRY(tp_sum(m, ac->tp_tmp, N * E));
+#pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < N * E; i++)
 		out[i] = res[i] + ac->tp_tmp[i];
 	return 0;

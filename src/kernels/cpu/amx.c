@@ -267,7 +267,7 @@ void st_amx_release(void)
 /* The C tiles 0-3 of a 32 x 32 block at c (row stride ldc floats): rows
  * 16-31 (tiles 2, 3) only if two_i, columns 16-31 (tiles 1, 3) only if
  * two_j. Start: from C (load) or zero; end: stored back. */
-AMX_TARGET static void c_start(float *c, int64_t ldc, int two_i, int two_j, int load)
+AMX_TARGET static void c_start(const float *c, int64_t ldc, int two_i, int two_j, int load)
 {
 	int64_t cs = ldc * (int64_t)sizeof(float);
 	if (!load) {
@@ -299,9 +299,9 @@ AMX_TARGET static void c_end(float *c, int64_t ldc, int two_i, int two_j)
 }
 
 AMX_TARGET static void kernel(const char *a0, const char *a1, int64_t as, int64_t astep,
-			      const char *bp, int64_t ks, float *c, int64_t ldc, int load)
+			      const char *bp, int64_t ks, const float *cin, float *c, int64_t ldc, int load)
 {
-	c_start(c, ldc, 1, 1, load);
+	c_start(cin, ldc, 1, 1, load);
 	for (int64_t s = 0; s < ks; s++) {
 		_tile_loadd(4, a0, as);
 		_tile_loadd(6, bp, 64);
@@ -326,6 +326,7 @@ typedef struct {
 	int64_t M, N, K, lda, ldb, ldc;
 	const uint16_t *A, *B;
 	float beta;
+	const float *R;     /* C starts from R (laid out as C) instead of C's contents, or NULL */
 	void *C;
 	int c16;
 } job;
@@ -362,6 +363,8 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 		astep = 2048;
 	}
 	int load = !first || j->beta != 0.0f;
+	/* where the first block of K reads its starting sums */
+	const float *cin = first && j->R ? j->R : (const float *)j->C;
 	/* an edge of C, or a bf16 C: the strip's sums in the scratch (32 x nb) */
 	int64_t rows = mr < 32 ? mr : 32, cols = j->N - n0 < nb ? j->N - n0 : nb;
 	int scr = j->c16 || !whole_rows || cols < nb;
@@ -370,7 +373,7 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 	if (scr && load) {
 		memset(sc->c, 0, 32 * NB_MAX * sizeof(float));
 		for (int64_t r = 0; r < rows; r++)
-			memcpy(sc->c + r * NB_MAX, (float *)j->C + (m0 + r) * j->ldc + n0,
+			memcpy(sc->c + r * NB_MAX, cin + (m0 + r) * j->ldc + n0,
 			       (size_t)cols * sizeof(float));
 	}
 	/* A strip of 17-24 k steps (34-48 KiB) does not stay in L1 from one
@@ -378,11 +381,13 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 	 * (1.1-1.15x at K 768 with 2 x 64 tile rows each; at K 2048 halves or
 	 * thirds ran 0.9x, the tiles' extra start and drain costing more) */
 	int64_t kh = ks > 16 && ks <= 24 ? (ks + 1) / 2 : ks;
+	const float *c0 = scr ? c : cin + m0 * j->ldc + n0;
 	for (int64_t s0 = 0; s0 < ks; s0 += kh)
 		for (int64_t p = 0; p < nb; p += 32)
 			kernel(a0 + s0 * astep, a1 + s0 * astep, as, astep,
 			       (const char *)(bblk + ((p / 32) * ks + s0) * 1024),
-			       ks - s0 < kh ? ks - s0 : kh, c + p, ldc, load || s0 > 0);
+			       ks - s0 < kh ? ks - s0 : kh, (s0 ? c : c0) + p, c + p, ldc,
+			       load || s0 > 0);
 	if (!scr)
 		return;
 	for (int64_t r = 0; r < rows; r++) {
@@ -499,9 +504,9 @@ AMX_TARGET static void run(const job *j)
 	}
 }
 
-int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
-		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
-		     void *C, int64_t ldc, int c_bf16)
+static int gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
+		int64_t lda, const uint16_t *B, int64_t ldb, float beta, const float *R, void *C,
+		int64_t ldc, int c_bf16)
 {
 	ta = ta == 'n' ? 'N' : ta == 't' ? 'T' : ta;
 	tb = tb == 'n' ? 'N' : tb == 't' ? 'T' : tb;
@@ -511,7 +516,7 @@ int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float al
 		return 0;
 	int64_t kcp = ((K < KC ? K : KC) + 31) / 32 * 32, nb = B_BYTES / (kcp * 2) / 32 * 32;
 	job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
-		 .A = A, .B = B, .beta = beta, .C = C, .c16 = c_bf16,
+		 .A = A, .B = B, .beta = beta, .R = R, .C = C, .c16 = c_bf16,
 		 .nb = nb > NB_MAX ? NB_MAX : nb < NB_MIN ? NB_MIN : nb};
 	pthread_mutex_lock(&S.lock);
 	int64_t aks = (K + 31) / 32;
@@ -536,6 +541,20 @@ int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float al
 	run(&j);
 	pthread_mutex_unlock(&S.lock);
 	return 1;
+}
+
+int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
+		     void *C, int64_t ldc, int c_bf16)
+{
+	return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc, c_bf16);
+}
+
+int st_amx_gemm_bf16_res(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t *A,
+			 int64_t lda, const uint16_t *B, int64_t ldb, const float *R, float *C,
+			 int64_t ldc)
+{
+	return gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, R, C, ldc, 0);
 }
 
 /*

@@ -29,6 +29,13 @@ int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float al
 		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
 		     void *C, int64_t ldc, int c_bf16);
 
+/* C = R + op(A) op(B), fp32 R laid out as C (row stride ldc; R == C is beta
+ * 1): the sums start from R where they would start from C, so a residual
+ * add needs no copy of R into C first. Returns as st_amx_gemm_bf16. */
+int st_amx_gemm_bf16_res(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t *A,
+			 int64_t lda, const uint16_t *B, int64_t ldb, const float *R, float *C,
+			 int64_t ldc);
+
 /*
  * One tile product of the bf16 attention (attention_bf16.c's dp_tile, whose
  * operands are words of two bf16 along the reduction): C (m x N, stride

@@ -477,6 +477,34 @@ int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, 
 	return gemm_any(DT_BF16_OUT, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* C (M x N, row stride ldc) = R, laid out the same, over all threads. */
+static void copy_rows(float *C, const float *R, int64_t M, int64_t N, int64_t ldc)
+{
+	if (R == C)
+		return;
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16))
+	for (int64_t i = 0; i < M; i++)
+		memcpy(C + i * ldc, R + i * ldc, (size_t)N * sizeof(float));
+}
+
+int st_gemm_res(char transa, char transb, int64_t M, int64_t N, int64_t K, const float *A,
+		int64_t lda, const float *B, int64_t ldb, const float *R, float *C, int64_t ldc)
+{
+	copy_rows(C, R, M, N, ldc);
+	return st_gemm(transa, transb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+}
+
+int st_gemm_bf16_res(char transa, char transb, int64_t M, int64_t N, int64_t K,
+		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *R,
+		     float *C, int64_t ldc)
+{
+	int rc = st_amx_gemm_bf16_res(transa, transb, M, N, K, A, lda, B, ldb, R, C, ldc);
+	if (rc)
+		return rc < 0 ? rc : 0;
+	copy_rows(C, R, M, N, ldc);
+	return gemm_any(DT_BF16, transa, transb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+}
+
 const char *st_gemm_impl(int dtype, char transa, char transb, int64_t M, int64_t N, int64_t K,
 			 int64_t lda, int64_t ldb, int64_t ldc, float beta)
 {

@@ -63,6 +63,18 @@ int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, 
 		     uint16_t *C, int64_t ldc);
 
 /*
+ * Residual adds: C = R + op(A) op(B), R fp32 laid out as C (R == C is beta
+ * 1). The AMX products start their sums from R, with no copy of R into C;
+ * the other paths copy R into C (all threads) and accumulate. Same bits as
+ * copying R into C and calling st_gemm / st_gemm_bf16 with beta 1.
+ */
+int st_gemm_res(char transa, char transb, int64_t M, int64_t N, int64_t K, const float *A,
+		int64_t lda, const float *B, int64_t ldb, const float *R, float *C, int64_t ldc);
+int st_gemm_bf16_res(char transa, char transb, int64_t M, int64_t N, int64_t K,
+		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *R,
+		     float *C, int64_t ldc);
+
+/*
  * oneDNN's implementation name for a call shape (e.g. "brg:avx512_core"),
  * creating the primitive if needed; "" on failure. For benchmarks and tests.
  * dtype: 0 fp32, 1 bf16 inputs with fp32 C, 2 bf16 inputs and C.
