@@ -24,14 +24,17 @@
  *    KC rows of K; the threads pack a block together (its 32-column panels
  *    one after the other, 2 KiB per k step), then each computes its share
  *    of the 32-row strips of C against it: four C tiles (32 x 32) over the
- *    block's k steps in order, two A tiles and two B tiles per step.
+ *    block's k steps in order, two A tiles and two B tiles per step (a
+ *    strip of 17-24 k steps in two halves, each against every panel).
  * Each thread prefetches into L2 what its next strip and the next block
  * read (prefetch_c, prefetch_b below): in a training step they come from
  * DRAM.
- * The fp32 sums go through C between blocks of K (a tile store and load of
- * fp32 lose nothing), so each element of C is the same sequence of
- * tdpbf16ps whatever the thread count, nb and KC. Strips and panels at an
- * edge of C, and a bf16 C, go through a per-thread scratch strip.
+ * The fp32 sums go through C between blocks of K and halves of a strip (a
+ * tile store and load of fp32 lose nothing), so each element of C is the
+ * same sequence of tdpbf16ps whatever the thread count, nb and KC. Strips
+ * and panels at an edge of C, and a bf16 C, go through a per-thread scratch
+ * strip. A residual add (st_amx_gemm_bf16_res) loads its first sums from R
+ * where it would load them from C.
  */
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
@@ -377,9 +380,11 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 			       (size_t)cols * sizeof(float));
 	}
 	/* A strip of 17-24 k steps (34-48 KiB) does not stay in L1 from one
-	 * panel to the next; its halves do: C goes through memory in between
-	 * (1.1-1.15x at K 768 with 2 x 64 tile rows each; at K 2048 halves or
-	 * thirds ran 0.9x, the tiles' extra start and drain costing more) */
+	 * panel to the next while the B panels stream through; its halves do,
+	 * C going through memory in between (the model's K 768 products
+	 * 1.05-1.16x). Longer strips stay whole: at K 2048 halves or thirds
+	 * still missed L1 and ran 0.9x, each chunk's C store and reload (about
+	 * 85 cycles) costing more than they saved. */
 	int64_t kh = ks > 16 && ks <= 24 ? (ks + 1) / 2 : ks;
 	const float *c0 = scr ? c : cin + m0 * j->ldc + n0;
 	for (int64_t s0 = 0; s0 < ks; s0 += kh)
