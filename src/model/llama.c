@@ -65,7 +65,8 @@ typedef struct st_llama_acts {
 	int64_t bytes;             /* activations */
 	int64_t ws_bytes;          /* the kernels' workspace (ws) */
 	int nblocks;
-	void *blocks[64];          /* every allocation, for release */
+	void *blocks[64];          /* every allocation, for release (st_pages_free) */
+	size_t block_bytes[64];
 } st_llama_acts;
 
 void st_llama_shape_from_config(st_llama_shape *s, const st_config *c)
@@ -384,12 +385,16 @@ static void *take_as(carver *c, int64_t bytes, int ws)
 		return NULL;
 	if (a->nblocks == (int)(sizeof(a->blocks) / sizeof(a->blocks[0])))
 		ST_BUG("too many activation blocks");
-	void *p = aligned_alloc(64, (size_t)bytes);
+	/* zeroed; from 2 MiB on in transparent huge pages: the products read
+	 * activations across rows kilobytes apart, and with 4 KiB pages their
+	 * packing walked the page tables (the bf16 step -4% at 1 thread, -7%
+	 * at 2, docs/performance.md) */
+	void *p = st_pages_alloc((size_t)bytes);
 	if (!p) {
 		c->oom = 1;
 		return NULL;
 	}
-	memset(p, 0, (size_t)bytes);
+	a->block_bytes[a->nblocks] = (size_t)bytes;
 	a->blocks[a->nblocks++] = p;
 	*(ws ? &a->ws_bytes : &a->bytes) += bytes;
 	return p;
@@ -402,7 +407,7 @@ static void acts_free(st_llama_acts *a)
 	if (!a)
 		return;
 	for (int i = 0; i < a->nblocks; i++)
-		free(a->blocks[i]);
+		st_pages_free(a->blocks[i], a->block_bytes[i]);
 	free(a->xs);
 	free(a->xsb);
 	free(a->layer);
@@ -1400,7 +1405,7 @@ int st_llama_bf16_weights(st_llama *m, uint16_t **out)
 	*out = NULL;
 	if (!m->bf16 || !m->params || !st_kplan_bf16_weights(&m->kplan))
 		return 0;
-	if (!m->wbf16 && !(m->wbf16 = malloc((size_t)m->nparams * sizeof(uint16_t))))
+	if (!m->wbf16 && !(m->wbf16 = st_pages_alloc((size_t)m->nparams * sizeof(uint16_t))))
 		return st_fail(ST_ENOMEM, "out of memory for the bf16 weight copy");
 	*out = m->wbf16;
 	return 0;
@@ -1436,7 +1441,7 @@ int st_llama_set_kernels(st_llama *m, const st_kplan *p)
 			return rc;
 	}
 	if (!st_kplan_bf16_weights(p)) { /* no product reads the weights' bf16 copy */
-		free(m->wbf16);
+		st_pages_free(m->wbf16, (size_t)m->nparams * sizeof(uint16_t));
 		m->wbf16 = NULL;
 		return 0;
 	}
@@ -1445,7 +1450,7 @@ int st_llama_set_kernels(st_llama *m, const st_kplan *p)
 
 void st_llama_release(st_llama *m)
 {
-	free(m->wbf16);
+	st_pages_free(m->wbf16, (size_t)m->nparams * sizeof(uint16_t));
 	acts_free(m->acts);
 	st_pages_free(m->params, (size_t)m->nparams * sizeof(float));
 	st_pages_free(m->grads, (size_t)m->nparams * sizeof(float));

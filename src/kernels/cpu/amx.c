@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/pages.h"
 #include "kernels/cpu/bf16.h"
 
 /*
@@ -250,7 +251,7 @@ void st_amx_release(void)
 {
 	pthread_mutex_lock(&S.lock);
 	free(S.b);
-	free(S.a);
+	st_pages_free(S.a, S.an);
 	S.a = NULL, S.an = 0;
 	for (int i = 0; i < S.nt; i++) {
 		free(S.t[i].a);
@@ -528,9 +529,9 @@ static int gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, 
 	size_t an = (size_t)((M + 31) / 32) * (size_t)aks * 2048;
 	if (an <= APACK_MAX) {
 		if (an > S.an) {
-			free(S.a);
+			st_pages_free(S.a, S.an);
 			S.an = 0;
-			if (!(S.a = aligned_alloc(64, an))) {
+			if (!(S.a = st_pages_alloc(an))) { /* in huge pages from 2 MiB */
 				pthread_mutex_unlock(&S.lock);
 				return st_fail(ST_ENOMEM, "out of memory for the AMX products' packing buffers");
 			}
