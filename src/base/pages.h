@@ -5,15 +5,17 @@
  * use), plus the alignment: a checkpoint save writes the optimizer state
  * straight from these buffers with O_DIRECT, which needs the memory address
  * (and the file offset) aligned to the disk's block size (ckpt/save.c,
- * docs/checkpoints.md). The model's parameters and gradients and the
- * shard's state are allocated here.
+ * docs/checkpoints.md). The model's parameters, gradients, activations and
+ * bf16 weight copy, the shard's state and the AMX products' packed operand
+ * are allocated here.
  *
  * A buffer of 2 MiB or more starts on a 2 MiB boundary and is advised for
  * transparent huge pages (MADV_HUGEPAGE; where THP is "madvise", Debian's
  * default, nothing else gets them): the fresh memory a restore reads into
  * is faulted in 2 MiB at a time, and the optimizer's sweeps and the save's
  * O_DIRECT writes walk far fewer page-table entries (figures in
- * docs/checkpoints.md, "Huge pages"). A hint only: without THP the
+ * docs/checkpoints.md, "Huge pages"), as do the matrix products reading
+ * activations across rows kilobytes apart (docs/performance.md). A hint only: without THP the
  * buffer is the same, in 4 KiB pages.
  *
  *   float *p = st_pages_alloc(n * sizeof(float));   // NULL: out of memory
