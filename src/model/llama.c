@@ -387,7 +387,7 @@ static void *take_as(carver *c, int64_t bytes, int ws)
 		ST_BUG("too many activation blocks");
 	/* zeroed; from 2 MiB on in transparent huge pages: the products read
 	 * activations across rows kilobytes apart, and with 4 KiB pages their
-	 * packing walked the page tables (the bf16 step -4% at 1 thread, -7%
+	 * packing walked the page tables (the bf16 step -5.6% at 1 thread, -3%
 	 * at 2, docs/performance.md) */
 	void *p = st_pages_alloc((size_t)bytes);
 	if (!p) {
