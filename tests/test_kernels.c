@@ -618,6 +618,8 @@ static void test_amx(void)
 		amx_exact_case(ta, tb, 40, 70, 530, 1);    /* 17 k steps: a strip in two halves */
 		amx_exact_case(ta, tb, 96, 32, 1, 0);      /* K = 1 */
 		amx_exact_case(ta, tb, 1, 17, 40, 2);      /* one row */
+		amx_exact_case(ta, tb, 64, 160, 530, 0);   /* bf16 C rounded as it goes, in halves */
+		amx_exact_case(ta, tb, 32, 128, 20, 0);    /* ... with one k step per block */
 		amx_threads_case(ta, tb, 200, 290, 300);
 	}
 	/* calls this path leaves to oneDNN: it returns 0 and writes nothing */

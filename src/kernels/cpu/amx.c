@@ -11,16 +11,20 @@
 #include "base/err.h"
 #include "base/pages.h"
 #include "kernels/cpu/bf16.h"
+#include "kernels/cpu/simd.h"
 
 /*
  * Layout (see amx.h for the contract). tdpbf16ps multiplies a 16 x 32 bf16
  * tile of A by a 32 x 16 tile of B held in VNNI form (16 rows of k pairs)
  * into a 16 x 16 fp32 tile of C. Each call:
- *  - packs op(A) whole into tiles, 32 rows (two tiles) by 32 k per step, the
- *    steps of a strip of 32 rows one after the other (up to APACK_MAX; else
- *    each strip is read straight from A, or packed when it must be). Packed,
- *    the tile loads of every block of N read contiguous memory; straight
- *    from a row-major A they ran at 0.8-0.9x (2048 x 2048 x 768, 1 thread);
+ *  - reads an op(A) 'N' (A row-major along K) straight from A's rows, 32
+ *    rows (two tiles) by 32 k per step; strips at the edge of M or of a K
+ *    that is not a multiple of 32 are packed strip by strip into a scratch
+ *    (pack_a_tile). A transposed op(A) is packed whole (up to APACK_MAX),
+ *    which transposes it: the steps of a strip of 32 rows one after the
+ *    other. With A in huge pages (as the model's activations are) the rows
+ *    read straight ran 1.06x the packed form over the step's products
+ *    (session 25; session 24, with 4 KiB pages: 0.8-0.9x);
  *  - walks op(B) in blocks of nb columns (at most NB_MAX, about B_BYTES) by
  *    KC rows of K; the threads pack a block together (its 32-column panels
  *    one after the other, 2 KiB per k step), then each computes its share
@@ -33,8 +37,9 @@
  * The fp32 sums go through C between blocks of K and halves of a strip (a
  * tile store and load of fp32 lose nothing), so each element of C is the
  * same sequence of tdpbf16ps whatever the thread count, nb and KC. Strips
- * and panels at an edge of C, and a bf16 C, go through a per-thread scratch
- * strip. A residual add (st_amx_gemm_bf16_res) loads its first sums from R
+ * and panels at an edge of C go through a per-thread scratch strip; a bf16
+ * C of whole blocks is rounded block by block while the next block's tile
+ * products run (pass below), else through the scratch. A residual add (st_amx_gemm_bf16_res) loads its first sums from R
  * where it would load them from C.
  */
 
@@ -214,6 +219,7 @@ AMX_TARGET static void pack_a_tile(char ta, const uint16_t *A, int64_t lda, int6
 typedef struct {
 	uint16_t *a;
 	float *c;
+	float *ring; /* two 32 x 32 fp32 blocks as tiles, for a bf16 C */
 } scratch;
 
 static struct {
@@ -238,9 +244,11 @@ static int scratch_reserve(int threads)
 	for (; S.nt < threads; S.nt++) {
 		t[S.nt].a = aligned_alloc(64, (size_t)32 * KC * 2);
 		t[S.nt].c = aligned_alloc(64, 32 * NB_MAX * sizeof(float));
-		if (!t[S.nt].a || !t[S.nt].c) {
+		t[S.nt].ring = aligned_alloc(64, 2 * 1024 * sizeof(float));
+		if (!t[S.nt].a || !t[S.nt].c || !t[S.nt].ring) {
 			free(t[S.nt].a);
 			free(t[S.nt].c);
+			free(t[S.nt].ring);
 			return -1;
 		}
 	}
@@ -256,6 +264,7 @@ void st_amx_release(void)
 	for (int i = 0; i < S.nt; i++) {
 		free(S.t[i].a);
 		free(S.t[i].c);
+		free(S.t[i].ring);
 	}
 	free(S.t);
 	S.b = NULL, S.t = NULL, S.nt = 0;
@@ -302,24 +311,113 @@ AMX_TARGET static void c_end(float *c, int64_t ldc, int two_i, int two_j)
 		_tile_stored(3, c + 16 * ldc + 16, cs);
 }
 
-AMX_TARGET static void kernel(const char *a0, const char *a1, int64_t as, int64_t astep,
-			      const char *bp, int64_t ks, const float *cin, float *c, int64_t ldc, int load)
+/* One k range of a strip against np panels of the packed block: the 32 x
+ * 32 block of panel p starts from cin + 32 p (row stride ldcin floats) when
+ * load, else from zero, and ends as fp32 at c + 32 p (row stride ldc), or,
+ * with o, rounded to bf16 at o + 32 p (row stride ldo) by way of ring (two
+ * blocks of four 16 x 16 tiles). The blocks are pipelined: a block's tiles
+ * are stored, and the next block's loaded, between the last tile products
+ * of one and the first of the next, and a block's bf16 rows are rounded
+ * while the next block's products run (the vector units and the tile unit
+ * work at once). Same sums in the same order as block by block. */
+typedef struct {
+	const char *a0, *a1; /* the strip's two A tiles of the range's first step */
+	int64_t as, astep;   /* their row stride, and bytes from one k step to the next */
+	const char *bp;      /* panel 0's first step; panel p at bp + p * pstep */
+	int64_t pstep, np, ks;
+	const float *cin;
+	int64_t ldcin;
+	int load;
+	float *c;
+	int64_t ldc;
+	uint16_t *o; /* NULL: fp32 at c */
+	int64_t ldo;
+	float *ring;
+} pass_t;
+
+#define TILE_INIT(t, src, stride)                       \
+	do {                                            \
+		if (q->load)                            \
+			_tile_loadd(t, src, stride);    \
+		else                                    \
+			_tile_zero(t);                  \
+	} while (0)
+
+#ifdef __AVX512F__
+/* Rows r0..r1-1 of a ring block (tiles 0 1 / 2 3, 16 x 16 fp32 each,
+ * contiguous) rounded to 32 bf16 each at o (row stride ldo). */
+AMX_TARGET static void ring_round(const float *blk, uint16_t *o, int64_t ldo, int r0, int r1)
 {
-	c_start(cin, ldc, 1, 1, load);
-	for (int64_t s = 0; s < ks; s++) {
-		_tile_loadd(4, a0, as);
-		_tile_loadd(6, bp, 64);
-		_tile_loadd(7, bp + 1024, 64);
-		_tile_dpbf16ps(0, 4, 6);
-		_tile_dpbf16ps(1, 4, 7);
-		_tile_loadd(5, a1, as);
-		_tile_dpbf16ps(2, 5, 6);
-		_tile_dpbf16ps(3, 5, 7);
-		a0 += astep;
-		a1 += astep;
-		bp += 2048;
+	for (int r = r0; r < r1; r++) {
+		const float *t = blk + (r < 16 ? 0 : 512) + (r % 16) * 16;
+		__m256i lo = st_cvt_bf16_16(_mm512_load_ps(t)), hi = st_cvt_bf16_16(_mm512_load_ps(t + 256));
+		_mm512_storeu_si512(o + r * ldo,
+				    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
 	}
-	c_end(c, ldc, 1, 1);
+}
+#else
+static void ring_round(const float *blk, uint16_t *o, int64_t ldo, int r0, int r1) { abort(); }
+#endif
+
+AMX_TARGET static void pass(const pass_t *q)
+{
+	int64_t cis = q->ldcin * (int64_t)sizeof(float), ks = q->ks;
+	int64_t ds = q->o ? 64 : q->ldc * (int64_t)sizeof(float);
+	/* rows of the previous block rounded per k step, from the second on */
+	int rps = ks > 1 ? (int)((32 + ks - 2) / (ks - 1)) : 32;
+	TILE_INIT(0, q->cin, cis);
+	TILE_INIT(1, q->cin + 16, cis);
+	TILE_INIT(2, q->cin + 16 * q->ldcin, cis);
+	TILE_INIT(3, q->cin + 16 * q->ldcin + 16, cis);
+	float *prev = NULL; /* the previous block's tile 0, and its row stride in floats */
+	int64_t pld = q->o ? 16 : q->ldc;
+	for (int64_t p = 0; p < q->np; p++) {
+		const char *b = q->bp + p * q->pstep;
+		const char *a0 = q->a0, *a1 = q->a1;
+		float *d = q->o ? q->ring + (p & 1) * 1024 : q->c + 32 * p;
+		const float *ci = q->cin + 32 * (p + 1); /* the next block's start */
+		int next = p + 1 < q->np, rr = 0;
+		for (int64_t s = 0; s < ks; s++, a0 += q->astep, a1 += q->astep, b += 2048) {
+			_tile_loadd(4, a0, q->as);
+			_tile_loadd(6, b, 64);
+			_tile_loadd(7, b + 1024, 64);
+			_tile_dpbf16ps(0, 4, 6);
+			if (s == 0 && prev) {
+				_tile_stored(2, q->o ? prev + 512 : prev + 16 * pld, ds);
+				TILE_INIT(2, q->cin + 32 * p + 16 * q->ldcin, cis);
+			}
+			if (s == ks - 1) {
+				_tile_stored(0, d, ds);
+				if (next)
+					TILE_INIT(0, ci, cis);
+			}
+			_tile_loadd(5, a1, q->as);
+			_tile_dpbf16ps(1, 4, 7);
+			if (s == 0 && prev) {
+				_tile_stored(3, q->o ? prev + 768 : prev + 16 * pld + 16, ds);
+				TILE_INIT(3, q->cin + 32 * p + 16 * q->ldcin + 16, cis);
+			}
+			if (s == ks - 1) {
+				_tile_stored(1, q->o ? d + 256 : d + 16, ds);
+				if (next)
+					TILE_INIT(1, ci + 16, cis);
+			}
+			_tile_dpbf16ps(2, 5, 6);
+			_tile_dpbf16ps(3, 5, 7);
+			if (q->o && prev && s > 0 && rr < 32) {
+				int r1 = rr + rps < 32 ? rr + rps : 32;
+				ring_round(prev, q->o + 32 * (p - 1), q->ldo, rr, r1);
+				rr = r1;
+			}
+		}
+		if (q->o && prev && rr < 32)
+			ring_round(prev, q->o + 32 * (p - 1), q->ldo, rr, 32);
+		prev = d;
+	}
+	_tile_stored(2, q->o ? prev + 512 : prev + 16 * pld, ds);
+	_tile_stored(3, q->o ? prev + 768 : prev + 16 * pld + 16, ds);
+	if (q->o)
+		ring_round(prev, q->o + 32 * (q->np - 1), q->ldo, 0, 32);
 }
 
 typedef struct {
@@ -369,8 +467,13 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 	int load = !first || j->beta != 0.0f;
 	/* where the first block of K reads its starting sums */
 	const float *cin = first && j->R ? j->R : (const float *)j->C;
-	/* an edge of C, or a bf16 C: the strip's sums in the scratch (32 x nb) */
 	int64_t rows = mr < 32 ? mr : 32, cols = j->N - n0 < nb ? j->N - n0 : nb;
+	/* a bf16 C of whole blocks: rounded block by block as the products go */
+	int ring = j->c16 && whole_rows && cols == nb;
+#ifndef __AVX512F__
+	ring = 0;
+#endif
+	/* an edge of C, or a bf16 C: the strip's fp32 sums in the scratch (32 x nb) */
 	int scr = j->c16 || !whole_rows || cols < nb;
 	float *c = scr ? sc->c : (float *)j->C + m0 * j->ldc + n0;
 	int64_t ldc = scr ? NB_MAX : j->ldc;
@@ -384,17 +487,20 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 	 * panel to the next while the B panels stream through; its halves do,
 	 * C going through memory in between (the model's K 768 products
 	 * 1.05-1.16x). Longer strips stay whole: at K 2048 halves or thirds
-	 * still missed L1 and ran 0.9x, each chunk's C store and reload (about
-	 * 85 cycles) costing more than they saved. */
+	 * still missed L1 and ran 0.9x. */
 	int64_t kh = ks > 16 && ks <= 24 ? (ks + 1) / 2 : ks;
 	const float *c0 = scr ? c : cin + m0 * j->ldc + n0;
-	for (int64_t s0 = 0; s0 < ks; s0 += kh)
-		for (int64_t p = 0; p < nb; p += 32)
-			kernel(a0 + s0 * astep, a1 + s0 * astep, as, astep,
-			       (const char *)(bblk + ((p / 32) * ks + s0) * 1024),
-			       ks - s0 < kh ? ks - s0 : kh, (s0 ? c : c0) + p, c + p, ldc,
-			       load || s0 > 0);
-	if (!scr)
+	for (int64_t s0 = 0; s0 < ks; s0 += kh) {
+		int last = s0 + kh >= ks;
+		pass_t q = {.a0 = a0 + s0 * astep, .a1 = a1 + s0 * astep, .as = as, .astep = astep,
+			    .bp = (const char *)(bblk + s0 * 1024), .pstep = ks * 2048, .np = nb / 32,
+			    .ks = last ? ks - s0 : kh, .cin = s0 ? c : c0, .ldcin = s0 || scr ? ldc : j->ldc,
+			    .load = load || s0 > 0, .c = c, .ldc = ldc,
+			    .o = ring && last ? (uint16_t *)j->C + m0 * j->ldc + n0 : NULL, .ldo = j->ldc,
+			    .ring = sc->ring};
+		pass(&q);
+	}
+	if (!scr || ring)
 		return;
 	for (int64_t r = 0; r < rows; r++) {
 		const float *src = sc->c + r * NB_MAX;
@@ -459,13 +565,9 @@ AMX_TARGET static void run(const job *j)
 			int64_t n = strips * j->aks * 2, t0 = n * me / nt, t1 = n * (me + 1) / nt;
 			int64_t pieces = (t1 - t0 + 63) / 64;
 			for (int64_t t = t0; t < t1; t++) {
-				/* consecutive tiles read on along the same rows of A
-				 * (a transposed A: 32 rows of K, across M) */
-				int64_t i, s, h = t % 2;
-				if (j->ta == 'N')
-					i = t / (j->aks * 2), s = (t / 2) % j->aks;
-				else
-					s = t / (strips * 2), i = (t / 2) % strips;
+				/* consecutive tiles read on along the same rows of
+				 * A: 32 rows of K, across M */
+				int64_t h = t % 2, s = t / (strips * 2), i = (t / 2) % strips;
 				pack_a_tile(j->ta, j->A, j->lda, j->M, j->K, 32 * i + 16 * h, 32 * s,
 					    (uint16_t *)j->ap + (i * j->aks + s) * 1024 + h * 512);
 				if ((t - t0) % 64 == 63 || t + 1 == t1)
@@ -527,7 +629,10 @@ static int gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, 
 	pthread_mutex_lock(&S.lock);
 	int64_t aks = (K + 31) / 32;
 	size_t an = (size_t)((M + 31) / 32) * (size_t)aks * 2048;
-	if (an <= APACK_MAX) {
+	/* op(A) 'N' whole strips are read straight from A's rows (A in huge
+	 * pages, as the model's activations are: the step's products 1.06x);
+	 * a transposed A is packed whole, which transposes it */
+	if (ta == 'T' && an <= APACK_MAX) {
 		if (an > S.an) {
 			st_pages_free(S.a, S.an);
 			S.an = 0;
