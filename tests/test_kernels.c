@@ -615,10 +615,10 @@ static void test_amx(void)
 		amx_exact_case(ta, tb, 64, 64, 64, 0);     /* whole tiles */
 		amx_exact_case(ta, tb, 37, 50, 77, 3);     /* edges of M, N and K, odd K */
 		amx_exact_case(ta, tb, 33, 300, 2100, 1);  /* two blocks of N and of K */
-		amx_exact_case(ta, tb, 40, 70, 530, 1);    /* 17 k steps: a strip in two halves */
+		amx_exact_case(ta, tb, 40, 70, 530, 1);    /* 17 k steps */
 		amx_exact_case(ta, tb, 96, 32, 1, 0);      /* K = 1 */
 		amx_exact_case(ta, tb, 1, 17, 40, 2);      /* one row */
-		amx_exact_case(ta, tb, 64, 160, 530, 0);   /* bf16 C rounded as it goes, in halves */
+		amx_exact_case(ta, tb, 64, 160, 530, 0);   /* bf16 C rounded as it goes, 5 blocks */
 		amx_exact_case(ta, tb, 32, 128, 20, 0);    /* ... with one k step per block */
 		amx_threads_case(ta, tb, 200, 290, 300);
 	}
@@ -695,7 +695,7 @@ static void gemm_res_case(char ta, char tb, int64_t M, int64_t N, int64_t K)
 
 static void test_gemm_res(void)
 {
-	gemm_res_case('N', 'T', 64, 96, 768);   /* whole strips, a strip in halves */
+	gemm_res_case('N', 'T', 64, 96, 768);   /* whole strips */
 	gemm_res_case('N', 'T', 50, 70, 300);   /* edges of M and N: the scratch strip */
 	gemm_res_case('T', 'N', 96, 40, 2100);  /* two blocks of K */
 	gemm_res_case('N', 'N', 33, 600, 128);  /* two blocks of N */

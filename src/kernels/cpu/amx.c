@@ -29,18 +29,23 @@
  *    KC rows of K; the threads pack a block together (its 32-column panels
  *    one after the other, 2 KiB per k step), then each computes its share
  *    of the 32-row strips of C against it: four C tiles (32 x 32) over the
- *    block's k steps in order, two A tiles and two B tiles per step (a
- *    strip of 17-24 k steps in two halves, each against every panel).
+ *    block's k steps in order, two A tiles and two B tiles per step. The B
+ *    tiles are loaded with tileloaddt1 (a hint that they are not reused
+ *    soon), so that they do not push the A strip, which every panel reads
+ *    again, out of L1: with it the step's products ran 1.05x, and a strip
+ *    of 17-24 k steps no longer gains from being run in two halves as
+ *    before (session 25).
  * Each thread prefetches into L2 what its next strip and the next block
  * read (prefetch_c, prefetch_b below): in a training step they come from
  * DRAM.
- * The fp32 sums go through C between blocks of K and halves of a strip (a
- * tile store and load of fp32 lose nothing), so each element of C is the
+ * The fp32 sums go through C between blocks of K (a tile store and load of
+ * fp32 lose nothing), so each element of C is the
  * same sequence of tdpbf16ps whatever the thread count, nb and KC. Strips
  * and panels at an edge of C go through a per-thread scratch strip; a bf16
  * C of whole blocks is rounded block by block while the next block's tile
- * products run (pass below), else through the scratch. A residual add (st_amx_gemm_bf16_res) loads its first sums from R
- * where it would load them from C.
+ * products run (pass below), else through the scratch. A residual add
+ * (st_amx_gemm_bf16_res) loads its first sums from R where it would load
+ * them from C.
  */
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
@@ -311,8 +316,8 @@ AMX_TARGET static void c_end(float *c, int64_t ldc, int two_i, int two_j)
 		_tile_stored(3, c + 16 * ldc + 16, cs);
 }
 
-/* One k range of a strip against np panels of the packed block: the 32 x
- * 32 block of panel p starts from cin + 32 p (row stride ldcin floats) when
+/* A strip of C against the np panels of a packed block of op(B), over its
+ * ks k steps: the 32 x 32 block of panel p starts from cin + 32 p (row stride ldcin floats) when
  * load, else from zero, and ends as fp32 at c + 32 p (row stride ldc), or,
  * with o, rounded to bf16 at o + 32 p (row stride ldo) by way of ring (two
  * blocks of four 16 x 16 tiles). The blocks are pipelined: a block's tiles
@@ -321,7 +326,7 @@ AMX_TARGET static void c_end(float *c, int64_t ldc, int two_i, int two_j)
  * while the next block's products run (the vector units and the tile unit
  * work at once). Same sums in the same order as block by block. */
 typedef struct {
-	const char *a0, *a1; /* the strip's two A tiles of the range's first step */
+	const char *a0, *a1; /* the strip's two A tiles of the first k step */
 	int64_t as, astep;   /* their row stride, and bytes from one k step to the next */
 	const char *bp;      /* panel 0's first step; panel p at bp + p * pstep */
 	int64_t pstep, np, ks;
@@ -369,18 +374,18 @@ AMX_TARGET static void pass(const pass_t *q)
 	TILE_INIT(1, q->cin + 16, cis);
 	TILE_INIT(2, q->cin + 16 * q->ldcin, cis);
 	TILE_INIT(3, q->cin + 16 * q->ldcin + 16, cis);
-	float *prev = NULL; /* the previous block's tile 0, and its row stride in floats */
+	float *prev = NULL; /* where the previous block's tile 0 went, rows pld floats apart */
 	int64_t pld = q->o ? 16 : q->ldc;
 	for (int64_t p = 0; p < q->np; p++) {
 		const char *b = q->bp + p * q->pstep;
 		const char *a0 = q->a0, *a1 = q->a1;
 		float *d = q->o ? q->ring + (p & 1) * 1024 : q->c + 32 * p;
-		const float *ci = q->cin + 32 * (p + 1); /* the next block's start */
+		const float *ci = q->load ? q->cin + 32 * (p + 1) : NULL; /* the next block's start */
 		int next = p + 1 < q->np, rr = 0;
 		for (int64_t s = 0; s < ks; s++, a0 += q->astep, a1 += q->astep, b += 2048) {
 			_tile_loadd(4, a0, q->as);
-			_tile_loadd(6, b, 64);
-			_tile_loadd(7, b + 1024, 64);
+			_tile_stream_loadd(6, b, 64);
+			_tile_stream_loadd(7, b + 1024, 64);
 			_tile_dpbf16ps(0, 4, 6);
 			if (s == 0 && prev) {
 				_tile_stored(2, q->o ? prev + 512 : prev + 16 * pld, ds);
@@ -473,34 +478,24 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 #ifndef __AVX512F__
 	ring = 0;
 #endif
-	/* an edge of C, or a bf16 C: the strip's fp32 sums in the scratch (32 x nb) */
-	int scr = j->c16 || !whole_rows || cols < nb;
-	float *c = scr ? sc->c : (float *)j->C + m0 * j->ldc + n0;
-	int64_t ldc = scr ? NB_MAX : j->ldc;
+	/* an edge of C, or a bf16 C otherwise: the strip's fp32 sums in the
+	 * scratch (32 x nb), then copied or rounded into C */
+	int scr = !ring && (j->c16 || !whole_rows || cols < nb);
+	float *c = ring ? NULL : scr ? sc->c : (float *)j->C + m0 * j->ldc + n0;
 	if (scr && load) {
 		memset(sc->c, 0, 32 * NB_MAX * sizeof(float));
 		for (int64_t r = 0; r < rows; r++)
 			memcpy(sc->c + r * NB_MAX, cin + (m0 + r) * j->ldc + n0,
 			       (size_t)cols * sizeof(float));
 	}
-	/* A strip of 17-24 k steps (34-48 KiB) does not stay in L1 from one
-	 * panel to the next while the B panels stream through; its halves do,
-	 * C going through memory in between (the model's K 768 products
-	 * 1.05-1.16x). Longer strips stay whole: at K 2048 halves or thirds
-	 * still missed L1 and ran 0.9x. */
-	int64_t kh = ks > 16 && ks <= 24 ? (ks + 1) / 2 : ks;
-	const float *c0 = scr ? c : cin + m0 * j->ldc + n0;
-	for (int64_t s0 = 0; s0 < ks; s0 += kh) {
-		int last = s0 + kh >= ks;
-		pass_t q = {.a0 = a0 + s0 * astep, .a1 = a1 + s0 * astep, .as = as, .astep = astep,
-			    .bp = (const char *)(bblk + s0 * 1024), .pstep = ks * 2048, .np = nb / 32,
-			    .ks = last ? ks - s0 : kh, .cin = s0 ? c : c0, .ldcin = s0 || scr ? ldc : j->ldc,
-			    .load = load || s0 > 0, .c = c, .ldc = ldc,
-			    .o = ring && last ? (uint16_t *)j->C + m0 * j->ldc + n0 : NULL, .ldo = j->ldc,
-			    .ring = sc->ring};
-		pass(&q);
-	}
-	if (!scr || ring)
+	pass_t q = {.a0 = a0, .a1 = a1, .as = as, .astep = astep, .bp = (const char *)bblk,
+		    .pstep = ks * 2048, .np = nb / 32, .ks = ks,
+		    .cin = ring ? NULL : scr ? c : cin + m0 * j->ldc + n0, .ldcin = scr ? NB_MAX : j->ldc,
+		    .load = load, .c = c, .ldc = scr ? NB_MAX : j->ldc,
+		    .o = ring ? (uint16_t *)j->C + m0 * j->ldc + n0 : NULL, .ldo = j->ldc,
+		    .ring = sc->ring};
+	pass(&q);
+	if (!scr)
 		return;
 	for (int64_t r = 0; r < rows; r++) {
 		const float *src = sc->c + r * NB_MAX;
