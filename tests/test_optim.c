@@ -89,31 +89,42 @@ static void test_clipping(void)
 }
 
 /* The fused bf16 copy: the same fp32 update, and pb = bf16(p) exactly, over
- * several parallel blocks and a ragged tail. */
-static void test_adamw_bf16_copy(void)
+ * several parallel blocks and a ragged tail; pb 32-byte aligned (streamed
+ * stores) and not (plain stores). */
+static void adamw_bf16_copy_case(int64_t off)
 {
 	int64_t n = 3 * 16384 + 77;
 	float *p0 = malloc((size_t)n * sizeof(float)), *p1 = malloc((size_t)n * sizeof(float));
 	float *g = malloc((size_t)n * sizeof(float)), *m0 = calloc((size_t)n, sizeof(float));
 	float *v0 = calloc((size_t)n, sizeof(float)), *m1 = calloc((size_t)n, sizeof(float));
 	float *v1 = calloc((size_t)n, sizeof(float));
-	uint16_t *pb = malloc((size_t)n * sizeof(uint16_t));
+	uint16_t *buf = aligned_alloc(64, (size_t)(n + 64) * sizeof(uint16_t)), *pb = buf + off;
+	for (int64_t i = 0; i < n + 64; i++)
+		buf[i] = 0xffff;
 	for (int64_t i = 0; i < n; i++) {
 		p0[i] = p1[i] = (float)sin(0.37 * (double)i) * 3.0f;
 		g[i] = (float)cos(0.11 * (double)i);
-		pb[i] = 0xffff;
 	}
 	st_adamw h = {.lr = 0.01, .b1 = 0.9, .b2 = 0.95, .eps = 1e-8, .wd = 0.1, .t = 3, .grad_scale = 0.5f};
 	st_adamw_update(p0, g, m0, v0, n, &h);
 	st_adamw_update_bf16(p1, pb, g, m1, v1, n, &h);
 	CHECK(memcmp(p0, p1, (size_t)n * sizeof(float)) == 0);
 	CHECK(memcmp(m0, m1, (size_t)n * sizeof(float)) == 0 && memcmp(v0, v1, (size_t)n * sizeof(float)) == 0);
-	int64_t bad = 0;
+	int64_t bad = 0, outside = 0;
 	for (int64_t i = 0; i < n; i++)
 		bad += pb[i] != st_f32_to_bf16(p1[i]);
-	CHECK_MSG(bad == 0, "%lld bf16 copies differ", (long long)bad);
+	for (int64_t i = 0; i < n + 64; i++)
+		outside += (i < off || i >= off + n) && buf[i] != 0xffff;
+	CHECK_MSG(bad == 0 && outside == 0, "pb offset %lld: %lld bf16 copies differ, %lld written outside",
+		  (long long)off, (long long)bad, (long long)outside);
 	CHECK(p1[5] != (float)sin(0.37 * 5.0) * 3.0f); /* it did update */
-	free(p0); free(p1); free(g); free(m0); free(v0); free(m1); free(v1); free(pb);
+	free(p0); free(p1); free(g); free(m0); free(v0); free(m1); free(v1); free(buf);
+}
+
+static void test_adamw_bf16_copy(void)
+{
+	adamw_bf16_copy_case(0);
+	adamw_bf16_copy_case(1);
 }
 
 /* The update's checksums (st_adamw_update_crc): each range's CRC-32 of the

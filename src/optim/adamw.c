@@ -63,8 +63,12 @@ static void update_range(float *p, uint16_t *pb, const float *g, float *m, float
 			 const struct adamw_k *k)
 {
 	float b1 = k->b1, b2 = k->b2, c1 = k->c1, c2 = k->c2, lr = k->lr, eps = k->eps, wd = k->wd, gs = k->gs;
-	int64_t i = i0;
+	int64_t i = i0, conv = i0; /* pb written from conv on after the loops */
 #if ST_HAVE_AVX512
+	/* the bf16 copy rounded as each vector is updated, and streamed past
+	 * the caches where aligned: nothing reads it before the next step's
+	 * forward, and a plain store would first read its lines from DRAM */
+	int stream = pb && ((uintptr_t)(pb + i0) & 31) == 0;
 	/* the scalar loop below, 16 lanes at a time, the same IEEE operations
 	 * in the same order (GCC does not vectorize it: sqrtf and errno) */
 	__m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2);
@@ -82,8 +86,16 @@ static void update_range(float *p, uint16_t *pb, const float *g, float *m, float
 		__m512 u = _mm512_div_ps(_mm512_mul_ps(mi, vc1),
 					 _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(vi, vc2)), veps));
 		u = _mm512_add_ps(u, _mm512_mul_ps(vwd, pi));
-		_mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_mul_ps(vlr, u)));
+		__m512 np = _mm512_sub_ps(pi, _mm512_mul_ps(vlr, u));
+		_mm512_storeu_ps(p + i, np);
+		if (stream)
+			_mm256_stream_si256((__m256i *)(pb + i), st_cvt_bf16_16(np));
+		else if (pb)
+			_mm256_storeu_si256((__m256i *)(pb + i), st_cvt_bf16_16(np));
 	}
+	conv = i;
+	if (stream)
+		_mm_sfence(); /* the streamed stores ordered before what follows */
 #elif ST_HAVE_AVX2
 	/* the same, 8 lanes at a time */
 	__m256 vb1 = _mm256_set1_ps(b1), vb2 = _mm256_set1_ps(b2);
@@ -113,7 +125,7 @@ static void update_range(float *p, uint16_t *pb, const float *g, float *m, float
 		p[i] -= lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * p[i]);
 	}
 	if (pb) /* while the block is still in cache */
-		st_f32_to_bf16_serial(pb + i0, p + i0, i1 - i0);
+		st_f32_to_bf16_serial(pb + conv, p + conv, i1 - conv);
 }
 
 /*
