@@ -39,11 +39,11 @@
  * read (prefetch_c, prefetch_b below): in a training step they come from
  * DRAM.
  * The fp32 sums go through C between blocks of K (a tile store and load of
- * fp32 lose nothing), so each element of C is the
- * same sequence of tdpbf16ps whatever the thread count, nb and KC. Strips
- * and panels at an edge of C go through a per-thread scratch strip; a bf16
- * C of whole blocks is rounded block by block while the next block's tile
- * products run (pass below), else through the scratch. A residual add
+ * fp32 lose nothing), so each element of C is the same sequence of
+ * tdpbf16ps whatever the thread count, nb and KC. Strips and panels at an
+ * edge of C go through a per-thread scratch strip; a bf16 C of whole
+ * blocks is rounded block by block while the next block's tile products
+ * run (pass below), else through the scratch. A residual add
  * (st_amx_gemm_bf16_res) loads its first sums from R where it would load
  * them from C.
  */
@@ -317,10 +317,10 @@ AMX_TARGET static void c_end(float *c, int64_t ldc, int two_i, int two_j)
 }
 
 /* A strip of C against the np panels of a packed block of op(B), over its
- * ks k steps: the 32 x 32 block of panel p starts from cin + 32 p (row stride ldcin floats) when
- * load, else from zero, and ends as fp32 at c + 32 p (row stride ldc), or,
- * with o, rounded to bf16 at o + 32 p (row stride ldo) by way of ring (two
- * blocks of four 16 x 16 tiles). The blocks are pipelined: a block's tiles
+ * ks k steps: the 32 x 32 block of panel p starts from cin + 32 p (row
+ * stride ldcin floats) when load, else from zero, and ends as fp32 at c +
+ * 32 p (row stride ldc), or, with o, rounded to bf16 at o + 32 p (row
+ * stride ldo) by way of ring (two blocks of four 16 x 16 tiles). The blocks are pipelined: a block's tiles
  * are stored, and the next block's loaded, between the last tile products
  * of one and the first of the next, and a block's bf16 rows are rounded
  * while the next block's products run (the vector units and the tile unit
@@ -361,7 +361,10 @@ AMX_TARGET static void ring_round(const float *blk, uint16_t *o, int64_t ldo, in
 	}
 }
 #else
-static void ring_round(const float *blk, uint16_t *o, int64_t ldo, int r0, int r1) { abort(); }
+static void ring_round(const float *blk, uint16_t *o, int64_t ldo, int r0, int r1)
+{
+	ST_BUG("AMX: a bf16 C rounded as it goes in a build without AVX-512");
+}
 #endif
 
 AMX_TARGET static void pass(const pass_t *q)
