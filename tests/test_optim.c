@@ -98,7 +98,8 @@ static void adamw_bf16_copy_case(int64_t off)
 	float *g = malloc((size_t)n * sizeof(float)), *m0 = calloc((size_t)n, sizeof(float));
 	float *v0 = calloc((size_t)n, sizeof(float)), *m1 = calloc((size_t)n, sizeof(float));
 	float *v1 = calloc((size_t)n, sizeof(float));
-	uint16_t *buf = aligned_alloc(64, (size_t)(n + 64) * sizeof(uint16_t)), *pb = buf + off;
+	/* aligned_alloc's size a multiple of its alignment */
+	uint16_t *buf = aligned_alloc(64, ((size_t)(n + 64) * sizeof(uint16_t) + 63) / 64 * 64), *pb = buf + off;
 	for (int64_t i = 0; i < n + 64; i++)
 		buf[i] = 0xffff;
 	for (int64_t i = 0; i < n; i++) {
