@@ -15,8 +15,8 @@
  * is faulted in 2 MiB at a time, and the optimizer's sweeps and the save's
  * O_DIRECT writes walk far fewer page-table entries (figures in
  * docs/checkpoints.md, "Huge pages"), as do the matrix products reading
- * activations across rows kilobytes apart (docs/performance.md). A hint only: without THP the
- * buffer is the same, in 4 KiB pages.
+ * activations across rows kilobytes apart (docs/performance.md). A hint
+ * only: without THP the buffer is the same, in 4 KiB pages.
  *
  *   float *p = st_pages_alloc(n * sizeof(float));   // NULL: out of memory
  *   ...

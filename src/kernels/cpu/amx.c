@@ -220,7 +220,8 @@ AMX_TARGET static void pack_a_tile(char ta, const uint16_t *A, int64_t lda, int6
 		_mm512_store_si512((__m512i *)(out + r * 32), v[r]);
 }
 
-/* Per-thread scratch: a packed A strip (32 rows x KC) and a 32 x 32 C. */
+/* Per-thread scratch: a packed A strip (32 rows x KC), a strip of C (32 x
+ * NB_MAX fp32) and the ring of a bf16 C. */
 typedef struct {
 	uint16_t *a;
 	float *c;
@@ -276,12 +277,6 @@ void st_amx_release(void)
 	pthread_mutex_unlock(&S.lock);
 }
 
-/*
- * The 32 x 32 block of C at c (row stride ldc floats) += A strip x B panel
- * over ks k steps. a0/a1: the strip's two A tiles of the first step, stride
- * as bytes, next step astep bytes on; bp: the panel (2 KiB per step).
- * load: start from C's contents, else from zero.
- */
 /* The C tiles 0-3 of a 32 x 32 block at c (row stride ldc floats): rows
  * 16-31 (tiles 2, 3) only if two_i, columns 16-31 (tiles 1, 3) only if
  * two_j. Start: from C (load) or zero; end: stored back. */
@@ -363,6 +358,7 @@ AMX_TARGET static void ring_round(const float *blk, uint16_t *o, int64_t ldo, in
 #else
 static void ring_round(const float *blk, uint16_t *o, int64_t ldo, int r0, int r1)
 {
+	/* a build without AVX-512 never takes the AMX path (amx_probe) */
 	ST_BUG("AMX: a bf16 C rounded as it goes in a build without AVX-512");
 }
 #endif
@@ -377,8 +373,10 @@ AMX_TARGET static void pass(const pass_t *q)
 	TILE_INIT(1, q->cin + 16, cis);
 	TILE_INIT(2, q->cin + 16 * q->ldcin, cis);
 	TILE_INIT(3, q->cin + 16 * q->ldcin + 16, cis);
-	float *prev = NULL; /* where the previous block's tile 0 went, rows pld floats apart */
-	int64_t pld = q->o ? 16 : q->ldc;
+	/* where tiles 1-3 of a block go, in floats from tile 0: in the ring
+	 * each tile's 16 x 16 lie together, in C they lie as in the block */
+	int64_t o1 = q->o ? 256 : 16, o2 = q->o ? 512 : 16 * q->ldc, o3 = o2 + o1;
+	float *prev = NULL; /* where the previous block's tile 0 went */
 	for (int64_t p = 0; p < q->np; p++) {
 		const char *b = q->bp + p * q->pstep;
 		const char *a0 = q->a0, *a1 = q->a1;
@@ -391,7 +389,7 @@ AMX_TARGET static void pass(const pass_t *q)
 			_tile_stream_loadd(7, b + 1024, 64);
 			_tile_dpbf16ps(0, 4, 6);
 			if (s == 0 && prev) {
-				_tile_stored(2, q->o ? prev + 512 : prev + 16 * pld, ds);
+				_tile_stored(2, prev + o2, ds);
 				TILE_INIT(2, q->cin + 32 * p + 16 * q->ldcin, cis);
 			}
 			if (s == ks - 1) {
@@ -402,11 +400,11 @@ AMX_TARGET static void pass(const pass_t *q)
 			_tile_loadd(5, a1, q->as);
 			_tile_dpbf16ps(1, 4, 7);
 			if (s == 0 && prev) {
-				_tile_stored(3, q->o ? prev + 768 : prev + 16 * pld + 16, ds);
+				_tile_stored(3, prev + o3, ds);
 				TILE_INIT(3, q->cin + 32 * p + 16 * q->ldcin + 16, cis);
 			}
 			if (s == ks - 1) {
-				_tile_stored(1, q->o ? d + 256 : d + 16, ds);
+				_tile_stored(1, d + o1, ds);
 				if (next)
 					TILE_INIT(1, ci + 16, cis);
 			}
@@ -422,8 +420,8 @@ AMX_TARGET static void pass(const pass_t *q)
 			ring_round(prev, q->o + 32 * (p - 1), q->ldo, rr, 32);
 		prev = d;
 	}
-	_tile_stored(2, q->o ? prev + 512 : prev + 16 * pld, ds);
-	_tile_stored(3, q->o ? prev + 768 : prev + 16 * pld + 16, ds);
+	_tile_stored(2, prev + o2, ds);
+	_tile_stored(3, prev + o3, ds);
 	if (q->o)
 		ring_round(prev, q->o + 32 * (q->np - 1), q->ldo, 0, 32);
 }
@@ -478,9 +476,6 @@ AMX_TARGET static void strip(const job *j, scratch *sc, const uint16_t *bblk, in
 	int64_t rows = mr < 32 ? mr : 32, cols = j->N - n0 < nb ? j->N - n0 : nb;
 	/* a bf16 C of whole blocks: rounded block by block as the products go */
 	int ring = j->c16 && whole_rows && cols == nb;
-#ifndef __AVX512F__
-	ring = 0;
-#endif
 	/* an edge of C, or a bf16 C otherwise: the strip's fp32 sums in the
 	 * scratch (32 x nb), then copied or rounded into C */
 	int scr = !ring && (j->c16 || !whole_rows || cols < nb);
