@@ -867,6 +867,15 @@ static void test_bf16_outputs(void)
 	for (int i = 0; i < N * C; i++)
 		bad += yh[i] != st_f32_to_bf16(y[i]);
 	CHECK_MSG(bad == 0, "rmsnorm bf16 output differs from the rounded fp32 output (%d)", bad);
+	/* the same rounded values, and their exact fp32 copies in the same pass */
+	uint16_t *yk = malloc(N * C * 2);
+	float *y32 = malloc(N * C * sizeof(float)), r3[N];
+	st_rmsnorm_forward_keep(yk, y32, r3, x, w, N, C, 1e-5f);
+	bad = memcmp(r1, r3, sizeof(r1)) != 0 || memcmp(yk, yh, N * C * 2) != 0;
+	for (int i = 0; i < N * C; i++)
+		bad += bits(y32[i]) != (uint32_t)yh[i] << 16;
+	CHECK_MSG(bad == 0, "rmsnorm's kept bf16 output or its fp32 copy differs (%d)", bad);
+	free(yk), free(y32);
 	float *g = randn(n, 52, 2.0), *u = randn(n, 53, 1.0), *d = randn(n, 54, 1.0);
 	float *a = malloc(n * sizeof(float)), *dg = malloc(n * sizeof(float)), *du = malloc(n * sizeof(float));
 	uint16_t *ah = malloc(n * 2), *dgh = malloc(n * 2), *duh = malloc(n * 2);
@@ -905,6 +914,35 @@ static void test_bf16_outputs(void)
 	CHECK_MSG(bad == 0, "swiglu of one value differs from the same value among %d (%d)", n, bad);
 	free(x), free(w), free(y), free(yh), free(g), free(u), free(d), free(a), free(dg), free(du);
 	free(ah), free(dgh), free(duh), free(gh), free(uh), free(dg2), free(du2);
+
+	/* SwiGLU from unrounded fp32 gate and up, rounding them as it reads them:
+	 * the kept copies as st_f32_to_bf16 gives them, act as _gu16 from those,
+	 * act's fp32 copy exact, also when it is written over gate itself (n: a
+	 * tail in one block, and several blocks with a tail) */
+	int64_t ns[] = {1003, 3 * 4096 + 21};
+	for (int k = 0; k < 2; k++) {
+		int64_t nk = ns[k];
+		float *gf = randn(nk, 60 + k, 2.0), *uf = randn(nk, 62 + k, 1.0);
+		float *a32 = malloc(nk * sizeof(float)), *gal = malloc(nk * sizeof(float));
+		uint16_t *g16 = malloc(nk * 2), *u16 = malloc(nk * 2), *ak = malloc(nk * 2),
+			 *aref = malloc(nk * 2), *ak2 = malloc(nk * 2), *g16b = malloc(nk * 2),
+			 *u16b = malloc(nk * 2);
+		memcpy(gal, gf, nk * sizeof(float));
+		st_swiglu_forward_keep(ak, a32, g16, u16, gf, uf, nk);
+		st_swiglu_forward_keep(ak2, gal, g16b, u16b, gal, uf, nk); /* act32 over gate */
+		bad = 0;
+		for (int64_t i = 0; i < nk; i++)
+			bad += g16[i] != st_f32_to_bf16(gf[i]) || u16[i] != st_f32_to_bf16(uf[i]);
+		st_swiglu_forward_gu16(aref, g16, u16, nk);
+		bad += memcmp(ak, aref, nk * 2) != 0 || memcmp(ak2, aref, nk * 2) != 0 ||
+		       memcmp(g16b, g16, nk * 2) != 0 || memcmp(u16b, u16, nk * 2) != 0;
+		for (int64_t i = 0; i < nk; i++)
+			bad += bits(a32[i]) != (uint32_t)aref[i] << 16 || bits(gal[i]) != bits(a32[i]);
+		CHECK_MSG(bad == 0, "swiglu rounding fp32 gate/up as it reads them differs (n %lld: %d)",
+			  (long long)nk, bad);
+		free(gf), free(uf), free(a32), free(gal), free(g16), free(u16), free(ak), free(aref);
+		free(ak2), free(g16b), free(u16b);
+	}
 
 	/* cross-entropy gradient rows in bf16: to a separate array, and in place
 	 * over the logits' own rows (ldo = 2V), identical */

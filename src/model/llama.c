@@ -947,12 +947,21 @@ static int residual_product(st_llama *m, int site, float *out, const float *res,
 	return 0;
 }
 
-/* RMSNorm forward into h (fp32 mode) or hb (bf16 mode). */
+/* RMSNorm forward into h (fp32 mode) or hb (bf16 mode). f32_next: in bf16
+ * mode an fp32 kernel's product reads hb next as its first operand; its
+ * fp32 values are then made in the same pass, as that operand's copy
+ * (f32_operand finds them there). */
 static void norm_forward(const st_llama *m, float *h, uint16_t *hb, float *rstd, const float *x,
-			 const float *w)
+			 const float *w, int f32_next)
 {
-	const st_llama_acts *a = m->acts;
-	if (m->bf16) {
+	st_llama_acts *a = m->acts;
+	int64_t n = a->N * m->s.E;
+	if (m->bf16 && f32_next && a->ka.buf && a->ka.cap >= n) {
+		st_rmsnorm_forward_keep(hb, a->ka.buf, rstd, x, w, a->N, m->s.E, m->s.eps);
+		bf16_written(m);
+		a->ka.src = hb;
+		a->ka.n = n;
+	} else if (m->bf16) {
 		st_rmsnorm_forward_bf16(hb, rstd, x, w, a->N, m->s.E, m->s.eps);
 		bf16_written(m);
 	} else
@@ -1028,7 +1037,8 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 	 * (st_bf16_round_keep: the bits kept, the rounded values in use), and
 	 * forward and backward alike use the rounded values (kv: their fp32 copies) */
 	kept_f32 kv = kept_views(m, A);
-	norm_forward(m, A->h1, A->h1b, A->rstd1, x, w->ln1);
+	norm_forward(m, A->h1, A->h1b, A->rstd1, x, w->ln1,
+		     do_mm && (on_f32(m, ST_KS_Q) || on_f32(m, ST_KS_KV)));
 	if (do_mm) {
 		TRY(mm(m, ST_KS_Q, 'N', 'T', N, HD, E, h1, E, OPF(w->wq), E, 0, kv.q, HD));
 		TRY(mm(m, ST_KS_KV, 'N', 'T', N, KD, E, h1, E, OPF(w->wk), E, 0, kv.k, KD));
@@ -1067,29 +1077,39 @@ static int layer_forward(st_llama *m, int64_t l, const layer_acts *A, const floa
 	} else if (m->bf16) {
 		st_bf16_to_f32_array(kv.xmid, A->xmidb, N * E);
 	}
-	norm_forward(m, A->h2, A->h2b, A->rstd2, kv.xmid, w->ln2);
+	norm_forward(m, A->h2, A->h2b, A->rstd2, kv.xmid, w->ln2, do_mm && on_f32(m, ST_KS_GATE_UP));
 	/* in bf16 mode gate and up are kept in bf16 only: made so by the bf16
-	 * kernel's product itself, or by rounding the fp32 kernel's output; the
-	 * SwiGLU reads them in bf16 (kv.gate, kv.up are scratch) */
+	 * kernel's product itself, or by rounding the fp32 kernel's output as
+	 * the SwiGLU reads it; the SwiGLU uses them in bf16 (kv.gate, kv.up are
+	 * scratch). For a down product on the fp32 kernel, the rounding SwiGLU
+	 * also writes act's fp32 values over kv.gate, which is dm1
+	 * (act_operand) */
+	opnd act = OPA(A, act);
 	if (do_mm && m->bf16 && !on_f32(m, ST_KS_GATE_UP)) {
 		TRY(mm_out16(m, N, M, E, h2, w->wg, A->gateb));
 		TRY(mm_out16(m, N, M, E, h2, w->wu, A->upb));
 	} else if (do_mm) {
 		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wg), E, 0, kv.gate, M));
 		TRY(mm(m, ST_KS_GATE_UP, 'N', 'T', N, M, E, h2, E, OPF(w->wu), E, 0, kv.up, M));
-		if (m->bf16) {
-			st_f32_to_bf16_array(A->gateb, kv.gate, N * M);
-			st_f32_to_bf16_array(A->upb, kv.up, N * M);
-		}
 	}
-	if (m->bf16) {
+	if (m->bf16 && do_mm && on_f32(m, ST_KS_GATE_UP)) {
+		float *act32 = NULL; /* act's fp32 values for the down product */
+		if (out && on_f32(m, ST_KS_DOWN)) {
+			if (kv.gate != a->dm1)
+				ST_BUG("act's fp32 copy (dm1) is not over the fp32 gate");
+			act.f = act32 = a->dm1;
+		}
+		st_swiglu_forward_keep(A->actb, act32, A->gateb, A->upb, kv.gate, kv.up, N * M);
+		bf16_written(m);
+	} else if (m->bf16) {
 		st_swiglu_forward_gu16(A->actb, A->gateb, A->upb, N * M);
 		bf16_written(m);
+		if (out)
+			act = act_operand(m, A, ST_KS_DOWN);
 	} else
 		st_swiglu_forward(A->act, kv.gate, kv.up, N * M);
 	if (out)
-		TRY(residual_product(m, ST_KS_DOWN, out, kv.xmid, act_operand(m, A, ST_KS_DOWN), w->wd,
-				     M));
+		TRY(residual_product(m, ST_KS_DOWN, out, kv.xmid, act, w->wd, M));
 	return 0;
 }
 
@@ -1354,7 +1374,7 @@ static int forward(st_llama *m, const int32_t *tokens)
 		stream_keep(m, l + 1);
 	}
 	TRY(acquire(m, L + 1, 0));
-	norm_forward(m, a->hf, a->hfb, a->rstdf, stream_in(m, L), m->p.norm);
+	norm_forward(m, a->hf, a->hfb, a->rstdf, stream_in(m, L), m->p.norm, 0);
 	return 0;
 }
 

@@ -58,8 +58,9 @@ static inline double dot_sum8(__m256d lo, __m256d hi)
 }
 #endif
 
-static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const float *w,
-			int64_t N, int64_t C, float eps)
+/* out32 (bf16 out only, else NULL): the rounded values also in fp32 (exact). */
+static void rmsnorm_fwd(void *out, int bf16, float *out32, float *rstd, const float *x,
+			const float *w, int64_t N, int64_t C, float eps)
 {
 #pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < N; i++) {
@@ -77,8 +78,12 @@ static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const 
 		for (int64_t c = 0; c < C; c += 16) {
 			__mmask16 m = st_mask16(C - c);
 			__m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + c), vr);
-			st_store16(oi + c * (bf16 ? 2 : 4), bf16, m,
-				   _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + c)));
+			v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + c));
+			if (out32)
+				_mm512_mask_storeu_ps(out32 + i * C + c, m,
+						      st_store16_round((uint16_t *)oi + c, m, v));
+			else
+				st_store16(oi + c * (bf16 ? 2 : 4), bf16, m, v);
 		}
 #elif ST_HAVE_AVX2
 		__m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
@@ -93,18 +98,28 @@ static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const 
 		float r = (float)(1.0 / sqrt(ss / (double)C + eps));
 		char *oi = (char *)out + i * C * (bf16 ? 2 : 4);
 		__m256 vr = _mm256_set1_ps(r);
-		for (c = 0; c + 8 <= C; c += 8) /* the tail's formula */
-			st_store8(oi + c * (bf16 ? 2 : 4), bf16,
-				  _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xi + c), vr), _mm256_loadu_ps(w + c)));
-		for (; c < C; c++)
+		for (c = 0; c + 8 <= C; c += 8) { /* the tail's formula */
+			__m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xi + c), vr), _mm256_loadu_ps(w + c));
+			if (out32)
+				_mm256_storeu_ps(out32 + i * C + c, st_store8_round((uint16_t *)oi + c, v));
+			else
+				st_store8(oi + c * (bf16 ? 2 : 4), bf16, v);
+		}
+		for (; c < C; c++) {
 			put(out, bf16, i * C + c, xi[c] * r * w[c]);
+			if (out32)
+				out32[i * C + c] = st_bf16_to_f32(((uint16_t *)out)[i * C + c]);
+		}
 #else
 		double ss = 0;
 		for (int64_t c = 0; c < C; c++)
 			ss += (double)xi[c] * xi[c];
 		float r = (float)(1.0 / sqrt(ss / (double)C + eps));
-		for (int64_t c = 0; c < C; c++)
+		for (int64_t c = 0; c < C; c++) {
 			put(out, bf16, i * C + c, xi[c] * r * w[c]);
+			if (out32)
+				out32[i * C + c] = st_bf16_to_f32(((uint16_t *)out)[i * C + c]);
+		}
 #endif
 		rstd[i] = r;
 	}
@@ -113,13 +128,19 @@ static void rmsnorm_fwd(void *out, int bf16, float *rstd, const float *x, const 
 void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t N,
 			int64_t C, float eps)
 {
-	rmsnorm_fwd(out, 0, rstd, x, w, N, C, eps);
+	rmsnorm_fwd(out, 0, NULL, rstd, x, w, N, C, eps);
 }
 
 void st_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *x, const float *w, int64_t N,
 			     int64_t C, float eps)
 {
-	rmsnorm_fwd(out, 1, rstd, x, w, N, C, eps);
+	rmsnorm_fwd(out, 1, NULL, rstd, x, w, N, C, eps);
+}
+
+void st_rmsnorm_forward_keep(uint16_t *out, float *out32, float *rstd, const float *x,
+			     const float *w, int64_t N, int64_t C, float eps)
+{
+	rmsnorm_fwd(out, 1, out32, rstd, x, w, N, C, eps);
 }
 
 size_t st_rmsnorm_backward_workspace_bytes(int64_t N, int64_t C)
@@ -295,8 +316,13 @@ void st_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t
 /* Elementwise loops run over blocks of EW_BLOCK values: one task each. */
 #define EW_BLOCK 4096
 
-/* gate and up are fp32, or bf16 when in16 (their exact fp32 values used) */
-static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, int in16, int64_t n)
+/* gate and up are fp32, or bf16 when in16 (their exact fp32 values used).
+ * g16, u16 (fp32 inputs only, both or neither): gate and up are first
+ * rounded to bf16, kept there, and used rounded. act32 (bf16 act only):
+ * act's values also in fp32 (exact); it may be gate itself, as each value
+ * is read before its slot is written. */
+static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, int in16,
+		       uint16_t *g16, uint16_t *u16, float *act32, int64_t n)
 {
 	int64_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -308,10 +334,17 @@ static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, in
 		for (int64_t i = i0; i < i1; i += 16) {
 			__mmask16 mk = st_mask16(i1 - i);
 			__m512 g = st_load16((const char *)gate + i * isz, in16, mk);
+			__m512 u = st_load16((const char *)up + i * isz, in16, mk);
+			if (g16) {
+				g = st_store16_round(g16 + i, mk, g);
+				u = st_store16_round(u16 + i, mk, u);
+			}
 			__m512 e = st_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-			__m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
-			st_store16((char *)act + i * (bf16 ? 2 : 4), bf16, mk,
-				   _mm512_mul_ps(silu, st_load16((const char *)up + i * isz, in16, mk)));
+			__m512 r = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u);
+			if (act32)
+				_mm512_mask_storeu_ps(act32 + i, mk, st_store16_round((uint16_t *)act + i, mk, r));
+			else
+				st_store16((char *)act + i * (bf16 ? 2 : 4), bf16, mk, r);
 		}
 #elif ST_HAVE_AVX2
 		__m256 one = _mm256_set1_ps(1.0f);
@@ -319,23 +352,50 @@ static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, in
 		int64_t i = i0;
 		for (; i + 8 <= i1; i += 8) { /* the tail's formula, 8 at a time */
 			__m256 g = st_load8((const char *)gate + i * isz, in16);
-			__m256 e = st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
 			__m256 u = st_load8((const char *)up + i * isz, in16);
-			st_store8((char *)act + i * osz, bf16, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
+			if (g16) {
+				g = st_store8_round(g16 + i, g);
+				u = st_store8_round(u16 + i, u);
+			}
+			__m256 e = st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+			__m256 r = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
+			if (act32)
+				_mm256_storeu_ps(act32 + i, st_store8_round((uint16_t *)act + i, r));
+			else
+				st_store8((char *)act + i * osz, bf16, r);
 		}
 		for (; i < i1; i += 8) { /* e^-g 8 at a time */
 			int n8 = i1 - i < 8 ? (int)(i1 - i) : 8;
-			float g[8] = {0}, e[8];
-			for (int k = 0; k < n8; k++)
+			float g[8] = {0}, u[8], e[8];
+			for (int k = 0; k < n8; k++) {
 				g[k] = get(gate, in16, i + k);
+				u[k] = get(up, in16, i + k);
+				if (g16) {
+					g16[i + k] = st_f32_to_bf16(g[k]);
+					u16[i + k] = st_f32_to_bf16(u[k]);
+					g[k] = st_bf16_to_f32(g16[i + k]);
+					u[k] = st_bf16_to_f32(u16[i + k]);
+				}
+			}
 			_mm256_storeu_ps(e, st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g))));
-			for (int k = 0; k < n8; k++)
-				put(act, bf16, i + k, g[k] / (1.0f + e[k]) * get(up, in16, i + k));
+			for (int k = 0; k < n8; k++) {
+				put(act, bf16, i + k, g[k] / (1.0f + e[k]) * u[k]);
+				if (act32)
+					act32[i + k] = st_bf16_to_f32(((uint16_t *)act)[i + k]);
+			}
 		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
-			float g = get(gate, in16, i);
-			put(act, bf16, i, g / (1.0f + expf(-g)) * get(up, in16, i));
+			float g = get(gate, in16, i), u = get(up, in16, i);
+			if (g16) {
+				g16[i] = st_f32_to_bf16(g);
+				u16[i] = st_f32_to_bf16(u);
+				g = st_bf16_to_f32(g16[i]);
+				u = st_bf16_to_f32(u16[i]);
+			}
+			put(act, bf16, i, g / (1.0f + expf(-g)) * u);
+			if (act32)
+				act32[i] = st_bf16_to_f32(((uint16_t *)act)[i]);
 		}
 #endif
 	}
@@ -343,17 +403,23 @@ static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, in
 
 void st_swiglu_forward(float *act, const float *gate, const float *up, int64_t n)
 {
-	swiglu_fwd(act, 0, gate, up, 0, n);
+	swiglu_fwd(act, 0, gate, up, 0, NULL, NULL, NULL, n);
 }
 
 void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, int64_t n)
 {
-	swiglu_fwd(act, 1, gate, up, 0, n);
+	swiglu_fwd(act, 1, gate, up, 0, NULL, NULL, NULL, n);
 }
 
 void st_swiglu_forward_gu16(uint16_t *act, const uint16_t *gate, const uint16_t *up, int64_t n)
 {
-	swiglu_fwd(act, 1, gate, up, 1, n);
+	swiglu_fwd(act, 1, gate, up, 1, NULL, NULL, NULL, n);
+}
+
+void st_swiglu_forward_keep(uint16_t *act, float *act32, uint16_t *g16, uint16_t *u16,
+			    const float *gate, const float *up, int64_t n)
+{
+	swiglu_fwd(act, 1, gate, up, 0, g16, u16, act32, n);
 }
 
 /* gate and up are fp32, or bf16 when in16 (their exact fp32 values used) */

@@ -30,6 +30,10 @@ void st_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
  * fp32 result above rounded once (st_f32_to_bf16). */
 void st_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *x, const float *w, int64_t N,
 			     int64_t C, float eps);
+/* ... and the same rounded values in fp32 too (exact), out32 (N,C): for an
+ * fp32 kernel's product that reads them, without a second pass. */
+void st_rmsnorm_forward_keep(uint16_t *out, float *out32, float *rstd, const float *x,
+			     const float *w, int64_t N, int64_t C, float eps);
 /* dx(N,C) += d/dx (accumulates: the residual stream's gradient is already there);
  * dw(C) += d/dw. Uses x and rstd from forward. ws: the partial sums of dw
  * per block of 64 rows (summed in block order afterwards, whatever the
@@ -126,6 +130,12 @@ void st_swiglu_backward_gu16(float *dgate, float *dup, const float *dact, const 
 void st_swiglu_forward_bf16(uint16_t *act, const float *gate, const float *up, int64_t n);
 /* ... from bf16 gate and up (their exact fp32 values) */
 void st_swiglu_forward_gu16(uint16_t *act, const uint16_t *gate, const uint16_t *up, int64_t n);
+/* ... from fp32 gate and up, in one pass: each rounded to bf16 and kept
+ * (g16, u16), then act as _gu16 from those; and act32, unless NULL, gets
+ * act's exact fp32 values (act32 may be gate itself: each value is read
+ * before its slot is written). */
+void st_swiglu_forward_keep(uint16_t *act, float *act32, uint16_t *g16, uint16_t *u16,
+			    const float *gate, const float *up, int64_t n);
 void st_swiglu_backward_bf16(uint16_t *dgate, uint16_t *dup, const float *dact,
 			     const uint16_t *gate, const uint16_t *up, int64_t n);
 

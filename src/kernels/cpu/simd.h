@@ -78,6 +78,15 @@ static inline void st_store16(void *dst, int bf16, __mmask16 m, __m512 x)
 		_mm512_mask_storeu_ps(dst, m, x);
 }
 
+/* x rounded to bf16 (st_cvt_bf16_16) and its first lanes (mask) stored at
+ * dst; returns the rounded values, widened (exact). */
+static inline __m512 st_store16_round(uint16_t *dst, __mmask16 m, __m512 x)
+{
+	__m256i h = st_cvt_bf16_16(x);
+	_mm256_mask_storeu_epi16(dst, m, h);
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* Load the first lanes (mask) of src, fp32 or bf16 (widened exactly); the
  * other lanes are 0. */
 static inline __m512 st_load16(const void *src, int bf16, __mmask16 m)
@@ -148,6 +157,14 @@ static inline __m256 st_widen_bf16_8(const uint16_t *src)
 {
 	__m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src));
 	return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* st_store16_round for 8 floats. */
+static inline __m256 st_store8_round(uint16_t *dst, __m256 x)
+{
+	__m128i h = st_cvt_bf16_8(x);
+	_mm_storeu_si128((__m128i *)dst, h);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 /* 8 values of fp32 or bf16 (then widened, exact) at src. */
