@@ -1287,6 +1287,8 @@ int main(void)
 	test_attention_shape(1, 1, 1, 1, 16);
 	test_attention_shape(2, 70, 4, 2, 16);
 	test_attention_shape(1, 130, 2, 1, 64);
+	test_attention_shape(1, 300, 2, 1, 64); /* five blocks, the last partial */
+	test_attention_shape(2, 260, 4, 2, 16); /* the same, AVX2 tiles in builds without AVX-512 */
 	test_attention_shape(1, 64, 2, 2, 48);
 	test_attention_shape(1, 100, 4, 1, 128);
 	test_attention_shape(2, 33, 4, 4, 8); /* plain loops with AVX-512, AVX2 ones without */
