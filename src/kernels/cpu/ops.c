@@ -37,6 +37,22 @@ static inline float get(const void *src, int bf16, int64_t i)
 	return bf16 ? st_bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
 }
 
+/* put, and where dst32 is given (bf16 dst only) the stored value's exact
+ * fp32 copy at dst32[i] too. */
+static inline void put_keep(void *dst, int bf16, float *dst32, int64_t i, float v)
+{
+	put(dst, bf16, i, v);
+	if (dst32)
+		dst32[i] = get(dst, 1, i);
+}
+
+/* v rounded to bf16 and stored at *dst; returns the rounded value (exact). */
+static inline float round_keep1(uint16_t *dst, float v)
+{
+	*dst = st_f32_to_bf16(v);
+	return st_bf16_to_f32(*dst);
+}
+
 #if ST_HAVE_AVX2 && !ST_HAVE_AVX512
 /* lo, hi (4 doubles each) += a b for the low and high 4 lanes (products
  * exact in double). */
@@ -105,21 +121,15 @@ static void rmsnorm_fwd(void *out, int bf16, float *out32, float *rstd, const fl
 			else
 				st_store8(oi + c * (bf16 ? 2 : 4), bf16, v);
 		}
-		for (; c < C; c++) {
-			put(out, bf16, i * C + c, xi[c] * r * w[c]);
-			if (out32)
-				out32[i * C + c] = st_bf16_to_f32(((uint16_t *)out)[i * C + c]);
-		}
+		for (; c < C; c++)
+			put_keep(out, bf16, out32, i * C + c, xi[c] * r * w[c]);
 #else
 		double ss = 0;
 		for (int64_t c = 0; c < C; c++)
 			ss += (double)xi[c] * xi[c];
 		float r = (float)(1.0 / sqrt(ss / (double)C + eps));
-		for (int64_t c = 0; c < C; c++) {
-			put(out, bf16, i * C + c, xi[c] * r * w[c]);
-			if (out32)
-				out32[i * C + c] = st_bf16_to_f32(((uint16_t *)out)[i * C + c]);
-		}
+		for (int64_t c = 0; c < C; c++)
+			put_keep(out, bf16, out32, i * C + c, xi[c] * r * w[c]);
 #endif
 		rstd[i] = r;
 	}
@@ -371,31 +381,22 @@ static void swiglu_fwd(void *act, int bf16, const void *gate, const void *up, in
 				g[k] = get(gate, in16, i + k);
 				u[k] = get(up, in16, i + k);
 				if (g16) {
-					g16[i + k] = st_f32_to_bf16(g[k]);
-					u16[i + k] = st_f32_to_bf16(u[k]);
-					g[k] = st_bf16_to_f32(g16[i + k]);
-					u[k] = st_bf16_to_f32(u16[i + k]);
+					g[k] = round_keep1(g16 + i + k, g[k]);
+					u[k] = round_keep1(u16 + i + k, u[k]);
 				}
 			}
 			_mm256_storeu_ps(e, st_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g))));
-			for (int k = 0; k < n8; k++) {
-				put(act, bf16, i + k, g[k] / (1.0f + e[k]) * u[k]);
-				if (act32)
-					act32[i + k] = st_bf16_to_f32(((uint16_t *)act)[i + k]);
-			}
+			for (int k = 0; k < n8; k++)
+				put_keep(act, bf16, act32, i + k, g[k] / (1.0f + e[k]) * u[k]);
 		}
 #else
 		for (int64_t i = i0; i < i1; i++) {
 			float g = get(gate, in16, i), u = get(up, in16, i);
 			if (g16) {
-				g16[i] = st_f32_to_bf16(g);
-				u16[i] = st_f32_to_bf16(u);
-				g = st_bf16_to_f32(g16[i]);
-				u = st_bf16_to_f32(u16[i]);
+				g = round_keep1(g16 + i, g);
+				u = round_keep1(u16 + i, u);
 			}
-			put(act, bf16, i, g / (1.0f + expf(-g)) * u);
-			if (act32)
-				act32[i] = st_bf16_to_f32(((uint16_t *)act)[i]);
+			put_keep(act, bf16, act32, i, g / (1.0f + expf(-g)) * u);
 		}
 #endif
 	}
