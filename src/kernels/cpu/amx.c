@@ -542,67 +542,78 @@ static void prefetch_b(const job *j, int64_t n0, int64_t k0, int t, int nt, int6
 	}
 }
 
-AMX_TARGET static void run(const job *j)
+/*
+ * One thread's part of a product: called by every thread of run's parallel
+ * region, its work-sharing loop and barriers orphaned here. The tile code
+ * lives in this function, not in the region's body: the compiler outlines
+ * that body into a function of its own, which does not inherit AMX_TARGET
+ * (clang 14 then fails in its backend, "Cannot select: intrinsic
+ * %llvm.x86.tilerelease", when the build's -march has no AMX).
+ */
+AMX_TARGET static void run_thread(const job *j)
 {
 	int64_t strips = (j->M + 31) / 32;
-#pragma omp parallel
-	{
-		scratch *sc = &S.t[omp_get_thread_num()];
-		tiles_config();
-		/* this thread's strips of C, contiguous (as schedule(static)) */
-		int nt = omp_get_num_threads(), me = omp_get_thread_num();
-		int64_t i0 = strips * me / nt, i1 = strips * (me + 1) / nt;
-		if (j->ap) {
-			/* this thread's tiles, in pieces of 64, each followed by a
-			 * piece of its share of the first block of op(B) */
-			int64_t n = strips * j->aks * 2, t0 = n * me / nt, t1 = n * (me + 1) / nt;
-			int64_t pieces = (t1 - t0 + 63) / 64;
-			for (int64_t t = t0; t < t1; t++) {
-				/* consecutive tiles read on along the same rows of
-				 * A: 32 rows of K, across M */
-				int64_t h = t % 2, s = t / (strips * 2), i = (t / 2) % strips;
-				pack_a_tile(j->ta, j->A, j->lda, j->M, j->K, 32 * i + 16 * h, 32 * s,
-					    (uint16_t *)j->ap + (i * j->aks + s) * 1024 + h * 512);
-				if ((t - t0) % 64 == 63 || t + 1 == t1)
-					prefetch_b(j, 0, 0, me, nt, (t - t0) / 64, pieces);
-			}
-#pragma omp barrier
+	scratch *sc = &S.t[omp_get_thread_num()];
+	tiles_config();
+	/* this thread's strips of C, contiguous (as schedule(static)) */
+	int nt = omp_get_num_threads(), me = omp_get_thread_num();
+	int64_t i0 = strips * me / nt, i1 = strips * (me + 1) / nt;
+	if (j->ap) {
+		/* this thread's tiles, in pieces of 64, each followed by a
+		 * piece of its share of the first block of op(B) */
+		int64_t n = strips * j->aks * 2, t0 = n * me / nt, t1 = n * (me + 1) / nt;
+		int64_t pieces = (t1 - t0 + 63) / 64;
+		for (int64_t t = t0; t < t1; t++) {
+			/* consecutive tiles read on along the same rows of
+			 * A: 32 rows of K, across M */
+			int64_t h = t % 2, s = t / (strips * 2), i = (t / 2) % strips;
+			pack_a_tile(j->ta, j->A, j->lda, j->M, j->K, 32 * i + 16 * h, 32 * s,
+				    (uint16_t *)j->ap + (i * j->aks + s) * 1024 + h * 512);
+			if ((t - t0) % 64 == 63 || t + 1 == t1)
+				prefetch_b(j, 0, 0, me, nt, (t - t0) / 64, pieces);
 		}
-		for (int64_t n0 = 0; n0 < j->N; n0 += j->nb) {
-			int64_t nb = j->N - n0 < j->nb ? (j->N - n0 + 31) / 32 * 32 : j->nb;
-			for (int64_t k0 = 0; k0 < j->K; k0 += KC) {
-				int64_t kc = j->K - k0 < KC ? j->K - k0 : KC, ks = (kc + 31) / 32;
-#pragma omp for schedule(static) nowait
-				for (int64_t t = 0; t < (nb / 32) * ks * 2; t++) {
-					/* along rows of B: (K, N) across N, (N, K) across K */
-					int64_t p, s, h = t % 2;
-					if (j->tb == 'T')
-						p = t / (ks * 2), s = (t / 2) % ks;
-					else
-						s = t / (nb / 32 * 2), p = (t / 2) % (nb / 32);
-					pack_b_tile(j->tb, j->B, j->ldb, k0 + kc, j->N, k0 + 32 * s,
-						    n0 + 32 * p + 16 * h, S.b + (p * ks + s) * 1024 + h * 512);
-				}
-				if (i0 < i1)
-					prefetch_c(j, 32 * i0, n0, nb);
 #pragma omp barrier
-				/* the next block of op(B), if any */
-				int64_t nn0 = n0, nk0 = k0 + KC;
-				if (nk0 >= j->K)
-					nn0 = n0 + j->nb, nk0 = 0;
-				for (int64_t i = i0; i < i1; i++) {
-					strip(j, sc, S.b, 32 * i, n0, nb, k0, kc, k0 == 0);
-					if (i + 1 < i1)
-						prefetch_c(j, 32 * (i + 1), n0, nb);
-					if (nn0 < j->N)
-						prefetch_b(j, nn0, nk0, me, nt, i - i0, i1 - i0);
-				}
-#pragma omp barrier
-			}
-		}
-		_tile_release();
-		tiles_ready = 0;
 	}
+	for (int64_t n0 = 0; n0 < j->N; n0 += j->nb) {
+		int64_t nb = j->N - n0 < j->nb ? (j->N - n0 + 31) / 32 * 32 : j->nb;
+		for (int64_t k0 = 0; k0 < j->K; k0 += KC) {
+			int64_t kc = j->K - k0 < KC ? j->K - k0 : KC, ks = (kc + 31) / 32;
+#pragma omp for schedule(static) nowait
+			for (int64_t t = 0; t < (nb / 32) * ks * 2; t++) {
+				/* along rows of B: (K, N) across N, (N, K) across K */
+				int64_t p, s, h = t % 2;
+				if (j->tb == 'T')
+					p = t / (ks * 2), s = (t / 2) % ks;
+				else
+					s = t / (nb / 32 * 2), p = (t / 2) % (nb / 32);
+				pack_b_tile(j->tb, j->B, j->ldb, k0 + kc, j->N, k0 + 32 * s,
+					    n0 + 32 * p + 16 * h, S.b + (p * ks + s) * 1024 + h * 512);
+			}
+			if (i0 < i1)
+				prefetch_c(j, 32 * i0, n0, nb);
+#pragma omp barrier
+			/* the next block of op(B), if any */
+			int64_t nn0 = n0, nk0 = k0 + KC;
+			if (nk0 >= j->K)
+				nn0 = n0 + j->nb, nk0 = 0;
+			for (int64_t i = i0; i < i1; i++) {
+				strip(j, sc, S.b, 32 * i, n0, nb, k0, kc, k0 == 0);
+				if (i + 1 < i1)
+					prefetch_c(j, 32 * (i + 1), n0, nb);
+				if (nn0 < j->N)
+					prefetch_b(j, nn0, nk0, me, nt, i - i0, i1 - i0);
+			}
+#pragma omp barrier
+		}
+	}
+	_tile_release();
+	tiles_ready = 0;
+}
+
+static void run(const job *j)
+{
+#pragma omp parallel
+	run_thread(j);
 }
 
 static int gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,

@@ -37,6 +37,7 @@ static inline float get(const void *src, int bf16, int64_t i)
 	return bf16 ? st_bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
 }
 
+#if !ST_HAVE_AVX512 /* the AVX2 tails and the plain loops */
 /* put, and where dst32 is given (bf16 dst only) the stored value's exact
  * fp32 copy at dst32[i] too. */
 static inline void put_keep(void *dst, int bf16, float *dst32, int64_t i, float v)
@@ -52,6 +53,7 @@ static inline float round_keep1(uint16_t *dst, float v)
 	*dst = st_f32_to_bf16(v);
 	return st_bf16_to_f32(*dst);
 }
+#endif
 
 #if ST_HAVE_AVX2 && !ST_HAVE_AVX512
 /* lo, hi (4 doubles each) += a b for the low and high 4 lanes (products
