@@ -12,9 +12,14 @@
 # make's -j: `make -j2 check` runs two at a time), longest first: by the
 # seconds each took in the last run on that build (<build>/tests/durations,
 # written at the end of every run), else by the time limit it declares (30
-# s when it declares none). Each test's line
-# is printed when it ends (with its output's last 40 lines after a failure),
-# so the lines come in the order the tests end.
+# s when it declares none). Tests that mostly wait (paced steps, repair
+# delays, timeouts to be detected: under a third of a core on average, from
+# the CPU seconds their lines show) declare "load: light" in their header
+# (tests/cli/NAME.sh: "# load: light"; tests/NAME.c: " * load: light") and
+# run in a pool of their own, $ST_LIGHT_JOBS at a time (default $ST_JOBS),
+# beside the others; ST_LIGHT_JOBS=0: they take the same slots as the
+# rest. Each test's line is printed when it ends (with its output's last
+# 40 lines after a failure), so the lines come in the order the tests end.
 #
 # A test's exit status: 0 passed; 77 skipped, after printing one line
 #   SKIP hardware: REASON     (this machine lacks something: always a skip)
@@ -32,11 +37,14 @@
 # $ST_CPU_TIMEOUT_SCALE (default 2 on a CPU without AVX-512, whose kernels
 # run about half as fast: the elastic tests took up to 165 of their 200 s on
 # a 2-core Zen 3; else 1) on every build.
-# A shell test whose header has a line "# builds: first" runs on the first
+# A test whose header has a line "builds: first" (tests/cli/NAME.sh:
+# "# builds: first"; tests/NAME.c: " * builds: first") runs on the first
 # build of $BUILDS only (it does not depend on the build: fuzz_short); one
-# with "# builds: sanitized" on the first sanitized build of $BUILDS, or the
+# with "builds: sanitized" on the first sanitized build of $BUILDS, or the
 # first build when none is (elastic_soak_short: its workers are the
-# optimized build's either way).
+# optimized build's either way); one with "builds: optimized" on the builds
+# that are not sanitized (the parity tests against Python peers: what they
+# check is numbers, and their time goes to the peer).
 # Each test's line has its seconds and its processes' CPU seconds. Ends with
 # the skipped tests and their reasons, the 10 slowest tests, the wall time
 # and CPU seconds, the failed tests, and the line "N passed, N failed, N skipped";
@@ -46,6 +54,8 @@ cd "$(dirname "$0")/.."
 BUILDS=${BUILDS:-build}
 JOBS=${ST_JOBS:-1}
 [[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: ST_JOBS='$JOBS' is not a positive number" >&2; exit 2; }
+LIGHT_JOBS=${ST_LIGHT_JOBS:-$JOBS}
+[[ "$LIGHT_JOBS" =~ ^[0-9]+$ ]] || { echo "tests/run.sh: ST_LIGHT_JOBS='$LIGHT_JOBS' is not a number" >&2; exit 2; }
 export ST_ROOT="$PWD"
 # The tests check behaviour on small models, where threads only add barrier
 # waits (and oversubscription on a busy machine makes them very slow); tests
@@ -161,9 +171,14 @@ run_one() {
 }
 
 # The queue: every selected test of every build; then ordered longest first (stable: ties keep this order).
-q_name=() q_src=() q_kind=() q_build=() q_cmd=() q_cost=()
+q_name=() q_src=() q_kind=() q_build=() q_cmd=() q_cost=() q_light=()
 add() { # add NAME SOURCE KIND BUILD PROGRAM (a shell test's: bash SOURCE)
 	[ -n "$filter" ] && [[ "$1" != *"$filter"* ]] && return
+	case $(head -n 40 "$2" 2>/dev/null | sed -nE 's/^(#| \*) builds: ([a-z]+) *$/\2/p' | head -1) in
+	first) [ "${b_first[$4]}" = 1 ] || return 0 ;;
+	sanitized) [ "$4" = "${san_build:-${builds[0]}}" ] || return 0 ;;
+	optimized) [ "${b_san[$4]}" = 0 ] || return 0 ;;
+	esac
 	if [ -n "${b_select[$4]}" ]; then
 		local p ok=0
 		for p in ${b_select[$4]//,/ }; do [[ "${1#"$4"/}" == *"$p"* ]] && ok=1; done
@@ -174,9 +189,11 @@ add() { # add NAME SOURCE KIND BUILD PROGRAM (a shell test's: bash SOURCE)
 	# never run here: the time limit it declares (tests that declare one are
 	# the long ones), else 30 s, times the build's time scale
 	[ -n "$cost" ] || cost=$(($(head -n 40 "$2" | sed -nE 's/^(#| \*) timeout: ([0-9]+) *$/\2/p' | head -1 | grep . || echo 30) * ${b_scale[$4]}))
-	q_name+=("$1") q_src+=("$2") q_kind+=("$3") q_build+=("$4") q_cmd+=("$5") q_cost+=("$cost")
+	local light=0
+	[ "$LIGHT_JOBS" -gt 0 ] && head -n 40 "$2" | grep -qE '^(#| \*) load: light *$' && light=1
+	q_name+=("$1") q_src+=("$2") q_kind+=("$3") q_build+=("$4") q_cmd+=("$5") q_cost+=("$cost") q_light+=("$light")
 }
-declare -A b_scale b_slicetrain b_first b_select
+declare -A b_scale b_slicetrain b_first b_select b_san
 first=1 builds=() san_build=
 for entry in $BUILDS; do
 	[ -z "$san_build" ] && grep -qa __asan_init "${entry%%:*}/slicetrain" 2>/dev/null && san_build=${entry%%:*}
@@ -190,8 +207,8 @@ for entry in $BUILDS; do
 	[ "$b" = "$entry" ] || b_select[$b]=${entry#*:}
 	[ -x "$b/slicetrain" ] || { echo "tests/run.sh: no $b/slicetrain (build it: make BUILD=$b)" >&2; exit 2; }
 	case $b in /*) b_slicetrain[$b]=$b/slicetrain ;; *) b_slicetrain[$b]=$PWD/$b/slicetrain ;; esac
-	b_scale[$b]=$cpu_scale
-	grep -qa __asan_init "$b/slicetrain" && b_scale[$b]=$((${ST_SAN_TIMEOUT_SCALE:-3} * cpu_scale))
+	b_scale[$b]=$cpu_scale b_san[$b]=0
+	grep -qa __asan_init "$b/slicetrain" && b_scale[$b]=$((${ST_SAN_TIMEOUT_SCALE:-3} * cpu_scale)) b_san[$b]=1
 	b_first[$b]=$first
 	for t in "$b"/tests/test_*; do
 		case "$t" in *.o|*.d) continue;; esac
@@ -201,10 +218,6 @@ for entry in $BUILDS; do
 	done
 	for t in tests/cli/*.sh; do
 		[ -e "$t" ] || continue
-		case $(head -n 40 "$t" | sed -n 's/^# builds: //p' | head -1) in
-		first) [ $first -eq 1 ] || continue ;;
-		sanitized) [ "$b" = "${san_build:-${builds[0]}}" ] || continue ;;
-		esac
 		add "$b/cli/$(basename "$t" .sh)" "$t" sh "$b" bash
 	done
 	first=0
@@ -214,10 +227,14 @@ if [ ${#q_name[@]} -eq 0 ]; then
 	exit 2
 fi
 mapfile -t order < <(for i in "${!q_name[@]}"; do echo "$i ${q_cost[$i]}"; done | sort -s -k2,2gr | cut -d' ' -f1)
-echo "tests/run.sh: ${#order[@]} tests, $JOBS at a time, builds: ${builds[*]}"
+nlight=0
+for i in "${order[@]}"; do nlight=$((nlight + q_light[i])); done
+echo "tests/run.sh: ${#order[@]} tests, $JOBS at a time$([ "$nlight" -gt 0 ] &&
+	echo " and $LIGHT_JOBS of the $nlight light ones beside them"), builds: ${builds[*]}"
 
 # start I: test I of the queue in the background, in its scratch directory
 declare -A running=() # pid -> queue index
+busy=(0 0)            # running tests: ordinary, light
 start() {
 	local i=$1 b=${q_build[$1]} dir="$logdir/$1"
 	mkdir -p "$dir"
@@ -231,6 +248,7 @@ start() {
 		run_one "$dir" "${q_name[$1]}" "$(time_limit "${q_src[$1]}" "${b_scale[$b]}")" "${q_kind[$1]}" "${cmd[@]}"
 	) &
 	running[$!]=$i
+	busy[q_light[i]]=$((busy[q_light[i]] + 1))
 }
 # collect: waits for one running test to end and prints its line
 collect() {
@@ -238,6 +256,7 @@ collect() {
 	wait -n -p pid "${!running[@]}"
 	i=${running[$pid]}
 	unset "running[$pid]"
+	busy[q_light[i]]=$((busy[q_light[i]] - 1))
 	dir="$logdir/$i"
 	cat "$dir/line" 2>/dev/null || echo "FAIL ${q_name[$i]}  (the runner lost its result)"
 	case $(cat "$dir/status" 2>/dev/null) in
@@ -253,9 +272,23 @@ collect() {
 }
 trap 'echo "interrupted"; for p in "${!running[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait; exit 130' INT TERM
 
-for i in "${order[@]}"; do
-	while [ ${#running[@]} -ge "$JOBS" ]; do collect; done
-	start "$i"
+# the first test of the queue whose pool has a free slot starts; when none
+# has one, the next test to end frees one
+cap=("$JOBS" "$LIGHT_JOBS")
+queue=("${order[@]}")
+while [ ${#queue[@]} -gt 0 ]; do
+	next=-1
+	for k in "${!queue[@]}"; do
+		i=${queue[k]}
+		[ "${busy[q_light[i]]}" -lt "${cap[q_light[i]]}" ] && { next=$k; break; }
+	done
+	if [ "$next" -lt 0 ]; then
+		collect
+		continue
+	fi
+	start "${queue[next]}"
+	unset "queue[next]"
+	queue=("${queue[@]}")
 done
 while [ ${#running[@]} -gt 0 ]; do collect; done
 
@@ -269,7 +302,8 @@ done
 echo "the 10 slowest (seconds, CPU seconds):"
 sort -k2,2gr "$logdir/times" | head -10 | awk '{ printf "  %7.1f %7.1f  %s\n", $2, $3, $1 }'
 echo "tests/run.sh: $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.0f", b-a}') s wall," \
-	"$(awk '{ t += $3 } END { printf "%.0f", t }' "$logdir/times") CPU seconds in tests, $JOBS at a time;" \
+	"$(awk '{ t += $3 } END { printf "%.0f", t }' "$logdir/times") CPU seconds in tests, $JOBS at a time" \
+	"(and $LIGHT_JOBS light);" \
 	"load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "$pass passed, $fail failed, $skip skipped"

@@ -5,6 +5,8 @@
  * Tolerances (issue 2): loss 1e-5 relative; per tensor, max |g - g_ref| is at
  * most 1e-4 of max |g_ref|. Checked with plain RoPE and with Llama 3.1 scaling.
  * Needs /usr/bin/python3 with Debian's python3-torch (installed by the test setup).
+ * Runs on the builds that are not sanitized (tests/run.sh):
+ * builds: optimized
  */
 #include <stdlib.h>
 #include <string.h>

@@ -8,15 +8,18 @@
 # proof (a hello line at once), with a wrong token's proof, replaying a proof
 # captured from an accepted connection, and one that stops in the middle of
 # its proof. Each is dropped and logged; the run goes on and finishes with 0
-# failures; no process left behind.
+# failures; no process left behind. The run's 60 paced steps (12 s) outlast
+# the fake agents (about 6 s: the silent one waits out the controller's 5 s
+# handshake timeout).
 # timeout: 120
+# load: light
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 # the run's token: a file of ours (the launcher uses it instead of making one)
 printf 'hostile-test token %s\n' "$RANDOM$RANDOM$RANDOM" >"$TMP/token"
 chmod 600 "$TMP/token"
 export SLICETRAIN_TOKEN_FILE="$TMP/token"
-el_start host --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${el_keys[@]}" steps=100 \
+el_start host --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${el_keys[@]}" steps=60 \
 	run_name=host metrics_file="$TMP/host.jsonl"
 addr=
 for _ in $(seq 1 $((300 * el_scale))); do

@@ -1,10 +1,10 @@
-# Elastic launch, a failure: --kill 1@10 (SIGKILL of slice 1's worker once
-# the group completed step 10) on a 2-slice run of 40 steps (dcn_data -1, so
+# Elastic launch, a failure: --kill 1@5 (SIGKILL of slice 1's worker once
+# the group completed step 5) on a 2-slice run of 30 steps (dcn_data -1, so
 # 2 slices, then 1, then 2 again), --repair-delay 2. The run finishes (exit
 # 0); the summary shows 1 failure and 2 resizes, the metrics file a failure,
 # a shrink, restores and a grow; steps lost at most the checkpoint period
 # (5); the final weights within 1e-4 relative (per tensor, by norm) of a
-# fault-free 2-slice run of the same 40 steps, and in fact bit-identical; every trained sample index at
+# fault-free 2-slice run of the same 30 steps, and in fact bit-identical; every trained sample index at
 # its step, those from the restore on exactly once; no process left behind.
 # Three times: the DCN data axis -1, the same with 2 devices per slice
 # (ici_data 2), then the DCN FSDP axis -1 (dcn_data 1); on a sanitized
@@ -21,6 +21,7 @@
 # all-reduce sums four). The DCN FSDP axis changes every shard: the group
 # restarts from the newest checkpoint (at most the checkpoint period lost).
 # timeout: 200
+# load: light
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/../mesh_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
@@ -36,7 +37,7 @@ scenario() {
 		metrics_file="$TMP/ref$n.jsonl" >"$TMP/ref$n.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref$n.out")"
 
 	SLICETRAIN_SAMPLE_LOG="$TMP/samples$n" el_start kill$n --num-slices 2 --min-slices 1 --devices-per-slice $dps \
-		--repair-delay 2 --kill 1@10 -- "${keys[@]}" run_name=kill$n metrics_file="$TMP/kill$n.jsonl"
+		--repair-delay 2 --kill 1@5 -- "${keys[@]}" run_name=kill$n metrics_file="$TMP/kill$n.jsonl"
 	el_wait kill$n 90
 	status_is "$n: elastic run with a kill" "$el_rc" 0 "$TMP/kill$n.err"
 	grep -E '^slicetrain controller: .*(State Transition|failure detected|recovery|growth|resumed)' "$TMP/kill$n.err" |
@@ -77,7 +78,7 @@ PY
 			fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
 	done
 	[ -f "$TMP/hf-kill$n/model.safetensors" ] && mesh_compare_weights "$TMP/hf-ref$n/model.safetensors" \
-		"$TMP/hf-kill$n/model.safetensors" "$n: kill 1@10 vs fault-free"
+		"$TMP/hf-kill$n/model.safetensors" "$n: kill 1@5 vs fault-free"
 	# more, with one device per slice: the same bits. Steps on one slice sum
 	# their two micro-batches as the all-reduce sums two slices'
 	# (src/train/train.c, sum_micro_batch), and rolled-back steps are trained

@@ -9,7 +9,7 @@
 #   descendant (pid, start time) of the launcher while it runs.
 # el_wait NAME SECONDS: wait for the launcher (SIGKILL after SECONDS, times
 #   $el_scale: 2 on a sanitized build, 3 with sanitized workers, where
-#   el_steps is 30 instead of 40; twice that without AVX-512); its
+#   el_steps is 24 instead of 30; twice that without AVX-512); its
 #   exit status in $el_rc; then no descendant may still run (else a failure).
 # el_summary NAME: the summary line of the run's stdout, as KEY=VALUE lines.
 # el_events NAME METRICS: the kinds of the event lines of METRICS, in order.
@@ -28,15 +28,16 @@ fi
 # paced instead, every step lasting el_floor seconds
 # (SLICETRAIN_MIN_STEP_SECONDS; the workers sleep the rest): the scenarios
 # need steps slow enough for a slice to come back before the run ends (with
-# el_steps 40 and a fault at step 10, 2 s of repair and about 1 s to
-# re-form: back near step 25), on any CPU, without the CPU time of a batch
-# that is slow by itself. The fault-free reference runs are not paced.
+# el_steps 30 and a fault at step 5, 2 s of repair and 0.2-0.5 s to
+# re-form: back near step 17, with 2-3 s to spare for a re-formation slowed
+# by a loaded machine), on any CPU, without the CPU time of a batch that is
+# slow by itself. The fault-free reference runs are not paced.
 # el_ref: the binary of the fault-free reference runs the elastic runs are
 # compared with (a baseline, not the code under test): the workers' binary,
 # so that the comparison is between the same code (and a sanitized build
 # does not train the reference sanitized, which took most of its time).
 # el_san: 1 on a sanitized build.
-el_scale=1 el_steps=40 el_batch=4 el_seq=128 el_floor=0.2 el_ref=$SLICETRAIN el_san=0
+el_scale=1 el_steps=30 el_batch=4 el_seq=128 el_floor=0.2 el_ref=$SLICETRAIN el_san=0
 if grep -qa __asan_init "$SLICETRAIN"; then
 	el_san=1
 	el_opt=$(dirname "$SLICETRAIN"); el_opt=${el_opt%-san}/slicetrain
@@ -45,7 +46,7 @@ if grep -qa __asan_init "$SLICETRAIN"; then
 		el_ref=$el_opt
 		el_scale=2
 	else
-		el_scale=3 el_steps=30
+		el_scale=3 el_steps=24
 	fi
 fi
 # the waits twice as long on a CPU without AVX-512 (about half the speed;

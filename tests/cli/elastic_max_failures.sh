@@ -8,6 +8,7 @@
 # group needs it to reach --min-slices. Fewer than --min-slices healthy for
 # --wait-timeout seconds: exit 3. Then SIGTERM to the launcher mid-run: exit 143. No process of any run left behind.
 # timeout: 200
+# load: light
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 keys=("${el_keys[@]}" steps=40)

@@ -9,6 +9,7 @@
 # grows back, exits 0 with 1 preemption, 0 failures and every sample index
 # trained exactly once, at its step. No process left behind.
 # timeout: 150
+# load: light
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 steps=$el_steps

@@ -1,5 +1,5 @@
-# Elastic launch, a preemption: --preempt 1@10 (a preemption notice to slice
-# 1's agent once the group completed step 10) on a 2-slice run of 40 steps,
+# Elastic launch, a preemption: --preempt 1@5 (a preemption notice to slice
+# 1's agent once the group completed step 5) on a 2-slice run of 30 steps,
 # --repair-delay 2. The group saves and stops (exit 143), goes on on slice 0
 # and grows back: exit 0, the summary counts 1 preemption, 0 failures, 2
 # resizes and 0 steps lost; every sample index 0..N-1 trained exactly once,
@@ -9,13 +9,14 @@
 # SIGTERM to one agent (a real notice), then to one worker: each counted as
 # a preemption, 0 steps lost. No process of any run left behind.
 # timeout: 200
+# load: light
 . "$(dirname "$0")/../cli_lib.sh"
 . "$(dirname "$0")/elastic_lib.sh"
 steps=$el_steps
 keys=("${el_keys[@]}" steps=$steps)
 
 SLICETRAIN_SAMPLE_LOG="$TMP/samples" el_start pre --num-slices 2 --min-slices 1 --devices-per-slice 1 \
-	--repair-delay 2 --preempt 1@10 -- "${keys[@]}" run_name=pre metrics_file="$TMP/pre.jsonl"
+	--repair-delay 2 --preempt 1@5 -- "${keys[@]}" run_name=pre metrics_file="$TMP/pre.jsonl"
 # slicetrain nodes against the running controller, once a step completed
 addr=
 for _ in $(seq 1 $((300 * el_scale))); do

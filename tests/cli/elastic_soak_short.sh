@@ -13,6 +13,7 @@
 # build would repeat the same training with an unsanitized launcher,
 # controller and agents (which the other elastic tests run there).
 # timeout: 240
+# load: light
 # builds: sanitized
 . "$(dirname "$0")/../cli_lib.sh"
 need_python numpy

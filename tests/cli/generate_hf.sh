@@ -6,6 +6,7 @@
 # shards with an index, tied embeddings, Llama 3.1 RoPE scaling, grouped
 # query attention. Needs .venv-test (scripts/install-deps.sh --test).
 # timeout: 300
+# builds: optimized
 . "$(dirname "$0")/../cli_lib.sh"
 py=${ST_HF_PYTHON:-$ST_ROOT/.venv-test/bin/python}
 "$py" -c 'import transformers, tokenizers, safetensors, torch' 2>/dev/null \

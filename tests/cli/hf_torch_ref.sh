@@ -3,6 +3,7 @@
 # reads safetensors) computes on step 3's batch the loss slicetrain printed
 # for step 3 (1e-5 relative). Importing the exported directory
 # (load_parameters_path) and exporting again reproduces the weights bit for bit.
+# builds: optimized
 . "$(dirname "$0")/../cli_lib.sh"
 ref="$ST_ROOT/../shared/bench/torch_llama_ref.py"
 [ -f "$ref" ] || skip_dep "$ref not present (shared bench)"

@@ -9,6 +9,7 @@
 # tensors once). First the oracle's own self-test (its --train against
 # torch.optim.AdamW and a hand-evaluated schedule; its gradients against
 # finite differences).
+# builds: optimized
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/mesh_lib.sh"
 need_python numpy torch

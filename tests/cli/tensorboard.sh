@@ -56,8 +56,13 @@ bad_dir "a file named tensorboard" "cannot create the TensorBoard directory: .*t
 	run_name=tbfile
 bad_dir "under /proc" "cannot create the TensorBoard directory: /proc/self/x" base_output_directory=/proc/self/x run_name=y
 
-# 4. elastic: slice 1 preempted after step 2 and back 1 s later; a file per generation
-OMP_NUM_THREADS=1 "$SLICETRAIN" launch --threads-per-device 1 --num-slices 2 --min-slices 1 --devices-per-slice 1 \
+# 4. elastic: slice 1 preempted after step 2 and back 1 s later; a file per
+# generation. Steps paced to 0.05 s (SLICETRAIN_MIN_STEP_SECONDS; about 0.015
+# s each unpaced here), so that the group grows back near step 30 of 60 on any
+# CPU and the controller's last event ("reform") is in the metrics file
+# before the last step reads it: unpaced on a fast CPU the slice came back
+# at step 58 and the run ended before its "reform" line was written.
+OMP_NUM_THREADS=1 SLICETRAIN_MIN_STEP_SECONDS=0.05 "$SLICETRAIN" launch --threads-per-device 1 --num-slices 2 --min-slices 1 --devices-per-slice 1 \
 	--preempt 1@2:1 -- "$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=8 max_target_length=128 \
 	checkpoint_period=5 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o" run_name=el steps=60 \
 	eval_interval=10 metrics_file="$TMP/el.jsonl" >"$TMP/el.out" 2>"$TMP/el.err"

@@ -14,6 +14,7 @@
 # PARITY_MB (default 0.3) sizes the corpus: `make tokenizer-parity` runs it
 # with 10 (docs/data.md).
 # timeout: 240
+# builds: optimized
 . "$(dirname "$0")/../cli_lib.sh"
 py="$ST_ROOT/.venv-test/bin/python"
 "$py" -c 'import tokenizers' 2>/dev/null || skip_dep "no .venv-test with tokenizers (scripts/install-deps.sh --test)"
