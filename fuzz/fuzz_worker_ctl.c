@@ -93,9 +93,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	static char var[64];
 	snprintf(var, sizeof(var), "SLICETRAIN_CONTROL_FD=%d", sv[0]);
 	FUZZ_ASSERT(putenv(var) == 0);
-	st_worker_ctl *w = NULL;
-	FUZZ_ASSERT(st_worker_ctl_open(&w) == 0 && w);
+	st_elastic_env ee;
+	FUZZ_ASSERT(st_elastic_env_read(&ee) == 0 && ee.control_fd == sv[0]);
 	FUZZ_ASSERT(!getenv("SLICETRAIN_CONTROL_FD"));
+	st_worker_ctl *w = NULL;
+	FUZZ_ASSERT(st_worker_ctl_open(&w, ee.control_fd) == 0 && w);
 	int dead = 0;
 	for (size_t off = 0; off < size && !dead; off += piece) {
 		size_t n = size - off < piece ? size - off : piece;

@@ -1,7 +1,8 @@
 /*
  * Bootstrap inputs: st_group_env_read for each launcher convention, their
- * precedence and malformed values (one case each), and the rendezvous
- * store (operations, waiting, malformed requests, random garbage).
+ * precedence and malformed values (one case each), the elastic launcher's
+ * variables (st_elastic_env_read), the rendezvous store (operations,
+ * waiting, malformed requests, random garbage), and st_wrap.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -401,8 +402,70 @@ static void test_single_group(void)
 	st_group_leave(NULL);
 }
 
+/* The elastic launcher's variables (st_elastic_env_read): absent, each set,
+ * and malformed ones refused naming the variable. */
+static void test_elastic_env(void)
+{
+	static const char *const vars[] = {"SLICETRAIN_GENERATION", "SLICETRAIN_JOIN", "SLICETRAIN_ELASTIC_MAX_DEVICES",
+					   "SLICETRAIN_CONTROL_FD"};
+	for (int i = 0; i < 4; i++)
+		unsetenv(vars[i]);
+	st_elastic_env e;
+	CHECK(st_elastic_env_read(&e) == 0);
+	CHECK(e.generation == -1 && !e.joiner && e.max_devices == 0 && e.control_fd == -1);
+	/* empty values count as absent, as the launcher leaves them */
+	setenv("SLICETRAIN_GENERATION", "", 1);
+	setenv("SLICETRAIN_ELASTIC_MAX_DEVICES", "", 1);
+	CHECK(st_elastic_env_read(&e) == 0 && e.generation == -1 && e.max_devices == 0);
+	setenv("SLICETRAIN_GENERATION", "7", 1);
+	setenv("SLICETRAIN_JOIN", "1", 1);
+	setenv("SLICETRAIN_ELASTIC_MAX_DEVICES", "4", 1);
+	setenv("SLICETRAIN_CONTROL_FD", "9", 1);
+	CHECK(st_elastic_env_read(&e) == 0);
+	CHECK(e.generation == 7 && e.joiner && e.max_devices == 4 && e.control_fd == 9);
+	CHECK_MSG(!getenv("SLICETRAIN_CONTROL_FD"), "SLICETRAIN_CONTROL_FD is left for child processes");
+	setenv("SLICETRAIN_JOIN", "0", 1);
+	CHECK(st_elastic_env_read(&e) == 0 && !e.joiner);
+	static const struct {
+		const char *var, *value;
+	} bad[] = {
+		{"SLICETRAIN_GENERATION", "x"}, {"SLICETRAIN_GENERATION", "-1"}, {"SLICETRAIN_GENERATION", "3 "},
+		{"SLICETRAIN_JOIN", "2"}, {"SLICETRAIN_JOIN", "yes"}, {"SLICETRAIN_ELASTIC_MAX_DEVICES", "0"},
+		{"SLICETRAIN_ELASTIC_MAX_DEVICES", "99999999999999999999"}, {"SLICETRAIN_CONTROL_FD", ""},
+		{"SLICETRAIN_CONTROL_FD", "2"}, {"SLICETRAIN_CONTROL_FD", "fd"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		for (int k = 0; k < 4; k++)
+			unsetenv(vars[k]);
+		setenv(bad[i].var, bad[i].value, 1);
+		int rc = st_elastic_env_read(&e);
+		CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), bad[i].var), "%s='%s': rc %d, '%s'", bad[i].var,
+			  bad[i].value, rc, st_errmsg());
+	}
+	for (int i = 0; i < 4; i++)
+		unsetenv(vars[i]);
+}
+
+/* st_wrap: the current message under a prefix, with the code given. */
+static void test_wrap(void)
+{
+	st_fail(ST_EIO, "disk full");
+	CHECK(st_wrap(ST_EINVAL, "saving %s", "step 5") == ST_EINVAL);
+	CHECK_MSG(!strcmp(st_errmsg(), "saving step 5: disk full"), "'%s'", st_errmsg());
+	char big[2000];
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = 0;
+	st_fail(ST_EIO, "%s", big);
+	CHECK(st_wrap(ST_EIO, "p") == ST_EIO && !strncmp(st_errmsg(), "p: xxx", 6));
+	st_fail(ST_EIO, "inner");
+	st_wrap(ST_EIO, "%s", big); /* a prefix filling the buffer: cut, no overflow */
+	CHECK(strlen(st_errmsg()) < 1024);
+}
+
 int main(void)
 {
+	test_elastic_env();
+	test_wrap();
 	test_env();
 	test_hostport();
 	test_store();

@@ -34,6 +34,11 @@ enum {
 int st_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The last message recorded on this thread ("" if none). */
 const char *st_errmsg(void);
+/* Wrap that message with a prefix: "PREFIX: MESSAGE" (printf-style
+ * prefix), and return code, the error's own or another:
+ *   if ((rc = st_llama_check_config(c, NULL)) < 0)
+ *           return st_wrap(ST_EINVAL, "%s", where);   */
+int st_wrap(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Process exit status for an error code: 0 for ST_OK, 2 for ST_EINVAL, 3 for
  * ST_EPEER (a peer failed: the elastic layer restarts the group), 1 otherwise. */
 int st_exit_status(int code);

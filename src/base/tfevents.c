@@ -329,9 +329,7 @@ int st_tfevents_open(st_tfevents **out, const char *dir)
 		return st_fail(ST_EINVAL, "TensorBoard directory: empty path");
 	int rc = st_mkdir_p(dir);
 	if (rc < 0) {
-		char why[600];
-		snprintf(why, sizeof(why), "%s", st_errmsg());
-		return st_fail(rc, "cannot create the TensorBoard directory: %s", why);
+		return st_wrap(rc, "cannot create the TensorBoard directory");
 	}
 	st_tfevents *w = calloc(1, sizeof(*w));
 	if (!w)

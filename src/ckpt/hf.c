@@ -38,9 +38,7 @@ static int model_tensors(const st_config *c, const char *where, st_tensor **out,
 	*out = NULL;
 	*n = 0;
 	if ((rc = st_llama_check_config(c, NULL)) < 0) {
-		char msg[512];
-		snprintf(msg, sizeof(msg), "%s", st_errmsg());
-		return st_fail(ST_EINVAL, "%s: %s", where, msg);
+		return st_wrap(ST_EINVAL, "%s", where);
 	}
 	st_llama_shape_from_config(&s, c);
 	nt = st_llama_num_tensors(&s);
@@ -178,9 +176,7 @@ int st_ckpt_export_hf(const char *ckpt, const char *out_dir, int64_t shard_bytes
 		goto out;
 	r.dir = step_dir;
 	if ((rc = st_config_from_json(&c, m.config_json)) < 0) {
-		char msg[512];
-		snprintf(msg, sizeof(msg), "%s", st_errmsg());
-		rc = st_fail(ST_EINVAL, "%s/%s: %s", step_dir, CK_MANIFEST, msg);
+		rc = st_wrap(ST_EINVAL, "%s/%s", step_dir, CK_MANIFEST);
 		goto out;
 	}
 	if ((rc = model_tensors(&c, step_dir, &want, &nwant)) < 0)

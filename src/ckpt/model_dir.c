@@ -202,9 +202,7 @@ int st_ckpt_model_config(const char *dir, st_config *c, char *path, size_t cap, 
 	if (!m.config_json)
 		rc = st_fail(ST_EINVAL, "%s/%s: no config", p, CK_MANIFEST);
 	else if ((rc = st_config_from_json(c, m.config_json)) < 0) {
-		char msg[1024];
-		snprintf(msg, sizeof(msg), "%s", st_errmsg());
-		rc = st_fail(ST_EINVAL, "%s/%s: %s", p, CK_MANIFEST, msg);
+		rc = st_wrap(ST_EINVAL, "%s/%s", p, CK_MANIFEST);
 	}
 	ck_manifest_free(&m);
 	if (rc == 0)

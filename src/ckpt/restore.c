@@ -33,13 +33,8 @@ static int agree(st_comm *comm, int local, int *global)
 	return 0;
 }
 
-/* Fail again with the current message under another code (the message is copied first). */
-static int refail(int code)
-{
-	char msg[1024];
-	snprintf(msg, sizeof(msg), "%s", st_errmsg());
-	return st_fail(code, "%s", msg);
-}
+/* Fail again with the current message under another code. */
+static int refail(int code) { return code; }
 
 static int classify(int rc)
 {

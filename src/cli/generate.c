@@ -371,9 +371,7 @@ int st_cmd_generate(int argc, char **argv)
 		if ((rc = st_tok_state_new(&ts, w.tok)) < 0)
 			goto fail;
 		if ((rc = st_tokenizer_encode(ts, text, len, &prompt)) < 0) {
-			char msg[512];
-			snprintf(msg, sizeof(msg), "%s", st_errmsg());
-			rc = st_fail(rc, "the prompt: %s", msg);
+			rc = st_wrap(rc, "the prompt");
 			goto fail;
 		}
 	}

@@ -54,6 +54,26 @@ typedef struct st_group_env {
  * Malformed or inconsistent values: ST_EINVAL naming the variable. */
 int st_group_env_read(st_group_env *e);
 
+/*
+ * What the elastic launcher's agent tells a worker besides its place
+ * (docs/elastic.md); none of it set: not under the elastic launcher.
+ *   SLICETRAIN_GENERATION           the group's generation (logs; metrics_file appended to)
+ *   SLICETRAIN_JOIN=1               this worker joins a running group: a peer sends it the state
+ *   SLICETRAIN_ELASTIC_MAX_DEVICES  the group's device count at its maximum size (the global batch)
+ *   SLICETRAIN_CONTROL_FD           the agent's control channel (elastic/worker.h); unset once
+ *                                   read, so that processes this one starts do not inherit it
+ */
+typedef struct st_elastic_env {
+	long long generation;  /* -1: not set */
+	int joiner;            /* SLICETRAIN_JOIN=1 */
+	long long max_devices; /* 0: not set */
+	int control_fd;        /* -1: not set */
+} st_elastic_env;
+
+/* Read once per process, at the trainer's start. Malformed values: ST_EINVAL
+ * naming the variable. */
+int st_elastic_env_read(st_elastic_env *e);
+
 typedef struct st_group_opts {
 	int timeout_ms;   /* failure detection bound; 0 = SLICETRAIN_COMM_TIMEOUT_MS, else 5000 */
 	int use_shm;      /* 1 (default when 0 is not forced by -1): shared memory inside a host and slice */

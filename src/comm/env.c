@@ -335,3 +335,42 @@ int st_group_env_read(st_group_env *e)
 		return r;
 	return read_coordinator(c, e, &o);
 }
+
+/* An elastic variable: unset or empty -> 1 (absent), else parsed (0) or ST_EINVAL. */
+static int elastic_var(const char *name, long lo, long hi, long *out, const char *what)
+{
+	const char *v = get(name);
+	if (!v || !*v)
+		return 1;
+	if (st_parse_long(v, lo, hi, out) < 0)
+		return st_fail(ST_EINVAL, "%s='%s' is not %s", name, v, what);
+	return 0;
+}
+
+int st_elastic_env_read(st_elastic_env *e)
+{
+	long x;
+	int r;
+	*e = (st_elastic_env){.generation = -1, .joiner = 0, .max_devices = 0, .control_fd = -1};
+	if ((r = elastic_var("SLICETRAIN_GENERATION", 0, 1L << 40, &x, "a generation number (0 or more)")) < 0)
+		return r;
+	if (r == 0)
+		e->generation = x;
+	if ((r = elastic_var("SLICETRAIN_JOIN", 0, 1, &x, "0 or 1")) < 0)
+		return r;
+	e->joiner = r == 0 && x == 1;
+	if ((r = elastic_var("SLICETRAIN_ELASTIC_MAX_DEVICES", 1, MAX_WORLD, &x,
+			     "a device count (a whole number >= 1: the group's devices at its maximum size)")) < 0)
+		return r;
+	if (r == 0)
+		e->max_devices = x;
+	const char *fd = get("SLICETRAIN_CONTROL_FD");
+	if (fd) {
+		if (st_parse_long(fd, 3, 1 << 20, &x) < 0)
+			return st_fail(ST_EINVAL, "SLICETRAIN_CONTROL_FD='%s' is not the number of an open stream socket",
+				       fd);
+		e->control_fd = (int)x;
+		unsetenv("SLICETRAIN_CONTROL_FD"); /* not for the processes this one might start */
+	}
+	return 0;
+}

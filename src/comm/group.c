@@ -1142,9 +1142,7 @@ static int listen_transport(st_group *g, st_store *s, char *me_addr, size_t cap)
 	else if (st_store_local_addr(s, me_addr, cap) < 0)
 		snprintf(me_addr, cap, "127.0.0.1");
 	if ((r = st_auth_check_bind(&g->tok, me_addr)) < 0) {
-		char why[900];
-		snprintf(why, sizeof(why), "%s", st_errmsg());
-		return st_fail(r, "worker group: %s", why);
+		return st_wrap(r, "worker group");
 	}
 	if ((r = st_tcp_listen(me_addr, 0, 4096, &g->tcp_lfd, &lport)) < 0)
 		return st_fail(r == -EADDRNOTAVAIL ? ST_EINVAL : ST_EIO, "worker group: cannot listen on %s%s: %s",
@@ -1352,9 +1350,7 @@ static int connect_group(st_group *g, const st_group_env *e)
 	if (st_split_hostport(e->coordinator, host, sizeof(host), &port) < 0)
 		return st_fail(ST_EINVAL, "worker group: coordinator '%s' is not host:port", e->coordinator);
 	if ((r = st_auth_check_bind(&g->tok, host)) < 0) {
-		char why[900];
-		snprintf(why, sizeof(why), "%s", st_errmsg());
-		return st_fail(r, "worker group (coordinator %s, from %s): %s", e->coordinator, e->source, why);
+		return st_wrap(r, "worker group (coordinator %s, from %s)", e->coordinator, e->source);
 	}
 	if ((r = open_listeners(g, e, host, port)) < 0 || (r = meet_through_store(g, e, host, port, deadline)) < 0 ||
 	    (r = start_monitor(g)) < 0)

@@ -199,7 +199,7 @@ static int is_quoted(const char *s, size_t len)
 int st_cvalue_parse(const char *key, const char *text, st_ynode **out)
 {
 	size_t len = strlen(text);
-	char name[300], problem[600];
+	char name[300];
 	int rc;
 
 	*out = NULL;
@@ -209,8 +209,7 @@ int st_cvalue_parse(const char *key, const char *text, st_ynode **out)
 	}
 	snprintf(name, sizeof(name), "value of '%.200s'", key);
 	if ((rc = st_yaml_parse(name, text, len, out)) < 0) {
-		snprintf(problem, sizeof(problem), "%s", st_errmsg());
-		return st_fail(rc, "command line: cannot parse %.200s=%.200s: %s", key, text, problem);
+		return st_wrap(rc, "command line: cannot parse %.200s=%.200s", key, text);
 	}
 	if (!*out || (*out)->kind != (text[0] == '[' ? ST_Y_SEQ : text[0] == '{' ? ST_Y_MAP : ST_Y_SCALAR)) {
 		st_ynode_free(*out);

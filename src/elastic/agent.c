@@ -22,6 +22,7 @@
 #include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/status.h"
 #include "comm/net.h"
 #include "elastic/proto.h"
 
@@ -635,7 +636,7 @@ static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 		if ((rc = st_proto_get_int(m, "gen", 0, (1LL << 53), &gen)) < 0 ||
 		    (rc = st_proto_get_str(m, "how", &how)) < 0)
 			return rc;
-		int sig = !strcmp(how, "resize") ? SIGUSR1 : !strcmp(how, "notice") ? SIGTERM
+		int sig = !strcmp(how, "resize") ? ST_SIG_RESIZE : !strcmp(how, "notice") ? ST_SIG_NOTICE
 							 : !strcmp(how, "kill")   ? SIGKILL : 0;
 		if (!sig)
 			return st_fail(ST_EPROTO, "protocol: \"how\" is '%s', not resize, notice or kill", how);
@@ -792,10 +793,8 @@ static int serve(agent *a, int wake)
 				break;
 			}
 			if (r < 0) {
-				char msg[512];
-				snprintf(msg, sizeof(msg), "%s", st_errmsg());
-				rc = st_fail(r, "agent: the controller at %s %s: %s", o->controller,
-					     r == ST_EPEER ? "is gone" : "broke the protocol", msg);
+				rc = st_wrap(r, "agent: the controller at %s %s", o->controller,
+					     r == ST_EPEER ? "is gone" : "broke the protocol");
 				break;
 			}
 		}

@@ -25,6 +25,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/status.h"
 #include "comm/mesh.h"
 #include "config/config.h"
 #include "elastic/proto.h"
@@ -351,9 +352,7 @@ static int mesh_for(const st_ctl *c, int k, st_mesh *m)
 {
 	int rc = st_mesh_resolve(m, c->cfg, k, c->o.devices_per_slice);
 	if (rc < 0) {
-		char why[400];
-		snprintf(why, sizeof(why), "%s", st_errmsg());
-		return st_fail(rc, "the mesh does not resolve for %d slice%s: %s", k, k == 1 ? "" : "s", why);
+		return st_wrap(rc, "the mesh does not resolve for %d slice%s", k, k == 1 ? "" : "s");
 	}
 	for (int a = 0; a < ST_NAXES; a++) {
 		int64_t v = dcn_value(c->cfg, a);
@@ -743,9 +742,9 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 		return;
 	if (code == 0)
 		return;
-	if (code == 138 && (g->stop_how == STOP_RESIZE || g->stop_how == STOP_NOTICE))
+	if (code == ST_EXIT_RESIZE && (g->stop_how == STOP_RESIZE || g->stop_how == STOP_NOTICE))
 		return;
-	if (code == 143 && (g->stop_how == STOP_NOTICE || (!g->failed && g->stop_how == STOP_NONE))) {
+	if (code == ST_EXIT_NOTICE && (g->stop_how == STOP_NOTICE || (!g->failed && g->stop_how == STOP_NONE))) {
 		if (g->stop_how == STOP_NONE) {
 			/* SIGTERM from outside to a worker: a preemption notice */
 			g->stop_how = STOP_NOTICE;
@@ -754,23 +753,23 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 			transition(c, S_RESIZING, "worker rank %d of slice %d got a preemption notice (SIGTERM)", r,
 				   w->slice);
 		}
-		if (signal == SIGTERM)
+		if (signal == ST_SIG_NOTICE)
 			notice_unsaved(c, r, "was killed by its SIGTERM");
 		return;
 	}
-	if (code == 138 && !g->failed && g->stop_how == STOP_NONE) {
+	if (code == ST_EXIT_RESIZE && !g->failed && g->stop_how == STOP_NONE) {
 		g->stop_how = STOP_RESIZE; /* SIGUSR1 from outside: saved, stopped */
 		g->stop_mono = st_mono_s();
 		transition(c, S_RESIZING, "worker rank %d of slice %d stopped after a resize request (SIGUSR1)", r,
 			   w->slice);
 		return;
 	}
-	if (code == 2) {
+	if (code == ST_EXIT_BAD_INPUT) {
 		g->bad_input = 1;
 		gen_failure(c, -1, "worker rank %d exited with status 2 (bad input)", r);
 		return;
 	}
-	if (code == 3)
+	if (code == ST_EXIT_PEER)
 		gen_failure(c, -1, "worker rank %d of slice %d exited with status 3 (a peer failed)", r, w->slice);
 	else if (code == -1)
 		gen_failure(c, w->slice, "worker rank %d of slice %d was lost with its agent", r, w->slice);
@@ -791,7 +790,7 @@ static int account_failure(st_ctl *c)
 		any |= g->culprit[s];
 	if (!any) /* only "a peer failed" reports: blame the first reporter's slice */
 		for (int r = 0; r < g->world && !any; r++)
-			if (g->w[r].code == 3)
+			if (g->w[r].code == ST_EXIT_PEER)
 				g->culprit[g->w[r].slice] = any = 1;
 	int bad[64], nb = 0;
 	for (int s = 0; s < c->o.num_slices; s++) {
@@ -1174,7 +1173,7 @@ static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 		    (rc = st_proto_get_int(m, "signal", 0, 64, &sig)) < 0 ||
 		    (rc = st_proto_get_int(m, "pid", 0, 1LL << 40, &pid)) < 0)
 			return rc;
-		int code = st >= 0 ? (int)st : 128 + (int)sig;
+		int code = st >= 0 ? (int)st : st_exit_signal((int)sig);
 		if (st < 0 && !sig)
 			code = -1;
 		worker_exited(c, r, code, st < 0 ? (int)sig : 0);
@@ -1510,7 +1509,7 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	if (c->o.wait_timeout_s == 0)
 		c->o.wait_timeout_s = 600;
 	snprintf(c->listen_host, sizeof(c->listen_host), "%s", o->listen_host ? o->listen_host : "127.0.0.1");
-	int rc = 0;
+	int rc = ST_ENOMEM; /* until the allocations are done */
 	for (int i = 0; i < MAX_CONNS; i++)
 		c->conns[i].pc.fd = -1;
 	c->events = json_array();
@@ -1519,17 +1518,13 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	c->sl = calloc((size_t)o->num_slices, sizeof(slice));
 	c->faults = calloc((size_t)o->nfaults + 1, sizeof(st_ctl_fault));
 	c->args = calloc((size_t)o->nkv + 3, sizeof(char *));
-	if (!c->events || !c->recovery || !c->cfg || !c->sl || !c->faults || !c->args) {
-		st_ctl_destroy(c);
-		return st_fail(ST_ENOMEM, "out of memory");
-	}
+	if (!c->events || !c->recovery || !c->cfg || !c->sl || !c->faults || !c->args)
+		goto out;
 	if (o->nfaults)
 		memcpy(c->faults, o->faults, (size_t)o->nfaults * sizeof(st_ctl_fault));
 	for (int s = 0; s < o->num_slices; s++) {
-		if (!(c->sl[s].h = calloc((size_t)o->hosts_per_slice, sizeof(host)))) {
-			st_ctl_destroy(c);
-			return st_fail(ST_ENOMEM, "out of memory");
-		}
+		if (!(c->sl[s].h = calloc((size_t)o->hosts_per_slice, sizeof(host))))
+			goto out;
 		c->sl[s].backoff = 1;
 		c->sl[s].fault_down = -1;
 		for (int h = 0; h < o->hosts_per_slice; h++)
@@ -1539,34 +1534,26 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	st_log_quiet(1);
 	rc = st_config_load(c->cfg, o->config_path, o->nkv, o->kv);
 	st_log_quiet(0);
-	if (rc < 0) {
-		st_ctl_destroy(c);
-		return rc;
-	}
+	if (rc < 0)
+		goto out;
 	if (!c->cfg->enable_checkpointing) {
-		st_ctl_destroy(c);
-		return st_fail(ST_EINVAL, "elastic runs resume from checkpoints: enable_checkpointing must be true");
+		rc = st_fail(ST_EINVAL, "elastic runs resume from checkpoints: enable_checkpointing must be true");
+		goto out;
 	}
 	st_mesh m;
-	if ((rc = mesh_for(c, o->num_slices, &m)) < 0) {
-		st_ctl_destroy(c);
-		return rc;
-	}
+	if ((rc = mesh_for(c, o->num_slices, &m)) < 0)
+		goto out;
 	if ((rc = mesh_for(c, o->min_slices, &m)) < 0) {
-		char why[400];
-		snprintf(why, sizeof(why), "%s", st_errmsg());
-		st_fail(rc, "the group cannot run on --min-slices %d: %s", o->min_slices, why);
-		st_ctl_destroy(c);
-		return rc;
+		rc = st_wrap(rc, "the group cannot run on --min-slices %d", o->min_slices);
+		goto out;
 	}
 	for (int k = o->min_slices + 1; k < o->num_slices; k++)
 		if (mesh_for(c, k, &m) < 0)
 			st_warn("the group cannot run on %d slice%s: %s", k, k == 1 ? "" : "s", st_errmsg());
 	c->steps = c->cfg->steps > 0 ? c->cfg->steps : 0;
-	if (!(c->kept = calloc((size_t)c->steps + 1, sizeof(double)))) {
-		st_ctl_destroy(c);
-		return st_fail(ST_ENOMEM, "out of memory");
-	}
+	rc = ST_ENOMEM;
+	if (!(c->kept = calloc((size_t)c->steps + 1, sizeof(double))))
+		goto out;
 	/* the workers' arguments: as given, with the resolved run_name pinned so
 	 * that every generation resumes the same run */
 	int has_run_name = 0;
@@ -1582,16 +1569,12 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 		c->args[c->nargs++] = strdup(b);
 	}
 	for (int i = 0; i < c->nargs; i++)
-		if (!c->args[i]) {
-			st_ctl_destroy(c);
-			return st_fail(ST_ENOMEM, "out of memory");
-		}
+		if (!c->args[i])
+			goto out;
 	if (o->token)
 		c->tok = *o->token;
-	if ((rc = st_auth_check_bind(&c->tok, c->listen_host)) < 0 || (rc = listen_on(c, c->listen_host, o->port)) < 0) {
-		st_ctl_destroy(c);
-		return rc;
-	}
+	if ((rc = st_auth_check_bind(&c->tok, c->listen_host)) < 0 || (rc = listen_on(c, c->listen_host, o->port)) < 0)
+		goto out;
 	c->state = S_INITIALIZING;
 	c->start_mono = log_t0 = st_mono_s();
 	c->start_wall = c->state_since = wall_s();
@@ -1601,6 +1584,11 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	      o->repair_delay);
 	*out = c;
 	return 0;
+out:
+	if (rc == ST_ENOMEM)
+		st_fail(ST_ENOMEM, "out of memory");
+	st_ctl_destroy(c); /* keeps the message */
+	return rc;
 }
 
 void st_ctl_destroy(st_ctl *c)
@@ -1694,7 +1682,7 @@ void st_ctl_interrupt(st_ctl *c, int sig)
 	c->interrupted = sig;
 	char why[80];
 	snprintf(why, sizeof(why), "the launcher got signal %d: stopping everything", sig);
-	finish(c, S_ERRORED, 128 + sig, why);
+	finish(c, S_ERRORED, st_exit_signal(sig), why);
 }
 
 int st_ctl_may_start_agent(const st_ctl *c, int slice, int host)

@@ -283,9 +283,7 @@ int st_proto_connect(const char *addr, const st_token *tok, int64_t deadline, in
 			if ((rc = st_auth_client(*fd, tok, deadline)) < 0) {
 				close(*fd);
 				*fd = -1;
-				char why[300];
-				snprintf(why, sizeof(why), "%s", st_errmsg());
-				return st_fail(rc, "%s: %s", addr, why);
+				return st_wrap(rc, "%s", addr);
 			}
 			return 0;
 		}

@@ -20,27 +20,23 @@ struct st_worker_ctl {
 	st_proto_conn c;
 };
 
-int st_worker_ctl_open(st_worker_ctl **out)
+int st_worker_ctl_open(st_worker_ctl **out, int fd)
 {
 	*out = NULL;
-	const char *v = getenv("SLICETRAIN_CONTROL_FD");
-	if (!v)
+	if (fd < 0)
 		return 0;
-	long fd;
 	int type = 0;
 	socklen_t len = sizeof(type);
-	if (st_parse_long(v, 3, 1 << 20, &fd) < 0 ||
-	    getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM)
-		return st_fail(ST_EINVAL, "SLICETRAIN_CONTROL_FD='%s' is not the number of an open stream socket", v);
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM)
+		return st_fail(ST_EINVAL, "SLICETRAIN_CONTROL_FD=%d is not the number of an open stream socket", fd);
 	st_worker_ctl *w = calloc(1, sizeof(*w));
 	if (!w)
 		return st_fail(ST_ENOMEM, "out of memory");
-	int rc = st_proto_conn_init(&w->c, (int)fd);
+	int rc = st_proto_conn_init(&w->c, fd);
 	if (rc < 0) {
 		free(w);
 		return rc;
 	}
-	unsetenv("SLICETRAIN_CONTROL_FD"); /* not for the processes this one might start */
 	*out = w;
 	return 0;
 }
@@ -65,10 +61,8 @@ static int take_reform(const json_t *m, st_reform *r)
 				       k);
 	json_object_foreach((json_t *)env, k, v)
 		setenv(k, json_string_value(v), 1);
-	if ((rc = st_group_env_read(&r->env)) < 0) {
-		char why[300];
-		snprintf(why, sizeof(why), "%s", st_errmsg());
-		return st_fail(ST_EPROTO, "protocol: reform: %s", why);
+	if ((rc = st_group_env_read(&r->env)) < 0 || (rc = st_elastic_env_read(&r->elastic)) < 0) {
+		return st_wrap(ST_EPROTO, "protocol: reform");
 	}
 	r->gen = gen;
 	return 0;

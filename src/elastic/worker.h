@@ -17,7 +17,7 @@
  * exits as before (status 3 after a peer failure).
  *
  *   st_worker_ctl *w;
- *   rc = st_worker_ctl_open(&w);           // NULL *w without SLICETRAIN_CONTROL_FD
+ *   rc = st_worker_ctl_open(&w, env.control_fd); // NULL *w without one (st_elastic_env_read)
  *   rc = st_worker_ctl_wait(w, 0, &r);      // 1: r holds a reform; 0: none yet
  *   rc = st_worker_ctl_wait(w, 60000, &r);  // ... waiting at most 60 s
  *   st_worker_ctl_close(w);
@@ -31,12 +31,13 @@ typedef struct st_worker_ctl st_worker_ctl;
 
 typedef struct st_reform {
 	long long gen;
-	st_group_env env; /* the new group's place of this worker */
+	st_group_env env;       /* the new group's place of this worker */
+	st_elastic_env elastic; /* and its elastic variables (the global batch's device count) */
 } st_reform;
 
-/* The control channel of SLICETRAIN_CONTROL_FD, or *out NULL when it is not
- * set. ST_EINVAL when the variable is not an open socket's number. */
-int st_worker_ctl_open(st_worker_ctl **out);
+/* The control channel on fd (SLICETRAIN_CONTROL_FD, st_elastic_env_read),
+ * or *out NULL when fd < 0. ST_EINVAL when fd is not an open stream socket. */
+int st_worker_ctl_open(st_worker_ctl **out, int fd);
 /* Wait at most timeout_ms (0: just look) for a reform message. 1 and *r; 0
  * when none came; ST_EPEER when the agent closed the channel; ST_EPROTO for
  * a message that breaks the protocol (the channel is then closed). */

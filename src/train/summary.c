@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "base/err.h"
+#include "train/metrics.h"
 
 int st_summary_dir(const st_config *c, char *buf, size_t cap)
 {
@@ -24,18 +25,12 @@ int st_summary_open(st_tfevents **out, const st_config *c)
 	return rc < 0 ? rc : st_tfevents_open(out, dir);
 }
 
-/* A line of a training or eval record (they carry these keys; event lines do not). */
-static int is_record(const char *line)
-{
-	return strstr(line, "\"learning/loss\"") || strstr(line, "\"eval/avg_loss\"");
-}
-
 /* One controller event line as a text summary: inline code, so that
  * markdown leaves its underscores alone. */
 static int write_event(st_tfevents *w, const char *line, size_t len, int64_t step)
 {
 	json_error_t jerr;
-	if (is_record(line) || !strstr(line, "\"event\""))
+	if (st_metrics_is_record(line) || !strstr(line, "\"event\""))
 		return 0; /* a step's or an eval's record: no need to parse it */
 	json_t *o = json_loadb(line, len, 0, &jerr);
 	if (!o)
@@ -78,7 +73,7 @@ int st_summary_controller_events(st_tfevents *w, const char *metrics_file, int64
 		int64_t after = 0;
 		while ((n = getline(&line, &cap, f)) > 0) {
 			pos += n;
-			if (line[n - 1] == '\n' && is_record(line))
+			if (line[n - 1] == '\n' && st_metrics_is_record(line))
 				after = pos;
 		}
 		*off = after;

@@ -1,0 +1,68 @@
+#include "train/knobs.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+
+int st_test_knobs_read(st_test_knobs *k)
+{
+	memset(k, 0, sizeof(*k));
+	const char *floor_s = getenv("SLICETRAIN_MIN_STEP_SECONDS");
+	if (floor_s && *floor_s) {
+		char *end;
+		errno = 0;
+		k->min_step_s = strtod(floor_s, &end);
+		if (errno || *end || !(k->min_step_s >= 0 && k->min_step_s <= 3600))
+			return st_fail(ST_EINVAL, "SLICETRAIN_MIN_STEP_SECONDS='%s' is not a number of seconds "
+				       "from 0 to 3600", floor_s);
+	}
+	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
+	if (slog && *slog) {
+		if (strlen(slog) >= sizeof(k->sample_log))
+			return st_fail(ST_EINVAL, "SLICETRAIN_SAMPLE_LOG is longer than %zu bytes",
+				       sizeof(k->sample_log) - 1);
+		snprintf(k->sample_log, sizeof(k->sample_log), "%s", slog);
+	}
+	return 0;
+}
+
+int st_test_knobs_open_log(st_test_knobs *k, int rank, int writes)
+{
+	if (!k->sample_log[0] || !writes)
+		return 0;
+	char path[ST_PATH_MAX + 16];
+	snprintf(path, sizeof(path), "%s.%d", k->sample_log, rank);
+	if (!(k->log = fopen(path, "a")))
+		return st_fail(ST_EIO, "cannot open SLICETRAIN_SAMPLE_LOG file '%s': %s", path, strerror(errno));
+	return 0;
+}
+
+void st_test_knobs_log_samples(st_test_knobs *k, int64_t step, int64_t first, int64_t rows)
+{
+	if (!k->log)
+		return;
+	for (int64_t r = 0; r < rows; r++)
+		fprintf(k->log, "%lld %lld\n", (long long)step, (long long)(first + r));
+	/* a process killed later must not take the record of what it read with it */
+	fflush(k->log);
+}
+
+void st_test_knobs_close_log(st_test_knobs *k)
+{
+	if (k->log)
+		fclose(k->log);
+	k->log = NULL;
+}
+
+void st_test_knobs_pace(const st_test_knobs *k, double t0)
+{
+	double left = k->min_step_s - (st_mono_s() - t0);
+	if (left <= 0)
+		return;
+	struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+	nanosleep(&ts, NULL);
+}

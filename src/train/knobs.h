@@ -1,0 +1,43 @@
+/*
+ * knobs.h - the trainer's test knobs: environment variables that tests and
+ * benchmarks set to pace or observe a run, never needed to train
+ * (docs/testing.md, "Test knobs"). Read once, at the trainer's start.
+ *
+ *   SLICETRAIN_MIN_STEP_SECONDS=S  every step lasts at least S seconds (0 to
+ *                                  3600): the worker sleeps the rest, a
+ *                                  signal cuts the sleep short. The elastic
+ *                                  tests pace a cheap model's steps so that
+ *                                  a slice's repair falls inside the run on
+ *                                  any CPU without burning it.
+ *   SLICETRAIN_SAMPLE_LOG=PATH     each process of tensor coordinate 0
+ *                                  appends "STEP SAMPLE" for every row it
+ *                                  reads to PATH.RANK, flushed after each
+ *                                  micro-batch: which global samples each
+ *                                  step trained, across restarts and kills.
+ */
+#ifndef ST_TRAIN_KNOBS_H
+#define ST_TRAIN_KNOBS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/path.h"
+
+typedef struct st_test_knobs {
+	double min_step_s;            /* 0: no floor */
+	char sample_log[ST_PATH_MAX]; /* "": none */
+	FILE *log;                    /* this process's sample log, while open */
+} st_test_knobs;
+
+/* ST_EINVAL naming the variable for a malformed value. */
+int st_test_knobs_read(st_test_knobs *k);
+/* This process's sample log (when SLICETRAIN_SAMPLE_LOG is set and
+ * writes: tensor coordinate 0), appended to. ST_EIO when it cannot open. */
+int st_test_knobs_open_log(st_test_knobs *k, int rank, int writes);
+/* Rows first .. first+rows-1 read for step `step`. */
+void st_test_knobs_log_samples(st_test_knobs *k, int64_t step, int64_t first, int64_t rows);
+void st_test_knobs_close_log(st_test_knobs *k);
+/* Sleep out the rest of a step begun at t0 (st_mono_s). */
+void st_test_knobs_pace(const st_test_knobs *k, double t0);
+
+#endif
