@@ -3,8 +3,8 @@
 # (default: AVX-512 with BF16; OPT overrides) into $BUILD (build-avx512), and
 # bundles them with this machine's shared libraries and loader in
 # $BUILD/bundle, so that they run on a Linux machine with no build tools or
-# packages of ours (the lent GPU machine's host CPU, docs/performance.md "An
-# Intel Xeon with AMX"). Each program in the bundle is a wrapper script:
+# packages of ours (a lent machine's host CPU; docs/performance.md). Each
+# program in the bundle is a wrapper script:
 #   $BUILD/bundle/train_step --slicetrain $BUILD/bundle/slicetrain --no-torch
 # The binaries stop with SIGILL on a CPU without the instructions OPT names.
 # PERF=1 also bundles this machine's perf and keeps slicetrain's symbols (for
