@@ -4,7 +4,7 @@
  *
  *   st_tfevents *w;
  *   rc = st_tfevents_open(&w, "out/run/tensorboard");   // mkdir -p, new file
- *   rc = st_tfevents_scalar(w, step, "learning/loss", loss);
+ *   rc = st_tfevents_scalar(w, step, "loss", loss);
  *   rc = st_tfevents_text(w, step, "run/start", "...");
  *   rc = st_tfevents_flush(w);       // the records added so far, in one write(2)
  *   rc = st_tfevents_close(w);       // flush and close; NULL is fine

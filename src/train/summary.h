@@ -5,7 +5,7 @@
  *
  *   st_tfevents *w;
  *   rc = st_summary_open(&w, c);   // <base_output_directory>/<run_name>/tensorboard/events.out.tfevents.*
- *   ... each step: st_tfevents_scalar(w, step, "learning/loss", loss) ...
+ *   ... each step: the step's scalars (train/metrics.c: st_metrics_step) ...
  *   rc = st_summary_controller_events(w, c->metrics_file, &off, step);
  *   rc = st_tfevents_flush(w);
  *
