@@ -5,7 +5,7 @@
  * The gzip/zlib polynomial (IEEE 802.3, reflected), with zlib's values:
  * st_crc32(0, buf, n) equals zlib's crc32(0, buf, n) and Python's
  * zlib.crc32(buf). Computed by Intel's ISA-L (carry-less multiplies,
- * 512-bit where the CPU has VPCLMULQDQ; figures in docs/checkpoints.md).
+ * 512-bit where the CPU has VPCLMULQDQ; figures in docs/checkpoint-costs.md).
  * Chain calls to checksum data in parts:
  *
  *   uint32_t c = st_crc32(0, a, na);

@@ -5,7 +5,7 @@
  * use), plus the alignment: a checkpoint save writes the optimizer state
  * straight from these buffers with O_DIRECT, which needs the memory address
  * (and the file offset) aligned to the disk's block size (ckpt/save.c,
- * docs/checkpoints.md). The model's parameters, gradients, activations and
+ * docs/checkpoint-costs.md). The model's parameters, gradients, activations and
  * bf16 weight copy, the shard's state and the AMX products' packed operand
  * are allocated here.
  *
@@ -14,8 +14,8 @@
  * default, nothing else gets them): the fresh memory a restore reads into
  * is faulted in 2 MiB at a time, and the optimizer's sweeps and the save's
  * O_DIRECT writes walk far fewer page-table entries (figures in
- * docs/checkpoints.md, "Huge pages"), as do the matrix products reading
- * activations across rows kilobytes apart (docs/performance.md). A hint
+ * docs/checkpoint-costs.md), as do the matrix products reading
+ * activations across rows kilobytes apart (docs/kernels.md). A hint
  * only: without THP the buffer is the same, in 4 KiB pages.
  *
  *   float *p = st_pages_alloc(n * sizeof(float));   // NULL: out of memory

@@ -17,7 +17,7 @@
  * The destination of a restore is usually fresh memory, and faulting it in
  * a page at a time from the copy is the largest cost of a restore; each
  * chunk's destination pages are faulted in with one MADV_POPULATE_WRITE
- * first (fewer traps; figures in docs/checkpoints.md). Where the file
+ * first (fewer traps; figures in docs/checkpoint-costs.md). Where the file
  * offset and the destination address are both on the file system's direct
  * I/O block (statx; 512 bytes on ext4 here), whole blocks are read straight
  * into the destination and checksummed there: no bounce and no copy. Our

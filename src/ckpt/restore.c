@@ -56,7 +56,7 @@ static int64_t total_bytes(int n, const st_ckpt_piece *pieces)
  * destination memory run on several threads. Many more than the cores: a
  * reader that checksums and copies, or waits for a core, has no read in
  * flight (each holds a 4 MB buffer; 4 readers were slower:
- * docs/checkpoints.md). */
+ * docs/checkpoint-costs.md). */
 #define RESTORE_READERS 8
 /* Bytes of one task of a large piece: one read of read.c (its READ_CHUNK),
  * a multiple of the direct reads' alignment (part boundaries are aligned in

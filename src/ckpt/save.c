@@ -11,7 +11,7 @@
  * whole block, so the data starts on one), and the caller's release before
  * its next update copies only what is not written yet. On 2 cores that
  * both train, every CPU-second of the writer slows the step; the copy of
- * the whole state was a third of it (docs/checkpoints.md, "Cheaper saves").
+ * the whole state was a third of it (docs/checkpoint-costs.md).
  */
 #include "ckpt/ckpt_int.h"
 
@@ -370,7 +370,7 @@ static int defer_write(st_ckpt_saver *s, st_atomic_file *f);
  * ST_ATOMIC_FILE_ALIGN-aligned and the header padded to a whole block, so
  * whole blocks go out with O_DIRECT where the file system allows it: no copy
  * into the page cache, which on a virtual disk runs well below the direct
- * rate (docs/checkpoints.md), and no checkpoint pages pushing the training's
+ * rate (docs/checkpoint-costs.md), and no checkpoint pages pushing the training's
  * memory out. The last partial block is written buffered. defer_copy: the
  * header from the host buffer, then the pieces (defer_write).
  */

@@ -2,8 +2,8 @@
  * agent.h - the elastic agent: one per host. It connects to the controller
  * (proto.h), says which slice and host it is, and starts, signals and reaps
  * its host's worker processes (`slicetrain train ...`) when the controller
- * says so, reporting their pids, output lines and exits. docs/elastic.md
- * ("Agent") describes its behaviour.
+ * says so, reporting their pids, output lines and exits.
+ * docs/elastic-protocol.md ("Agent") describes its behaviour.
  *
  * Never an orphan: workers die with the agent (PR_SET_PDEATHSIG SIGKILL),
  * and an agent that loses its controller (closed connection, a message that

@@ -7,7 +7,7 @@
  *   rc = st_plan_compute(&p, &cfg, num_slices, devices_per_slice);
  *   st_plan_print(&p, &cfg, stdout);
  *
- * Sharding model (docs/performance.md, "slicetrain plan"):
+ * Sharding model (docs/plan.md):
  *   tensor (tp)  Megatron-style: q/k/v/o heads, the MLP width and the output
  *                layer's vocabulary are divided by tp; embeddings and norms are
  *                replicated. Activations use the per-device shape (H/tp, K/tp,

@@ -36,7 +36,7 @@ static void print_header(const trainer *t)
 	if (c->dtype == ST_DTYPE_BF16)
 		st_info("bf16 matrix products: %s", st_amx_available()
 			? "AMX (slicetrain's tile kernel; ST_AMX=0 for oneDNN's)"
-			: "oneDNN's matmul (no AMX in use: see docs/performance.md)");
+			: "oneDNN's matmul (no AMX in use: see docs/kernels.md)");
 }
 
 /* Weights, gradients and two AdamW moments, in fp32. */
