@@ -95,7 +95,7 @@ static const struct {
 	enum st_tensor_kind kind;
 	char rows, cols;
 	int tp_dim; /* Megatron: q/k/v, gate/up by rows (heads, mlp); o, down by columns */
-} layer_tensors[9] = {
+} layer_tensors[ST_LAYER_TENSORS] = {
 	{"input_layernorm.weight", ST_T_NORM, 'E', 0, -1},
 	{"self_attn.q_proj.weight", ST_T_LINEAR, 'Q', 'E', 0},
 	{"self_attn.k_proj.weight", ST_T_LINEAR, 'K', 'E', 0},
@@ -112,7 +112,7 @@ static int64_t layer_dim(const st_llama_shape *s, char d)
 	return d == 'E' ? s->E : d == 'M' ? s->M : d == 'Q' ? s->H * s->D : d == 'K' ? s->K * s->D : 0;
 }
 
-int64_t st_llama_num_tensors(const st_llama_shape *s) { return 3 + 9 * s->L; }
+int64_t st_llama_num_tensors(const st_llama_shape *s) { return 3 + ST_LAYER_TENSORS * s->L; }
 
 /* Tensor `slot` of layer l (0..8 in table order), or with l < 0 the
  * embedding (slot 0), final norm (1) or output layer (2). */
@@ -147,17 +147,17 @@ void st_llama_tensor_at(const st_llama_shape *s, int64_t i, st_tensor *t)
 	int64_t L = s->L;
 	if (i < 0 || i >= st_llama_num_tensors(s))
 		ST_BUG("tensor %lld of a table of %lld", (long long)i, (long long)st_llama_num_tensors(s));
-	if (i == 0 || i > 9 * L)
-		table_entry(s, -1, i == 0 ? 0 : (int)(i - 9 * L), t);
+	if (i == 0 || i > ST_LAYER_TENSORS * L)
+		table_entry(s, -1, i == 0 ? 0 : (int)(i - ST_LAYER_TENSORS * L), t);
 	else
-		table_entry(s, (i - 1) / 9, (int)((i - 1) % 9), t);
+		table_entry(s, (i - 1) / ST_LAYER_TENSORS, (int)((i - 1) % ST_LAYER_TENSORS), t);
 }
 
 int64_t st_llama_count_params(const st_llama_shape *s)
 {
 	int64_t layer = 0, total = 0;
 	st_tensor t;
-	for (int slot = 0; slot < 9; slot++) { /* every layer has layer 0's tensors */
+	for (int slot = 0; slot < ST_LAYER_TENSORS; slot++) { /* every layer has layer 0's tensors */
 		table_entry(s, 0, slot, &t);
 		if (t.numel < 0 || __builtin_add_overflow(layer, t.numel, &layer))
 			return -1;
@@ -207,20 +207,20 @@ static float **view_field(st_llama_view *v, int i, int64_t L)
 {
 	if (i == 0)
 		return &v->embed;
-	if (i == 1 + 9 * L)
+	if (i == 1 + ST_LAYER_TENSORS * L)
 		return &v->norm;
-	if (i == 2 + 9 * L)
+	if (i == 2 + ST_LAYER_TENSORS * L)
 		return &v->lm_head;
-	st_layer_view *lv = &v->layers[(i - 1) / 9];
-	float **f[9] = {&lv->ln1, &lv->wq, &lv->wk, &lv->wv, &lv->wo, &lv->ln2, &lv->wg, &lv->wu, &lv->wd};
-	return f[(i - 1) % 9];
+	st_layer_view *lv = &v->layers[(i - 1) / ST_LAYER_TENSORS];
+	float **f[ST_LAYER_TENSORS] = {&lv->ln1, &lv->wq, &lv->wk, &lv->wv, &lv->wo, &lv->ln2, &lv->wg, &lv->wu, &lv->wd};
+	return f[(i - 1) % ST_LAYER_TENSORS];
 }
 
 void st_llama_unit(const st_llama *m, int u, int *t0, int *nt)
 {
 	int64_t L = m->s.L;
-	*t0 = u == 0 ? 0 : u <= L ? 1 + 9 * (u - 1) : 1 + 9 * (int)L;
-	*nt = u == 0 ? 1 : u <= L ? 9 : 2;
+	*t0 = u == 0 ? 0 : u <= L ? 1 + ST_LAYER_TENSORS * (u - 1) : 1 + ST_LAYER_TENSORS * (int)L;
+	*nt = u == 0 ? 1 : u <= L ? ST_LAYER_TENSORS : 2;
 }
 
 void st_llama_bind_unit(st_llama *m, int u, float *p, float *g)

@@ -135,6 +135,9 @@ void st_llama_shape_from_config(st_llama_shape *s, const st_config *c);
  *           ... t.name, t.ndim, t.global_shape ...
  *   }
  */
+/* Tensors of one decoder layer in the table (input_layernorm, q, k, v, o,
+ * post_attention_layernorm, gate, up, down). */
+enum { ST_LAYER_TENSORS = 9 };
 int64_t st_llama_num_tensors(const st_llama_shape *s);
 void st_llama_tensor_at(const st_llama_shape *s, int64_t i, st_tensor *t);
 /* Number of parameters of a shape: the sum of the table's tensors (without
