@@ -110,6 +110,9 @@ typedef struct st_config {
 	char load_parameters_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir or an HF model dir */
 	char load_full_state_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir (at most one of the two) */
 	enum st_ckpt_failure_policy checkpoint_failure_policy; /* ours: "continue" (default) or "stop" */
+	/* ours, false: a resumed run keeps its checkpoint's global batch and
+	 * max_target_length (st_ckpt_check_resume); true: it may change them */
+	int resume_allow_batch_change;
 
 	/* elastic (ours; docs/config.md) */
 	enum st_elastic_batch elastic_batch; /* "constant" (default) or "scale" */
