@@ -109,8 +109,10 @@ int st_cmd_export(int argc, char **argv)
 			return usage_error(export_usage, "%s", st_errmsg());
 		if (rc > 0)
 			continue;
-		if (argv[i][0] == '-' && argv[i][1])
-			return usage_error(export_usage, "unknown option '%s'", argv[i]);
+		if (argv[i][0] == '-' && argv[i][1]) {
+			st_cli_unknown_option("export", opts, NULL, argv[i]);
+			return usage_error(export_usage, "%s", st_errmsg());
+		}
 		if (npos == 2)
 			return usage_error(export_usage, "unexpected argument '%s'", argv[i]);
 		pos[npos++] = argv[i];

@@ -135,6 +135,19 @@ typedef struct st_cli_opt {
  */
 int st_cli_option(const st_cli_opt *opts, int argc, char **argv, int *i);
 
+/*
+ * An argument that looks like an option ("--num-slice", "--seed=3") but is
+ * none of the command's: the nearest option name among opts and extra (a
+ * NULL-terminated list of the options the command parses by itself; either
+ * may be NULL), "--name=VALUE" compared by its name, when it is near enough
+ * (at most 2 + length/3 edits, as the config loader's suggestions for keys);
+ * else NULL.
+ */
+const char *st_cli_suggest_option(const st_cli_opt *opts, const char *const *extra, const char *arg);
+/* ST_EINVAL: "unknown option 'ARG'; did you mean 'NAME'? (see slicetrain CMD
+ * --help)", without the suggestion when there is none. */
+int st_cli_unknown_option(const char *cmd, const st_cli_opt *opts, const char *const *extra, const char *arg);
+
 /* "[CONFIG.yml] [key=value ...]" split out of a command line. */
 typedef struct st_cli_config_args {
 	const char *config; /* the CONFIG.yml argument, NULL if none */
@@ -157,11 +170,14 @@ typedef struct st_cli_config_args {
  *   otherwise        options of opts anywhere; the first argument ending in
  *                    .yml or .yaml without a '=' is CONFIG.yml; other
  *                    arguments with a '=' are overrides; any other "--x" is
- *                    "unknown option '--x' (see slicetrain CMD --help)".
+ *                    "unknown option '--x' (see slicetrain CMD --help)", with
+ *                    "; did you mean '--y'?" before the parenthesis when
+ *                    an option is near (st_cli_unknown_option).
  *   ST_CLI_NEED_CONFIG  no CONFIG.yml is "CMD needs a CONFIG.yml (see
  *                    slicetrain CMD --help)".
  * Any other argument is "'X' is neither a CONFIG.yml nor a key=value
- * override". Returns 0 or ST_EINVAL / ST_ENOMEM with a message; a->kv is
+ * override" (for "--key=value", with "did you mean 'key=value'?"; an
+ * argument starting with '-' is never an override). Returns 0 or ST_EINVAL / ST_ENOMEM with a message; a->kv is
  * allocated: st_cli_config_args_release (also after an error).
  */
 enum { ST_CLI_LEADING = 1, ST_CLI_NEED_CONFIG = 2 };

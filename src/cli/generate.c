@@ -143,8 +143,11 @@ static int parse_args(struct opts *o, int argc, char **argv)
 			return rc;
 		if (rc)
 			continue;
-		if (a[0] == '-' && a[1])
-			return st_fail(ST_EINVAL, "unknown option '%s'", a);
+		if (a[0] == '-' && a[1]) {
+			const char *hint = st_cli_suggest_option(opts, NULL, a);
+			return hint ? st_fail(ST_EINVAL, "unknown option '%s'; did you mean '%s'?", a, hint)
+				    : st_fail(ST_EINVAL, "unknown option '%s'", a);
+		}
 		if (!o->config && !strchr(a, '=') && (has_suffix(a, ".yml") || has_suffix(a, ".yaml")))
 			o->config = a;
 		else if (is_override(a))

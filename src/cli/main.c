@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "config/config.h" /* st_edit_distance */
 
 #define SLICETRAIN_VERSION "0.1.0"
 
@@ -81,6 +82,18 @@ int main(int argc, char **argv)
 		printf("slicetrain %s\n", SLICETRAIN_VERSION);
 		return 0;
 	}
-	fprintf(stderr, "slicetrain: unknown command '%s'\n\n%s", cmd, usage);
+	/* one line, with the nearest command when one is near (as options' and keys') */
+	const char *best = NULL;
+	int best_d = 1 << 30;
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		int d = st_edit_distance(cmd, commands[i].name);
+		if (d < best_d)
+			best_d = d, best = commands[i].name;
+	}
+	if (best && best_d <= 1 + (int)strlen(cmd) / 3)
+		fprintf(stderr, "slicetrain: error: unknown command '%s'; did you mean '%s'? (see slicetrain --help)\n",
+			cmd, best);
+	else
+		fprintf(stderr, "slicetrain: error: unknown command '%s' (see slicetrain --help)\n", cmd);
 	return 2;
 }

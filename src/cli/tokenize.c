@@ -644,7 +644,10 @@ int st_cmd_tokenize(int argc, char **argv)
 			continue;
 		}
 		if (a[0] == '-' && a[1]) {
-			snprintf(msg, sizeof(msg), "unknown option '%s'", a);
+			static const char *const own[] = {"--output", "--text-field", "--format", "--bos", "--eos", NULL};
+			const char *hint = st_cli_suggest_option(cli_opts, own, a);
+			snprintf(msg, sizeof(msg), "unknown option '%.200s'%s%.40s%s", a, hint ? "; did you mean '" : "",
+				 hint ? hint : "", hint ? "'?" : "");
 			rc = usage_error(msg);
 			goto out;
 		}

@@ -41,7 +41,7 @@ int st_cmd_train(int argc, char **argv)
 	st_cli_config_args a;
 	int rc = st_cli_config_args_parse(&a, argc, argv, NULL, "train", ST_CLI_LEADING);
 	if (rc < 0) {
-		fprintf(stderr, "slicetrain: %s\n", st_errmsg());
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
 		st_cli_config_args_release(&a);
 		return st_exit_status(rc);
 	}

@@ -169,4 +169,11 @@ int st_config_to_json(const st_config *c, char **out);
  */
 int st_config_from_json(st_config *c, const char *json);
 
+/*
+ * Levenshtein distance between A and B (strings of at most 256 bytes; a
+ * longer one is 1000 away from anything): the config loader's "did you mean"
+ * for unknown keys, and the command line's for unknown options (src/cli).
+ */
+int st_edit_distance(const char *a, const char *b);
+
 #endif
