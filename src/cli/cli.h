@@ -185,4 +185,33 @@ int st_cli_config_args_parse(st_cli_config_args *a, int argc, char **argv, const
 			     const char *cmd, int flags);
 void st_cli_config_args_release(st_cli_config_args *a);
 
+/* ---- before a run starts: preflight.c ---- */
+
+struct st_config;
+/*
+ * The data the config reads exists (st_dataset_check_paths), before
+ * anything of the run is written. When what is missing is the default job's
+ * (data/default/), the message ends with the command that makes it (`make
+ * data`). ST_EINVAL.
+ */
+int st_cli_check_data(const struct st_config *c);
+
+/* The run a launcher starts (st_cli_launch_prepare). */
+typedef struct st_cli_run {
+	char **argv; /* the workers' config part: the given one, plus run_name=NAME unless given */
+	int argc;
+	char run_name[256];
+	char run_name_kv[256 + 16];
+} st_cli_run;
+/*
+ * slicetrain launch, before it starts anything: its config part (what
+ * follows "--") loaded once, quietly (the workers print it), its model
+ * checked, its data checked (st_cli_check_data), a derived run_name claimed
+ * (st_config_claim_run_dir), and the workers' arguments with the run's one
+ * name pinned. ST_EINVAL (one line) for bad input; run->argv points into
+ * argv: st_cli_run_release.
+ */
+int st_cli_launch_prepare(int argc, char **argv, st_cli_run *run);
+void st_cli_run_release(st_cli_run *run);
+
 #endif
