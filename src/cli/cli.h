@@ -21,8 +21,9 @@ int st_cmd_train(int argc, char **argv);
 
 /*
  * slicetrain plan CONFIG.yml [key=value ...] [--num-slices S]
- * [--devices-per-slice D] [--memory GiB] [--json]: plan.c. 0 whether or not
- * the run fits.
+ * [--devices-per-slice D] [--memory GiB] [--json]: plan.c. 0 when the run
+ * fits, 1 when it does not (the report, with a variant that fits when one
+ * is found, printed all the same), 2 bad input.
  */
 int st_cmd_plan(int argc, char **argv);
 
