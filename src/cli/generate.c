@@ -61,9 +61,9 @@ static const char generate_usage[] =
 	"  --json                print one JSON object at the end instead: prompt_ids, ids,\n"
 	"                        text, stop, eos_ids, timings\n"
 	"\n"
-	"examples:\n"
+	"examples (an export, and the default job's newest checkpoint):\n"
 	"  slicetrain generate hf_model/ --prompt \"Once upon a time\" --max-tokens 64\n"
-	"  echo \"The weather\" | slicetrain generate slicetrain_output/default tokenizer_path=tok.json \\\n"
+	"  echo \"The weather\" | slicetrain generate slicetrain_output/default --max-tokens 64 \\\n"
 	"      --temperature 0.8 --top-p 0.95 --seed 7\n";
 
 #define DEFAULT_MAX_TOKENS 128

@@ -58,7 +58,18 @@ static const char launch_usage[] =
 	"(default 600, -1 forever) ends the run with status 3. A slice that fails again\n"
 	"soon after returning is kept out longer each time (back-off), unless the group\n"
 	"needs it to reach M. Ends with the summary line {\"event\":\"summary\",...}\n"
-	"on stdout.\n";
+	"on stdout.\n"
+	"\n"
+	"The config part (after \"--\") is loaded here first: bad input, or missing\n"
+	"data, ends the launch before anything starts (exit 2). Every worker gets the\n"
+	"run's one run_name (a derived one is made here, once).\n"
+	"\n"
+	"examples (2 slices of 1 device; the same, elastic, slice 1 preempted after step 10):\n"
+	"  slicetrain launch --num-slices 2 --devices-per-slice 1 -- configs/base.yml model_name=llama3-test \\\n"
+	"      steps=20 per_device_batch_size=4 max_target_length=256\n"
+	"  slicetrain launch --num-slices 2 --min-slices 1 --devices-per-slice 1 --preempt 1@10:2 -- \\\n"
+	"      configs/base.yml model_name=llama3-test steps=60 per_device_batch_size=4 max_target_length=256 \\\n"
+	"      checkpoint_period=10\n";
 
 typedef struct worker {
 	pid_t pid;
