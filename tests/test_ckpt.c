@@ -1272,6 +1272,83 @@ static void test_list_verify(void)
 				       "optimizer.nu.model.norm.weight[6:9]"), "%s", st_errmsg());
 }
 
+/* ---- a resumed run keeps its checkpoint's batch (st_ckpt_check_resume) ---- */
+
+static void test_check_resume(void)
+{
+	DIRVAR(dir, "resume");
+	const char *root = getenv("ST_ROOT");
+	char cfgdir[1024], base[1100], *cj = NULL;
+	char *ov[] = {"model_name=llama3-test", "run_name=resume", "base_output_directory=/tmp/x",
+		      "max_target_length=16", "per_device_batch_size=2"};
+	st_config c, c2;
+	st_ckpt_saver *s;
+	struct plist pl;
+	st_ckpt_meta r = {0};
+	int found = 0;
+
+	snprintf(cfgdir, sizeof(cfgdir), "%s/configs", root && *root ? root : ".");
+	snprintf(base, sizeof(base), "%s/base.yml", cfgdir);
+	st_config_set_config_dir(cfgdir);
+	CHECK_MSG(st_config_load(&c, base, 5, ov) == 0, "%s", st_errmsg());
+	CHECK(!c.resume_allow_batch_change); /* the default */
+	CHECK(st_config_to_json(&c, &cj) == 0);
+	/* a checkpoint of this config trained at a global batch of 8 (2 rows on
+	 * 4 devices), through a real save and restore (the manifest's meta and
+	 * saved config, as a resuming trainer has them) */
+	st_ckpt_opts o = opts_for(dir, 0, 1);
+	o.async = 0;
+	CHECK_MSG(st_ckpt_saver_create(&s, &o) == 0, "%s", st_errmsg());
+	make_pieces(&pl, model, NT, 0, 1, 0, 1);
+	st_ckpt_meta m = meta_for(10);
+	m.config_json = cj;
+	m.global_batch = 8;
+	CHECK_MSG(st_ckpt_save(s, &m, pl.n, pl.p) == 0, "%s", st_errmsg());
+	st_ckpt_saver_free(s);
+	free_pieces(&pl);
+	make_pieces(&pl, model, NT, 0, 1, 0, -1);
+	CHECK_MSG(st_ckpt_restore_latest(dir, NULL, &r, pl.n, pl.p, &found) == 0 && found, "%s", st_errmsg());
+	free_pieces(&pl);
+	CHECK(r.global_batch == 8 && r.step == 10);
+
+	/* the same batch, on another mesh (4 rows on 2 devices): resumes */
+	c2 = c;
+	c2.per_device_batch_size = 4;
+	CHECK_MSG(st_ckpt_check_resume(&r, &c2, 8, 0) == 0, "%s", st_errmsg());
+	/* another global batch: refused, naming both values and the override */
+	CHECK(st_ckpt_check_resume(&r, &c, 4, 0) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "step 10") && strstr(st_errmsg(), "trained with a global batch of 8 sequences") &&
+		  strstr(st_errmsg(), "this run has a global batch of 4 sequences") &&
+		  strstr(st_errmsg(), "resume_allow_batch_change=true") && !strstr(st_errmsg(), "max_target_length"),
+		  "%s", st_errmsg());
+	/* another sequence length */
+	c2 = c;
+	c2.max_target_length = 32;
+	CHECK(st_ckpt_check_resume(&r, &c2, 8, 0) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "trained with max_target_length 16; this run has max_target_length 32") &&
+		  !strstr(st_errmsg(), "global batch"), "%s", st_errmsg());
+	/* both */
+	CHECK(st_ckpt_check_resume(&r, &c2, 12, 0) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "trained with max_target_length 16, a global batch of 8 sequences; this run has "
+				       "max_target_length 32, a global batch of 12 sequences"), "%s", st_errmsg());
+	/* the explicit override */
+	c2.resume_allow_batch_change = 1;
+	CHECK_MSG(st_ckpt_check_resume(&r, &c2, 12, 0) == 0, "%s", st_errmsg());
+	/* elastic_batch=scale: the global batch follows the devices, what a
+	 * device trains is compared instead */
+	CHECK_MSG(st_ckpt_check_resume(&r, &c, 4, 1) == 0, "%s", st_errmsg());
+	c2 = c;
+	c2.gradient_accumulation_steps = 2;
+	CHECK(st_ckpt_check_resume(&r, &c2, 8, 1) == ST_EINVAL);
+	CHECK_MSG(strstr(st_errmsg(), "per_device_batch_size 2 x gradient_accumulation_steps 1; this run has "
+				       "per_device_batch_size 2 x gradient_accumulation_steps 2"), "%s", st_errmsg());
+	/* what a checkpoint does not record is not compared */
+	st_ckpt_meta bare = {.step = 3};
+	CHECK(st_ckpt_check_resume(&bare, &c2, 5, 0) == 0);
+	st_ckpt_meta_release(&r);
+	free(cj);
+}
+
 /* ---- Hugging Face export and import ---- */
 
 static void test_hf(void)
@@ -1409,6 +1486,7 @@ int main(void)
 	test_tiling();
 	test_malformed();
 	test_list_verify();
+	test_check_resume();
 	test_hf();
 	rm_tree(tmpdir);
 	if (check_failures)

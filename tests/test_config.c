@@ -13,6 +13,7 @@
 #include "check.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -371,14 +372,49 @@ static void test_derived(void)
 	unsetenv("JOBSET_NAME");
 	rc = LOAD(&c, rpath("configs/default.yml"), "run_name=", "base_output_directory=");
 	CHECK_MSG(rc == 0, "%s", st_errmsg());
-	/* llama3-16m_YYYY-MM-DD-HH-MM */
-	CHECK_MSG(strncmp(c.run_name, "llama3-16m_", 11) == 0 && strlen(c.run_name) == 11 + 16, "%s", c.run_name);
+	/* llama3-16m_YYYY-MM-DD-HH-MM-SS: a new run's name, stamped to the second */
+	CHECK_MSG(strncmp(c.run_name, "llama3-16m_", 11) == 0 && strlen(c.run_name) == 11 + 19 && c.run_name_derived,
+		  "%s", c.run_name);
 	CHECK(c.base_output_directory[0] == '/');
 	CHECK(strstr(c.base_output_directory, "/slicetrain_output") != NULL);
 
+	/* a derived name whose directory exists (another run's, this second)
+	 * takes the next suffix; nothing is created until the run claims it */
+	char out[600], taken[900], runs[520], *ov = out;
+	snprintf(runs, sizeof(runs), "%s", tpath("runs"));
+	snprintf(out, sizeof(out), "base_output_directory=%s", runs);
+	for (int attempt = 0; attempt < 3; attempt++) { /* the second may turn between the loads */
+		rc = LOAD(&c, rpath("configs/default.yml"), "run_name=", ov);
+		CHECK_MSG(rc == 0, "%s", st_errmsg());
+		snprintf(taken, sizeof(taken), "%s/%s", runs, c.run_name);
+		CHECK(mkdir(runs, 0777) == 0 || errno == EEXIST);
+		CHECK(mkdir(taken, 0777) == 0);
+		char first[ST_NAME_MAX];
+		snprintf(first, sizeof(first), "%s", c.run_name);
+		rc = LOAD(&c, rpath("configs/default.yml"), "run_name=", ov);
+		CHECK_MSG(rc == 0, "%s", st_errmsg());
+		if (strncmp(c.run_name, first, strlen(first)))
+			continue; /* another second: try again */
+		CHECK_MSG(!strcmp(c.run_name + strlen(first), "_2"), "%s after %s", c.run_name, first);
+		snprintf(taken, sizeof(taken), "%s/%s", runs, c.run_name);
+		CHECK(access(taken, F_OK) != 0); /* not created by the load */
+		/* the claim makes it; a run that made it in between pushes it on */
+		CHECK(mkdir(taken, 0777) == 0);
+		CHECK_MSG(st_config_claim_run_dir(&c) == 0, "%s", st_errmsg());
+		CHECK_MSG(!strcmp(c.run_name + strlen(first), "_3"), "%s after %s_2", c.run_name, first);
+		snprintf(taken, sizeof(taken), "%s/%s", runs, c.run_name);
+		CHECK(access(taken, F_OK) == 0);
+		break;
+	}
+	/* a given name: nothing to claim */
+	rc = LOAD(&c, rpath("configs/default.yml"), "run_name=given", ov);
+	CHECK(rc == 0 && !c.run_name_derived && st_config_claim_run_dir(&c) == 0);
+	snprintf(taken, sizeof(taken), "%s/given", runs);
+	CHECK(access(taken, F_OK) != 0);
+
 	setenv("JOBSET_NAME", "jobset-7", 1);
 	rc = LOAD(&c, rpath("configs/default.yml"), "run_name=\"\"");
-	CHECK_MSG(rc == 0 && strcmp(c.run_name, "jobset-7") == 0, "%s", st_errmsg());
+	CHECK_MSG(rc == 0 && strcmp(c.run_name, "jobset-7") == 0 && !c.run_name_derived, "%s", st_errmsg());
 	unsetenv("JOBSET_NAME");
 }
 

@@ -280,10 +280,12 @@ static void start(ctl *t, long long gen, const char *steps)
 	snprintf(config, sizeof(config), "%s/configs/base.yml", root);
 	json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "SLICETRAIN_WORLD_SIZE", "2", "SLICETRAIN_NUM_SLICES", "1",
 				"SLICETRAIN_COORDINATOR", coord, "SLICETRAIN_GENERATION", g);
-	/* data parallel: a group of one re-formed from it keeps its shard */
-	json_t *args = json_pack("[s,s,s,s,s,s,s,s,s]", config, "model_name=llama3-test", steps, "per_device_batch_size=1",
+	/* data parallel: a group of one re-formed from it keeps its shard; the
+	 * run's name pinned, as the real controller pins it (a group's workers
+	 * refuse to derive one each) */
+	json_t *args = json_pack("[s,s,s,s,s,s,s,s,s,s]", config, "model_name=llama3-test", steps, "per_device_batch_size=1",
 				 "max_target_length=16", "enable_checkpointing=false", out, "ici_fsdp_parallelism=1",
-				 "ici_data_parallelism=-1");
+				 "ici_data_parallelism=-1", "run_name=agent");
 	send_msg(t, json_pack("{s:s,s:I,s:[i,i],s:o,s:o,s:i}", "type", "start", "gen", (json_int_t)gen, "ranks", 0, 1,
 			      "env", env, "args", args, "threads", 1));
 }

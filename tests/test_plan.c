@@ -54,7 +54,7 @@ static void test_llama3_8b(void)
 	CHECK(p.total == p.weights + p.grads + p.optimizer + p.fsdp_buffer + p.bf16_weights +
 			 p.activations + p.workspace + p.checkpoint);
 	CHECK(p.fits);
-	st_plan_print(&p, &c, stdout);
+	st_plan_print(&p, &c, NULL, stdout);
 }
 
 static void test_llama3_70b(void)

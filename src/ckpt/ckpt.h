@@ -241,6 +241,24 @@ int st_ckpt_restore_latest(const char *dir, st_comm *comm, st_ckpt_meta *meta, i
 			   int *found);
 
 /*
+ * After a restore of a full state (st_ckpt_restore_latest: the run's own
+ * newest checkpoint, or st_ckpt_restore_step: load_full_state_path), before
+ * training on it: the run trains the batch the checkpoint was trained with.
+ * meta: the restored checkpoint's; global_batch: this run's rows per step
+ * (all devices, all micro-batches). The sequence length (max_target_length
+ * of the saved config) must be the same, and the global batch too (a
+ * change of mesh or of per_device_batch_size that keeps it is fine); with
+ * batch_may_scale (the global batch follows the device count:
+ * elastic_batch=scale under an elastic controller) per_device_batch_size x
+ * gradient_accumulation_steps instead. 0, or ST_EINVAL naming the saved and
+ * the new values ("... trained with max_target_length 16, a global batch
+ * of 8 sequences; this run has max_target_length 32, a global batch of 4
+ * sequences: ..."), unless c->resume_allow_batch_change. Values the
+ * checkpoint does not record are not compared.
+ */
+int st_ckpt_check_resume(const st_ckpt_meta *meta, const st_config *c, int64_t global_batch, int batch_may_scale);
+
+/*
  * Restore one committed step directory (load_full_state_path), no fallback:
  * ST_EIO for a damaged checkpoint, ST_EINVAL for a directory that is not a
  * committed checkpoint or a shape mismatch. With comm, every process returns

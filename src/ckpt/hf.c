@@ -106,10 +106,12 @@ static int write_json(const char *path, json_t *j)
 	return rc;
 }
 
-/* The step directory ckpt names: itself if committed, else its newest committed step. */
+/* The step directory ckpt names: itself if committed, else the newest
+ * committed step of the checkpoints directory it names (itself, or a run
+ * directory's checkpoints/: st_ckpt_resolve_dir, as generate and ckpt list). */
 static int resolve_ckpt(const char *ckpt, char *step_dir, size_t cap)
 {
-	char p[ST_PATH_MAX];
+	char p[ST_PATH_MAX], dir[ST_PATH_MAX];
 	int64_t *steps;
 	int n, rc;
 
@@ -119,16 +121,17 @@ static int resolve_ckpt(const char *ckpt, char *step_dir, size_t cap)
 		snprintf(step_dir, cap, "%s", ckpt);
 		return 0;
 	}
-	if ((rc = ck_list_steps(ckpt, 1, &steps, &n)) < 0)
+	st_ckpt_resolve_dir(ckpt, dir, sizeof(dir));
+	if ((rc = ck_list_steps(dir, 1, &steps, &n)) < 0)
 		return rc == ST_EIO ? st_fail(ST_EINVAL, "%s: not a checkpoint directory", ckpt) : rc;
 	if (n == 0) {
 		free(steps);
 		if (access(ckpt, F_OK) != 0)
 			return st_fail(ST_EINVAL, "%s: no such directory", ckpt);
-		return st_fail(ST_EINVAL, "%s: neither a committed checkpoint (no %s) nor a checkpoints directory "
-			       "holding one", ckpt, CK_MANIFEST);
+		return st_fail(ST_EINVAL, "%s: neither a committed checkpoint (no %s) nor a checkpoints or run "
+			       "directory holding one", ckpt, CK_MANIFEST);
 	}
-	rc = ck_step_dir(step_dir, cap, ckpt, steps[n - 1]);
+	rc = ck_step_dir(step_dir, cap, dir, steps[n - 1]);
 	free(steps);
 	return rc;
 }

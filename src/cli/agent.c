@@ -59,25 +59,25 @@ int st_cmd_agent(int argc, char **argv)
 		}
 		if (!strcmp(a, "--controller")) {
 			if (i + 1 >= argc) {
-				fprintf(stderr, "slicetrain agent: --controller needs HOST:PORT\n");
+				fprintf(stderr, "slicetrain: error: --controller needs HOST:PORT\n");
 				return 2;
 			}
 			controller = argv[++i];
 			continue;
 		}
 		int rc = st_cli_option(opts, argc, argv, &i);
-		if (rc == 0) {
-			fprintf(stderr, "slicetrain agent: unknown argument '%s'\n%s", a, agent_usage);
-			return 2;
-		}
-		if (rc < 0) {
-			fprintf(stderr, "slicetrain agent: %s\n", st_errmsg());
+		if (rc == 0 && a[0] == '-')
+			st_cli_unknown_option("agent", opts, (const char *const[]){"--controller", NULL}, a);
+		else if (rc == 0)
+			st_fail(ST_EINVAL, "'%s' is not an option of slicetrain agent (see slicetrain agent --help)", a);
+		if (rc <= 0) {
+			fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
 			return 2;
 		}
 	}
 	if (!controller || slice < 0 || host < 0 || hps < 1 || devices < 1) {
-		fprintf(stderr, "slicetrain agent: --controller, --slice, --host, --hosts-per-slice and "
-				"--devices are required\n%s", agent_usage);
+		fprintf(stderr, "slicetrain: error: agent needs --controller, --slice, --host, --hosts-per-slice and "
+				"--devices (see slicetrain agent --help)\n");
 		return 2;
 	}
 	char h[256];

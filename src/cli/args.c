@@ -164,8 +164,51 @@ int st_cli_option(const st_cli_opt *opts, int argc, char **argv, int *i)
 	return 0;
 }
 
-static int neither(const char *arg)
+/* The distance of arg ("--name" or "--name=VALUE", compared by its name) to name. */
+static int option_distance(const char *arg, const char *name)
 {
+	char a[257];
+	size_t n = strcspn(arg, "=");
+	if (n >= sizeof(a))
+		return 1000;
+	memcpy(a, arg, n);
+	a[n] = 0;
+	return st_edit_distance(a, name);
+}
+
+const char *st_cli_suggest_option(const st_cli_opt *opts, const char *const *extra, const char *arg)
+{
+	const char *best = NULL;
+	int best_d = 1 << 30, d;
+	for (const st_cli_opt *o = opts; o && o->name; o++)
+		if ((d = option_distance(arg, o->name)) < best_d)
+			best_d = d, best = o->name;
+	for (const char *const *e = extra; e && *e; e++)
+		if ((d = option_distance(arg, *e)) < best_d)
+			best_d = d, best = *e;
+	/* as near as the config loader's suggestions for keys (config.c) */
+	return best && best_d <= 2 + (int)strcspn(arg, "=") / 3 ? best : NULL;
+}
+
+int st_cli_unknown_option(const char *cmd, const st_cli_opt *opts, const char *const *extra, const char *arg)
+{
+	const char *hint = st_cli_suggest_option(opts, extra, arg);
+	if (hint)
+		return st_fail(ST_EINVAL, "unknown option '%s'; did you mean '%s'? (see slicetrain %s --help)", arg, hint,
+			       cmd);
+	return st_fail(ST_EINVAL, "unknown option '%s' (see slicetrain %s --help)", arg, cmd);
+}
+
+/* An argument of the config part that is neither CONFIG.yml nor key=value;
+ * "--key=value" and "--option" get a hint of what was probably meant. */
+static int neither(const char *arg, const char *cmd)
+{
+	if (arg[0] == '-' && arg[1] == '-' && arg[2] && strchr(arg, '='))
+		return st_fail(ST_EINVAL, "'%s' is neither a CONFIG.yml nor a key=value override; did you mean "
+			       "'%s'? (config keys take no dashes: see slicetrain %s --help)", arg, arg + 2, cmd);
+	if (arg[0] == '-')
+		return st_fail(ST_EINVAL, "'%s' is neither a CONFIG.yml nor a key=value override (the config part "
+			       "takes no options: see slicetrain %s --help)", arg, cmd);
 	return st_fail(ST_EINVAL, "'%s' is neither a CONFIG.yml nor a key=value override", arg);
 }
 
@@ -182,19 +225,21 @@ int st_cli_config_args_parse(st_cli_config_args *a, int argc, char **argv, const
 			if (i == 0 && is_config_file(arg))
 				a->config = arg;
 			else if (i == 0 && !strchr(arg, '='))
-				rc = neither(arg);
+				rc = neither(arg, cmd);
+			else if (arg[0] == '-')
+				rc = neither(arg, cmd);
 			else
 				a->kv[a->nkv++] = arg;
 		} else if ((rc = st_cli_option(opts, argc, argv, &i)) != 0) {
 			rc = rc < 0 ? rc : 0;
 		} else if (arg[0] == '-' && arg[1] == '-') {
-			rc = st_fail(ST_EINVAL, "unknown option '%s' (see slicetrain %s --help)", arg, cmd);
+			rc = st_cli_unknown_option(cmd, opts, NULL, arg);
 		} else if (!a->config && !strchr(arg, '=') && is_config_file(arg)) {
 			a->config = arg;
 		} else if (strchr(arg, '=')) {
 			a->kv[a->nkv++] = arg;
 		} else {
-			rc = neither(arg);
+			rc = neither(arg, cmd);
 		}
 	}
 	if (rc == 0 && (flags & ST_CLI_LEADING)) { /* also tells the loader where configs/ is */

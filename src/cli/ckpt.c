@@ -19,15 +19,18 @@
 #include <time.h>
 
 static const char export_usage[] =
-	"usage: slicetrain export CHECKPOINT_DIR OUT_DIR [--shard-size SIZE]\n"
+	"usage: slicetrain export CHECKPOINT_DIR|RUN_DIR OUT_DIR [--shard-size SIZE]\n"
 	"\n"
 	"Writes the parameters of a checkpoint as a Hugging Face model directory that\n"
 	"transformers loads with LlamaForCausalLM.from_pretrained(OUT_DIR): config.json and\n"
 	"model.safetensors (float32), or, above SIZE (default 5GB, as save_pretrained),\n"
 	"model-0000k-of-0000n.safetensors shards plus model.safetensors.index.json.\n"
-	"CHECKPOINT_DIR is a checkpoint step directory (.../checkpoints/<step>) or a run's\n"
-	"checkpoints directory (its newest committed step). SIZE: bytes, or with a suffix\n"
-	"KB, MB, GB (powers of 1000).\n";
+	"CHECKPOINT_DIR is a checkpoint step directory (.../checkpoints/<step>), or a run's\n"
+	"checkpoints or run directory (its newest committed step), as generate and ckpt\n"
+	"list take them. SIZE: bytes, or with a suffix KB, MB, GB (powers of 1000).\n"
+	"\n"
+	"example (the default job's newest checkpoint):\n"
+	"  slicetrain export slicetrain_output/default hf_model/\n";
 
 static const char ckpt_usage[] =
 	"usage: slicetrain ckpt list DIR      steps under DIR (a run's checkpoints directory, or\n"
@@ -106,8 +109,10 @@ int st_cmd_export(int argc, char **argv)
 			return usage_error(export_usage, "%s", st_errmsg());
 		if (rc > 0)
 			continue;
-		if (argv[i][0] == '-' && argv[i][1])
-			return usage_error(export_usage, "unknown option '%s'", argv[i]);
+		if (argv[i][0] == '-' && argv[i][1]) {
+			st_cli_unknown_option("export", opts, NULL, argv[i]);
+			return usage_error(export_usage, "%s", st_errmsg());
+		}
 		if (npos == 2)
 			return usage_error(export_usage, "unexpected argument '%s'", argv[i]);
 		pos[npos++] = argv[i];

@@ -21,8 +21,9 @@ int st_cmd_train(int argc, char **argv);
 
 /*
  * slicetrain plan CONFIG.yml [key=value ...] [--num-slices S]
- * [--devices-per-slice D] [--memory GiB] [--json]: plan.c. 0 whether or not
- * the run fits.
+ * [--devices-per-slice D] [--memory GiB] [--json]: plan.c. 0 when the run
+ * fits, 1 when it does not (the report, with a variant that fits when one
+ * is found, printed all the same), 2 bad input.
  */
 int st_cmd_plan(int argc, char **argv);
 
@@ -135,6 +136,19 @@ typedef struct st_cli_opt {
  */
 int st_cli_option(const st_cli_opt *opts, int argc, char **argv, int *i);
 
+/*
+ * An argument that looks like an option ("--num-slice", "--seed=3") but is
+ * none of the command's: the nearest option name among opts and extra (a
+ * NULL-terminated list of the options the command parses by itself; either
+ * may be NULL), "--name=VALUE" compared by its name, when it is near enough
+ * (at most 2 + length/3 edits, as the config loader's suggestions for keys);
+ * else NULL.
+ */
+const char *st_cli_suggest_option(const st_cli_opt *opts, const char *const *extra, const char *arg);
+/* ST_EINVAL: "unknown option 'ARG'; did you mean 'NAME'? (see slicetrain CMD
+ * --help)", without the suggestion when there is none. */
+int st_cli_unknown_option(const char *cmd, const st_cli_opt *opts, const char *const *extra, const char *arg);
+
 /* "[CONFIG.yml] [key=value ...]" split out of a command line. */
 typedef struct st_cli_config_args {
 	const char *config; /* the CONFIG.yml argument, NULL if none */
@@ -157,16 +171,48 @@ typedef struct st_cli_config_args {
  *   otherwise        options of opts anywhere; the first argument ending in
  *                    .yml or .yaml without a '=' is CONFIG.yml; other
  *                    arguments with a '=' are overrides; any other "--x" is
- *                    "unknown option '--x' (see slicetrain CMD --help)".
+ *                    "unknown option '--x' (see slicetrain CMD --help)", with
+ *                    "; did you mean '--y'?" before the parenthesis when
+ *                    an option is near (st_cli_unknown_option).
  *   ST_CLI_NEED_CONFIG  no CONFIG.yml is "CMD needs a CONFIG.yml (see
  *                    slicetrain CMD --help)".
  * Any other argument is "'X' is neither a CONFIG.yml nor a key=value
- * override". Returns 0 or ST_EINVAL / ST_ENOMEM with a message; a->kv is
+ * override" (for "--key=value", with "did you mean 'key=value'?"; an
+ * argument starting with '-' is never an override). Returns 0 or ST_EINVAL / ST_ENOMEM with a message; a->kv is
  * allocated: st_cli_config_args_release (also after an error).
  */
 enum { ST_CLI_LEADING = 1, ST_CLI_NEED_CONFIG = 2 };
 int st_cli_config_args_parse(st_cli_config_args *a, int argc, char **argv, const st_cli_opt *opts,
 			     const char *cmd, int flags);
 void st_cli_config_args_release(st_cli_config_args *a);
+
+/* ---- before a run starts: preflight.c ---- */
+
+struct st_config;
+/*
+ * The data the config reads exists (st_dataset_check_paths), before
+ * anything of the run is written. When what is missing is the default job's
+ * (data/default/), the message ends with the command that makes it (`make
+ * data`). ST_EINVAL.
+ */
+int st_cli_check_data(const struct st_config *c);
+
+/* The run a launcher starts (st_cli_launch_prepare). */
+typedef struct st_cli_run {
+	char **argv; /* the workers' config part: the given one, plus run_name=NAME unless given */
+	int argc;
+	char run_name[256];
+	char run_name_kv[256 + 16];
+} st_cli_run;
+/*
+ * slicetrain launch, before it starts anything: its config part (what
+ * follows "--") loaded once, quietly (the workers print it), its model
+ * checked, its data checked (st_cli_check_data), a derived run_name claimed
+ * (st_config_claim_run_dir), and the workers' arguments with the run's one
+ * name pinned. ST_EINVAL (one line) for bad input; run->argv points into
+ * argv: st_cli_run_release.
+ */
+int st_cli_launch_prepare(int argc, char **argv, st_cli_run *run);
+void st_cli_run_release(st_cli_run *run);
 
 #endif

@@ -61,9 +61,9 @@ static const char generate_usage[] =
 	"  --json                print one JSON object at the end instead: prompt_ids, ids,\n"
 	"                        text, stop, eos_ids, timings\n"
 	"\n"
-	"examples:\n"
+	"examples (an export, and the default job's newest checkpoint):\n"
 	"  slicetrain generate hf_model/ --prompt \"Once upon a time\" --max-tokens 64\n"
-	"  echo \"The weather\" | slicetrain generate slicetrain_output/default tokenizer_path=tok.json \\\n"
+	"  echo \"The weather\" | slicetrain generate slicetrain_output/default --max-tokens 64 \\\n"
 	"      --temperature 0.8 --top-p 0.95 --seed 7\n";
 
 #define DEFAULT_MAX_TOKENS 128
@@ -143,8 +143,11 @@ static int parse_args(struct opts *o, int argc, char **argv)
 			return rc;
 		if (rc)
 			continue;
-		if (a[0] == '-' && a[1])
-			return st_fail(ST_EINVAL, "unknown option '%s'", a);
+		if (a[0] == '-' && a[1]) {
+			const char *hint = st_cli_suggest_option(opts, NULL, a);
+			return hint ? st_fail(ST_EINVAL, "unknown option '%s'; did you mean '%s'?", a, hint)
+				    : st_fail(ST_EINVAL, "unknown option '%s'", a);
+		}
 		if (!o->config && !strchr(a, '=') && (has_suffix(a, ".yml") || has_suffix(a, ".yaml")))
 			o->config = a;
 		else if (is_override(a))

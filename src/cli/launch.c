@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,18 @@ static const char launch_usage[] =
 	"(default 600, -1 forever) ends the run with status 3. A slice that fails again\n"
 	"soon after returning is kept out longer each time (back-off), unless the group\n"
 	"needs it to reach M. Ends with the summary line {\"event\":\"summary\",...}\n"
-	"on stdout.\n";
+	"on stdout.\n"
+	"\n"
+	"The config part (after \"--\") is loaded here first: bad input, or missing\n"
+	"data, ends the launch before anything starts (exit 2). Every worker gets the\n"
+	"run's one run_name (a derived one is made here, once).\n"
+	"\n"
+	"examples (2 slices of 1 device; the same, elastic, slice 1 preempted after step 10):\n"
+	"  slicetrain launch --num-slices 2 --devices-per-slice 1 -- configs/base.yml model_name=llama3-test \\\n"
+	"      steps=20 per_device_batch_size=4 max_target_length=256\n"
+	"  slicetrain launch --num-slices 2 --min-slices 1 --devices-per-slice 1 --preempt 1@10:2 -- \\\n"
+	"      configs/base.yml model_name=llama3-test steps=60 per_device_batch_size=4 max_target_length=256 \\\n"
+	"      checkpoint_period=10\n";
 
 typedef struct worker {
 	pid_t pid;
@@ -461,6 +473,24 @@ static int launch_elastic(st_ctl_opts *co, int grace, int argc, char **argv)
 
 static int launch_static(int slices, int dps, int threads, int port, int argc, char **argv);
 
+/* A bad command line: one error line; exit 2. */
+__attribute__((format(printf, 1, 2))) static int arg_error(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "slicetrain: error: ");
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return 2;
+}
+
+static int launch_run(st_ctl_opts *co, int grace, int slices, int dps, int threads, int port, int argc,
+		      char **argv);
+
+/* The options the loop below parses itself (for suggestions). */
+static const char *const launch_extra[] = {"--kill", "--preempt", "--help", NULL};
+
 int st_cmd_launch(int argc, char **argv)
 {
 	int slices = 0, dps = 0, threads = 1, port = 0, i;
@@ -483,8 +513,8 @@ int st_cmd_launch(int argc, char **argv)
 		{.name = "--restart-from-checkpoint", .kind = ST_CLI_FLAG, .value = &restart_only},
 		{0},
 	};
-	/* the config part after "--" goes to the workers as is: each one's
-	 * `slicetrain train` parses and checks it */
+	/* the config part after "--" goes to the workers as is (plus the run's
+	 * name): each one's `slicetrain train` parses and checks it too */
 	for (i = 0; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "--")) {
@@ -496,10 +526,8 @@ int st_cmd_launch(int argc, char **argv)
 			return 0;
 		}
 		if (!strcmp(a, "--kill") || !strcmp(a, "--preempt")) {
-			if (i + 1 >= argc || nfaults == 64 || parse_fault(argv[i + 1], &faults[nfaults]) < 0) {
-				fprintf(stderr, "slicetrain launch: %s needs SLICE@STEP[:DOWN_S] (at most 64 faults)\n", a);
-				return 2;
-			}
+			if (i + 1 >= argc || nfaults == 64 || parse_fault(argv[i + 1], &faults[nfaults]) < 0)
+				return arg_error("%s needs SLICE@STEP[:DOWN_S] (at most 64 faults)", a);
 			faults[nfaults++].kind = a[2] == 'k' ? ST_FAULT_KILL : ST_FAULT_PREEMPT;
 			i++;
 			elastic = 1;
@@ -508,56 +536,58 @@ int st_cmd_launch(int argc, char **argv)
 		if (!strncmp(a, "--min-slices", 12) || !strncmp(a, "--max-failures", 14))
 			elastic = 1;
 		int rc = st_cli_option(opts, argc, argv, &i);
+		if (rc == 0 && a[0] != '-')
+			return arg_error("'%s' is not an option of slicetrain launch: the workers' CONFIG.yml and "
+					 "key=value overrides come after '--' (slicetrain launch [options] -- [CONFIG.yml] "
+					 "[key=value ...])", a);
 		if (rc == 0) {
-			fprintf(stderr, "slicetrain launch: unknown option '%s'\n%s", a, launch_usage);
-			return 2;
+			st_cli_unknown_option("launch", opts, launch_extra, a);
+			return arg_error("%s", st_errmsg());
 		}
-		if (rc < 0) {
-			fprintf(stderr, "slicetrain launch: %s\n", st_errmsg());
-			return 2;
-		}
+		if (rc < 0)
+			return arg_error("%s", st_errmsg());
 	}
-	if (slices < 1 || dps < 1) {
-		fprintf(stderr, "slicetrain launch: --num-slices and --devices-per-slice are required\n%s",
-			launch_usage);
-		return 2;
+	if (slices < 1 || dps < 1)
+		return arg_error("launch needs --num-slices S and --devices-per-slice D (see slicetrain launch --help)");
+	if (wait_timeout == 0)
+		return arg_error("--wait-timeout is -1 (forever) or at least 1 second");
+	for (int f = 0; f < nfaults; f++)
+		if (faults[f].slice >= slices)
+			return arg_error("a fault names slice %d; the run has %d", faults[f].slice, slices);
+	/* the config part: loaded once here, its data checked, the run's name
+	 * fixed for every worker (before anything is started or written) */
+	st_cli_run run;
+	int prc = st_cli_launch_prepare(argc - i, argv + i, &run);
+	if (prc < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		return st_exit_status(prc);
 	}
-	if (wait_timeout == 0) {
-		fprintf(stderr, "slicetrain launch: --wait-timeout is -1 (forever) or at least 1 second\n");
-		return 2;
-	}
-	if (elastic) {
-		for (int f = 0; f < nfaults; f++)
-			if (faults[f].slice >= slices) {
-				fprintf(stderr, "slicetrain launch: a fault names slice %d; the run has %d\n", faults[f].slice,
-					slices);
-				return 2;
-			}
-		st_token tok;
-		char dir[PATH_MAX];
-		int rc = run_token(dir, sizeof(dir), &tok);
-		if (rc < 0) {
-			fprintf(stderr, "slicetrain launch: %s\n", st_errmsg());
-			remove_token(dir);
-			return st_exit_status(rc);
-		}
-		st_ctl_opts co = {.token = &tok,.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
-				  .hosts_per_slice = hps, .devices_per_slice = dps, .threads = threads,
-				  .max_failures = max_failures, .repair_delay = repair, .in_place = !restart_only,
-				  .heartbeat_timeout_s = hb_ms / 1000.0, .stop_grace_s = grace,
-				  .wait_timeout_s = wait_timeout, .faults = faults, .nfaults = nfaults};
-		rc = launch_elastic(&co, grace, argc - i, argv + i);
-		remove_token(dir);
-		return rc;
-	}
+	st_ctl_opts co = {.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
+			  .hosts_per_slice = hps, .devices_per_slice = dps, .threads = threads,
+			  .max_failures = max_failures, .repair_delay = repair, .in_place = !restart_only,
+			  .heartbeat_timeout_s = hb_ms / 1000.0, .stop_grace_s = grace,
+			  .wait_timeout_s = wait_timeout, .faults = faults, .nfaults = nfaults};
+	int rc = launch_run(elastic ? &co : NULL, grace, slices, dps, threads, port, run.argc, run.argv);
+	st_cli_run_release(&run);
+	return rc;
+}
+
+/* The run with its token (made here unless the user gave one): elastic
+ * (co) or a static group. */
+static int launch_run(st_ctl_opts *co, int grace, int slices, int dps, int threads, int port, int argc,
+		      char **argv)
+{
 	st_token tok;
 	char dir[PATH_MAX];
 	int rc = run_token(dir, sizeof(dir), &tok);
 	if (rc < 0) {
 		fprintf(stderr, "slicetrain launch: %s\n", st_errmsg());
 		rc = st_exit_status(rc);
+	} else if (co) {
+		co->token = &tok;
+		rc = launch_elastic(co, grace, argc, argv);
 	} else {
-		rc = launch_static(slices, dps, threads, port, argc - i, argv + i);
+		rc = launch_static(slices, dps, threads, port, argc, argv);
 	}
 	remove_token(dir);
 	return rc;

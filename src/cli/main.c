@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "config/config.h" /* st_edit_distance */
 
 #define SLICETRAIN_VERSION "0.1.0"
 
@@ -19,15 +20,18 @@ static const char usage[] =
 	"commands:\n"
 	"  train [CONFIG.yml] [key=value ...]   train a model (MaxText-style config and overrides);\n"
 	"                                       without CONFIG.yml, the embedded default job\n"
-	"                                       (configs/default.yml: llama3-125m, synthetic data)\n"
+	"                                       (configs/default.yml: llama3-16m on English text, data/default/\n"
+	"                                       from `make data`; about 30 s on 2 cores)\n"
 	"  launch --num-slices S --devices-per-slice D [--threads-per-device T] -- [CONFIG.yml] [key=value ...]\n"
 	"                                       start a worker group on this machine (docs/distributed.md)\n"
 	"  agent --controller HOST:PORT --slice S --host H --hosts-per-slice N --devices D\n"
 	"                                       the elastic agent of one host (docs/elastic.md)\n"
 	"  launch --num-slices S --min-slices M --devices-per-slice D [--max-failures N] -- ...\n"
 	"                                       an elastic run: controller and agents (docs/elastic.md)\n"
-	"  nodes --controller HOST:PORT         the live picture of an elastic run (slices, hosts, workers)\n"
-	"  export CHECKPOINT_DIR OUT_DIR        write a checkpoint as a Hugging Face model directory\n"
+	"  nodes --controller HOST:PORT --token-file PATH\n"
+	"                                       the live picture of an elastic run (slices, hosts, workers)\n"
+	"  export CHECKPOINT_DIR|RUN_DIR OUT_DIR\n"
+	"                                       write a checkpoint as a Hugging Face model directory\n"
 	"  ckpt list|verify DIR                 list checkpoints, or recompute their checksums\n"
 	"  plan CONFIG.yml [key=value ...] [--num-slices S --devices-per-slice D] [--memory GiB]\n"
 	"                                       per-device memory and FLOPs of a run, and whether it fits\n"
@@ -43,7 +47,8 @@ static const char usage[] =
 	"  SLICETRAIN_CONFIG_DIR  where configs/ lives (default: next to the binary, then ./configs)\n"
 	"\n"
 	"exit status: 0 success, 1 failure, 2 bad input (config, data, arguments),\n"
-	"             128+N stopped by signal N\n";
+	"             3 a peer of the worker group failed, 128+N stopped by signal N\n"
+	"             (plan: 1 the run does not fit)\n";
 
 static const struct {
 	const char *name;
@@ -81,6 +86,18 @@ int main(int argc, char **argv)
 		printf("slicetrain %s\n", SLICETRAIN_VERSION);
 		return 0;
 	}
-	fprintf(stderr, "slicetrain: unknown command '%s'\n\n%s", cmd, usage);
+	/* one line, with the nearest command when one is near (as options' and keys') */
+	const char *best = NULL;
+	int best_d = 1 << 30;
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		int d = st_edit_distance(cmd, commands[i].name);
+		if (d < best_d)
+			best_d = d, best = commands[i].name;
+	}
+	if (best && best_d <= 1 + (int)strlen(cmd) / 3)
+		fprintf(stderr, "slicetrain: error: unknown command '%s'; did you mean '%s'? (see slicetrain --help)\n",
+			cmd, best);
+	else
+		fprintf(stderr, "slicetrain: error: unknown command '%s' (see slicetrain --help)\n", cmd);
 	return 2;
 }

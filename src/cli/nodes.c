@@ -33,8 +33,14 @@ static const char nodes_usage[] =
 	"heartbeat and its workers. --json prints the controller's answer as is.\n"
 	"\n"
 	"The controller asks for the run's token (docs/security.md): from --token-file\n"
-	"PATH (`slicetrain launch` prints the path of the file it made), else from\n"
-	"SLICETRAIN_TOKEN_FILE or SLICETRAIN_TOKEN.\n";
+	"PATH (`slicetrain launch` prints the path of the file it made, which it removes\n"
+	"when the run ends), else from SLICETRAIN_TOKEN_FILE or SLICETRAIN_TOKEN.\n"
+	"\n"
+	"Exit status: 0 done, 1 the controller refused the token or did not answer,\n"
+	"2 bad arguments (a token file that cannot be read included).\n"
+	"\n"
+	"example (ADDR and PATH: what `slicetrain launch` printed):\n"
+	"  slicetrain nodes --controller ADDR --token-file PATH\n";
 
 static void fmt_time(double t, char *buf, size_t n)
 {
@@ -105,36 +111,81 @@ static void print_status(const json_t *st)
 	}
 }
 
+/* A bad command line: one error line; exit 2. */
+static int arg_error(const char *msg)
+{
+	fprintf(stderr, "slicetrain: error: %s\n", msg);
+	return 2;
+}
+
+/* The run's token: --token-file PATH, else the environment's. */
+static int load_token(st_token *tok, const char *token_file)
+{
+	if (!token_file)
+		return st_token_load(tok);
+	int rc = st_token_load_file(tok, token_file, "--token-file");
+	if (rc < 0 && *token_file && access(token_file, F_OK) != 0) {
+		char msg[600];
+		snprintf(msg, sizeof(msg), "%s", st_errmsg());
+		return st_fail(rc, "%s (the token file slicetrain launch makes is removed when its run ends)", msg);
+	}
+	return rc;
+}
+
+/* The controller refused our proof of the token: say which token was
+ * offered, and how to give the run's. */
+static int refused(const st_token *tok, const char *token_file)
+{
+	char msg[600];
+	snprintf(msg, sizeof(msg), "%s", st_errmsg());
+	if (!tok->set)
+		return st_fail(ST_EAUTH, "%s: this process has no token: give the run's with --token-file PATH (`slicetrain "
+			       "launch` prints `slicetrain nodes --controller ADDR --token-file PATH` at start)", msg);
+	return st_fail(ST_EAUTH, "%s: the token of %s%s%s is not this run's: give the run's with --token-file PATH "
+		       "(`slicetrain launch` prints the path at start)", msg, tok->source, token_file ? " " : "",
+		       token_file ? token_file : "");
+}
+
 int st_cmd_nodes(int argc, char **argv)
 {
-	const char *addr = NULL;
+	const char *addr = NULL, *token_file = NULL;
 	int as_json = 0;
+	const st_cli_opt opts[] = {
+		{.name = "--controller", .kind = ST_CLI_STRING, .value = &addr, .joined = 1},
+		{.name = "--token-file", .kind = ST_CLI_STRING, .value = &token_file, .joined = 1},
+		{.name = "--json", .kind = ST_CLI_FLAG, .value = &as_json},
+		{0},
+	};
 	for (int i = 0; i < argc; i++) {
 		if (st_cli_is_help(argv[i])) {
 			fputs(nodes_usage, stdout);
 			return 0;
 		}
-		if (!strcmp(argv[i], "--controller") && i + 1 < argc)
-			addr = argv[++i];
-		else if (!strncmp(argv[i], "--controller=", 13))
-			addr = argv[i] + 13;
-		else if (!strcmp(argv[i], "--json"))
-			as_json = 1;
-		else if (!strcmp(argv[i], "--token-file") && i + 1 < argc)
-			setenv("SLICETRAIN_TOKEN_FILE", argv[++i], 1);
-		else {
-			fprintf(stderr, "slicetrain nodes: unknown argument '%s'\n%s", argv[i], nodes_usage);
-			return 2;
+		int rc = st_cli_option(opts, argc, argv, &i);
+		if (rc < 0)
+			return arg_error(st_errmsg());
+		if (rc > 0)
+			continue;
+		if (argv[i][0] == '-') {
+			st_cli_unknown_option("nodes", opts, NULL, argv[i]);
+			return arg_error(st_errmsg());
 		}
+		st_fail(ST_EINVAL, "'%s' is not an option of slicetrain nodes (the address goes with --controller: "
+			"slicetrain nodes --controller HOST:PORT --token-file PATH)", argv[i]);
+		return arg_error(st_errmsg());
 	}
-	if (!addr) {
-		fprintf(stderr, "slicetrain nodes: --controller HOST:PORT is required\n%s", nodes_usage);
-		return 2;
-	}
+	if (!addr || !*addr)
+		return arg_error("nodes needs --controller HOST:PORT (the address `slicetrain launch` prints at start; "
+				 "see slicetrain nodes --help)");
 	int fd = -1, rc;
 	st_token tok;
-	if ((rc = st_token_load(&tok)) < 0 ||
-	    (rc = st_proto_connect(addr, &tok, st_mono_ns() + 5 * (int64_t)1000000000, &fd)) < 0) {
+	if ((rc = load_token(&tok, token_file)) < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		return st_exit_status(rc);
+	}
+	if ((rc = st_proto_connect(addr, &tok, st_mono_ns() + 5 * (int64_t)1000000000, &fd)) < 0) {
+		if (rc == ST_EAUTH)
+			refused(&tok, token_file);
 		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
 		return rc == ST_EINVAL ? 2 : 1;
 	}

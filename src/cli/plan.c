@@ -1,7 +1,7 @@
 /*
  * plan.c - slicetrain plan CONFIG.yml [key=value ...] [--num-slices S]
  * [--devices-per-slice D] [--memory GiB] [--json]: the command line of
- * st_plan_compute / st_plan_print (src/train/plan.h).
+ * st_plan_compute, st_plan_suggest and st_plan_print (src/train/plan.h).
  */
 #include "cli/cli.h"
 
@@ -25,7 +25,16 @@ static const char plan_usage[] =
 	"Defaults: S = num_slices when set, else 1; D = the product of the ici_* values\n"
 	"when none is -1, else 1.\n"
 	"\n"
-	"example (the tutorial's 70B run):\n"
+	"When it does not fit, the report ends with a variant that does and asks least\n"
+	"of the user (the overrides and options to add), tried among: remat_policy=full,\n"
+	"the data axes folded into fsdp, a smaller per_device_batch_size with more\n"
+	"gradient accumulation (the same global batch), dtype=bfloat16, and up to 16x\n"
+	"the devices per slice as fsdp; or says that none of them fits.\n"
+	"\n"
+	"Exit status: 0 it fits, 1 it does not fit (the report printed all the same),\n"
+	"2 bad input.\n"
+	"\n"
+	"example (the tutorial's 70B run, on chips of 95 GiB):\n"
 	"  slicetrain plan configs/base.yml model_name=llama3-70b per_device_batch_size=2 \\\n"
 	"      max_target_length=4096 remat_policy=full ici_tensor_parallelism=4 \\\n"
 	"      ici_fsdp_parallelism=4 dcn_fsdp_parallelism=2 dcn_data_parallelism=1 \\\n"
@@ -56,7 +65,7 @@ int st_cmd_plan(int argc, char **argv)
 	st_cli_use_config_dir();
 	int64_t slices = 0, dps = 0;
 	double memory = 0;
-	int json = 0;
+	int json = 0, fits = 0;
 	const st_cli_opt opts[] = {
 		{.name = "--num-slices", .kind = ST_CLI_COUNT, .value = &slices},
 		{.name = "--devices-per-slice", .kind = ST_CLI_COUNT, .value = &dps},
@@ -73,13 +82,16 @@ int st_cmd_plan(int argc, char **argv)
 	if (rc == 0) {
 		default_mesh(c, &slices, &dps);
 		st_plan p;
+		st_plan_suggestion s;
 		rc = st_plan_compute(&p, c, slices, dps, memory);
-		if (rc == 0) {
+		if (rc == 0 && (rc = st_plan_suggest(&p, c, memory, &s)) >= 0) {
 			if (json)
-				st_plan_print_json(&p, c, stdout);
+				st_plan_print_json(&p, c, &s, stdout);
 			else
-				st_plan_print(&p, c, stdout);
+				st_plan_print(&p, c, &s, stdout);
 			fflush(stdout);
+			fits = p.fits;
+			rc = 0;
 		}
 	}
 	st_cli_config_args_release(&a);
@@ -88,5 +100,5 @@ int st_cmd_plan(int argc, char **argv)
 		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
 		return st_exit_status(rc);
 	}
-	return 0;
+	return fits ? 0 : 1; /* a check that failed, as test(1): the report says what would fit */
 }

@@ -72,9 +72,10 @@ static const char tokenize_usage[] =
 	"Progress goes to stderr (a live line on a terminal), the summary to stdout:\n"
 	"documents, tokens, tokens/s.\n"
 	"\n"
-	"example:\n"
-	"  slicetrain tokenize tokenizer_path=tokenizer.json -o data/train.bin corpus.jsonl\n"
-	"  slicetrain train configs/base.yml dataset_type=tokens dataset_path=data/train.bin ...\n";
+	"example (the default job's held-out text, then 20 steps on it):\n"
+	"  slicetrain tokenize tokenizer_path=data/default/tokenizer.json -o eval-tokens.bin data/default/eval.jsonl\n"
+	"  slicetrain train configs/base.yml model_name=llama3-16m dataset_type=tokens \\\n"
+	"      dataset_path=eval-tokens.bin max_target_length=128 per_device_batch_size=4 steps=20\n";
 
 #define CHUNK_BYTES ((size_t)256 << 10) /* a text document is encoded in pieces of this size */
 #define LINES_BYTES ((size_t)64 << 10)  /* JSON lines go to threads in groups of this size */
@@ -644,7 +645,10 @@ int st_cmd_tokenize(int argc, char **argv)
 			continue;
 		}
 		if (a[0] == '-' && a[1]) {
-			snprintf(msg, sizeof(msg), "unknown option '%s'", a);
+			static const char *const own[] = {"--output", "--text-field", "--format", "--bos", "--eos", NULL};
+			const char *hint = st_cli_suggest_option(cli_opts, own, a);
+			snprintf(msg, sizeof(msg), "unknown option '%.200s'%s%.40s%s", a, hint ? "; did you mean '" : "",
+				 hint ? hint : "", hint ? "'?" : "");
 			rc = usage_error(msg);
 			goto out;
 		}

@@ -41,7 +41,7 @@ int st_cmd_train(int argc, char **argv)
 	st_cli_config_args a;
 	int rc = st_cli_config_args_parse(&a, argc, argv, NULL, "train", ST_CLI_LEADING);
 	if (rc < 0) {
-		fprintf(stderr, "slicetrain: %s\n", st_errmsg());
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
 		st_cli_config_args_release(&a);
 		return st_exit_status(rc);
 	}
@@ -61,6 +61,18 @@ int st_cmd_train(int argc, char **argv)
 	int64_t nparams = 0;
 	if (rc == 0)
 		rc = st_llama_check_config(c, &nparams); /* the checks that need the model's tensor table */
+	/* a derived name is each process's own: a group's processes must be
+	 * given theirs (slicetrain launch and the elastic controller pin it) */
+	if (rc == 0 && c->run_name_derived && env.world_size > 1)
+		rc = st_fail(ST_EINVAL, "run_name is empty, and each of this group's %d processes would derive a "
+			     "name of its own (the time it started): set run_name (or JOBSET_NAME) the same for all of "
+			     "them, as slicetrain launch does", env.world_size);
+	/* before anything of the run is written: its data exists; a derived
+	 * name is made this run's own (never an earlier run's directory) */
+	if (rc == 0)
+		rc = st_cli_check_data(c);
+	if (rc == 0)
+		rc = st_config_claim_run_dir(c);
 	if (rc == 0 && lead)
 		st_config_print(c, nparams);
 	st_log_quiet(0);

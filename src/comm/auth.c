@@ -58,12 +58,17 @@ static int token_from(st_token *t, const uint8_t *p, size_t n, const char *sourc
 	return 0;
 }
 
-static int token_file(st_token *t, const char *path)
+/* name: where the path came from, for messages: the variable
+ * SLICETRAIN_TOKEN_FILE ("SLICETRAIN_TOKEN_FILE=PATH: ...") or an option
+ * such as "--token-file" ("--token-file PATH: ..."). */
+static int token_file(st_token *t, const char *path, const char *name)
 {
 	char what[300];
-	snprintf(what, sizeof(what), "SLICETRAIN_TOKEN_FILE=%.250s", path);
+	int option = name[0] == '-';
+	snprintf(what, sizeof(what), "%.40s%s%.250s", name, option ? " " : "=", path);
 	if (!*path)
-		return st_fail(ST_EINVAL, "SLICETRAIN_TOKEN_FILE is set but empty");
+		return st_fail(ST_EINVAL, option ? "%s needs the path of the run's token file" : "%s is set but empty",
+			       name);
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 	if (fd < 0)
 		return st_fail(ST_EINVAL, "%s: cannot open the token file: %s", what, strerror(errno));
@@ -105,7 +110,7 @@ static int token_file(st_token *t, const char *path)
 	if (rc == 0 && n > TOKEN_FILE_MAX)
 		rc = st_fail(ST_EINVAL, "%s: the run token is too long (more than %d bytes)", what, ST_AUTH_MAX_TOKEN);
 	if (rc == 0)
-		rc = token_from(t, buf, n, "SLICETRAIN_TOKEN_FILE", what);
+		rc = token_from(t, buf, n, name, what);
 	OPENSSL_cleanse(buf, TOKEN_FILE_MAX + 1);
 	free(buf);
 	return rc;
@@ -117,11 +122,17 @@ int st_token_load(st_token *t)
 	snprintf(t->source, sizeof(t->source), "none");
 	const char *path = getenv("SLICETRAIN_TOKEN_FILE");
 	if (path)
-		return token_file(t, path);
+		return token_file(t, path, "SLICETRAIN_TOKEN_FILE");
 	const char *tok = getenv("SLICETRAIN_TOKEN");
 	if (tok)
 		return token_from(t, (const uint8_t *)tok, strlen(tok), "SLICETRAIN_TOKEN", "SLICETRAIN_TOKEN");
 	return 0;
+}
+
+int st_token_load_file(st_token *t, const char *path, const char *option)
+{
+	memset(t, 0, sizeof(*t));
+	return token_file(t, path, option);
 }
 
 void st_token_clear(st_token *t)

@@ -60,6 +60,11 @@ typedef struct st_token {
  * token is too short or too long (also an empty variable). The message
  * names the variable and the path, never the token. */
 int st_token_load(st_token *t);
+/* The token of the file path that a command-line option names (e.g.
+ * "--token-file"), with the checks of SLICETRAIN_TOKEN_FILE's; messages
+ * and t->source name the option ("--token-file PATH: cannot open the token
+ * file: ..."). */
+int st_token_load_file(st_token *t, const char *path, const char *option);
 /* Forget the key (cleansed). */
 void st_token_clear(st_token *t);
 

@@ -59,6 +59,7 @@ typedef struct st_config {
 
 	/* run */
 	char run_name[ST_NAME_MAX];
+	int run_name_derived; /* not a key: run_name was empty and is <model_name>_<stamp>[_k] */
 	char base_output_directory[ST_PATH_MAX];
 	double per_device_batch_size; /* must be a positive integer for now */
 	int64_t max_target_length;
@@ -110,6 +111,9 @@ typedef struct st_config {
 	char load_parameters_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir or an HF model dir */
 	char load_full_state_path[ST_PATH_MAX]; /* "" = none; a checkpoint step dir (at most one of the two) */
 	enum st_ckpt_failure_policy checkpoint_failure_policy; /* ours: "continue" (default) or "stop" */
+	/* ours, false: a resumed run keeps its checkpoint's global batch and
+	 * max_target_length (st_ckpt_check_resume); true: it may change them */
+	int resume_allow_batch_change;
 
 	/* elastic (ours; docs/config.md) */
 	enum st_elastic_batch elastic_batch; /* "constant" (default) or "scale" */
@@ -121,14 +125,26 @@ typedef struct st_config {
  * the nearest valid key for an unknown command-line key); *c is zeroed then.
  * Derived as MaxText does: emb/heads/mlp/layers scaled by
  * global_parameter_scale, learning_rate_schedule_steps -1 -> steps (and
- * steps -1 -> the schedule), empty run_name -> $JOBSET_NAME or
- * <model_name>_<YYYY-MM-DD-HH-MM>, empty base_output_directory ->
- * <cwd>/slicetrain_output. On success it may print these warnings (st_warn,
+ * steps -1 -> the schedule), empty base_output_directory ->
+ * <cwd>/slicetrain_output, empty run_name -> $JOBSET_NAME or a new run's
+ * name, <model_name>_<YYYY-MM-DD-HH-MM-SS>, with _2, _3, ... appended while
+ * <base_output_directory>/<name> exists (run_name_derived set; nothing is
+ * created: st_config_claim_run_dir). On success it may print these warnings (st_warn,
  * one line each): MaxText keys kept at their file value, dropout ignored,
  * base_output_directory derived. (dtype bfloat16 on a CPU without
  * AVX512_BF16 is warned about by the trainer, which then runs fp32.) Keys and rules: docs/config.md.
  */
 int st_config_load(st_config *c, const char *path, int noverrides, char **overrides);
+
+/*
+ * A derived run_name (run_name_derived) made this run's own, once nothing
+ * stops the run from starting: creates <base_output_directory> (with its
+ * parents) and <base_output_directory>/<run_name>, and when another run
+ * made that directory since the name was derived (started in the same
+ * second), takes the next free suffix. A run_name that was given, or
+ * $JOBSET_NAME: nothing. ST_EIO when a directory cannot be made.
+ */
+int st_config_claim_run_dir(st_config *c);
 
 /*
  * The installed configs/ directory (holding base.yml, default.yml and
@@ -165,5 +181,12 @@ int st_config_to_json(const st_config *c, char **out);
  * value of the wrong type or a model shape that is not positive.
  */
 int st_config_from_json(st_config *c, const char *json);
+
+/*
+ * Levenshtein distance between A and B (strings of at most 256 bytes; a
+ * longer one is 1000 away from anything): the config loader's "did you mean"
+ * for unknown keys, and the command line's for unknown options (src/cli).
+ */
+int st_edit_distance(const char *a, const char *b);
 
 #endif

@@ -6,15 +6,24 @@
 #include "config/config_int.h"
 
 #include "base/err.h"
+#include "base/file.h"
+#include "base/path.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_DIM INT32_MAX /* kernels index one dimension with int */
+/* A derived run name's stamp (to the second), an example of its length, and
+ * the most _<k> suffixes tried after it. */
+#define RUN_STAMP_FORMAT "%Y-%m-%d-%H-%M-%S"
+#define RUN_STAMP_EXAMPLE "2026-12-08-10-31-05"
+#define MAX_RUN_SUFFIX 1000
 
 struct checker {
 	struct st_cfull *f;
@@ -258,26 +267,94 @@ static int check_checkpointing(const struct checker *ck)
 }
 
 /* MaxText: an empty run_name becomes $JOBSET_NAME, else <model_name>_<YYYY-MM-DD-HH-MM>. */
+/* A derived run name: <model_name>_<stamp>, and _<k> after it for k >= 2. */
+static int run_name_candidate(st_config *c, const char *model, const char *stamp, int k)
+{
+	int n = k < 2 ? snprintf(c->run_name, sizeof(c->run_name), "%s_%s", model, stamp)
+		      : snprintf(c->run_name, sizeof(c->run_name), "%s_%s_%d", model, stamp, k);
+	if (n < 0 || (size_t)n >= sizeof(c->run_name))
+		return st_fail(ST_EINVAL, "run_name is empty and the derived name is too long; set run_name");
+	return 0;
+}
+
+/* <base_output_directory>/<run_name> exists (a directory or anything else). */
+static int run_dir_exists(const st_config *c)
+{
+	char p[ST_PATH_MAX];
+	struct stat st;
+	return st_path_join(p, sizeof(p), c->base_output_directory, c->run_name) < 0 || lstat(p, &st) == 0;
+}
+
+/* The first candidate from k on whose directory does not exist; *k is its suffix. */
+static int first_free_name(st_config *c, const char *model, const char *stamp, int *k)
+{
+	int rc;
+	for (; *k <= MAX_RUN_SUFFIX; *k = *k < 2 ? 2 : *k + 1)
+		if ((rc = run_name_candidate(c, model, stamp, *k)) < 0 || !run_dir_exists(c))
+			return rc;
+	return st_fail(ST_EINVAL, "run_name is empty and %s/%s_%s ... _%d all exist; set run_name",
+		       c->base_output_directory, model, stamp, MAX_RUN_SUFFIX);
+}
+
+/*
+ * An empty run_name, as MaxText: $JOBSET_NAME (the same on every restart of a
+ * JobSet: it resumes), else a new run's name, <model_name>_<YYYY-MM-DD-HH-MM-SS>
+ * (MaxText stamps to the minute, which let a run started in the same minute
+ * resume another's checkpoints), with _2, _3, ... appended while
+ * <base_output_directory>/<name> exists. After derive_output_dir.
+ */
 static int derive_run_name(st_config *c)
 {
 	const char *jobset = getenv("JOBSET_NAME");
 	char stamp[32];
 	struct tm tm;
 	time_t now = time(NULL);
-	int n;
+	int k = 1;
 
+	c->run_name_derived = 0;
 	if (c->run_name[0])
 		return 0;
 	if (jobset && jobset[0]) {
-		n = snprintf(c->run_name, sizeof(c->run_name), "%s", jobset);
-	} else {
-		localtime_r(&now, &tm);
-		strftime(stamp, sizeof(stamp), "%Y-%m-%d-%H-%M", &tm);
-		n = snprintf(c->run_name, sizeof(c->run_name), "%s_%s", c->model_name, stamp);
+		int n = snprintf(c->run_name, sizeof(c->run_name), "%s", jobset);
+		if (n < 0 || (size_t)n >= sizeof(c->run_name))
+			return st_fail(ST_EINVAL, "run_name is empty and $JOBSET_NAME is too long; set run_name");
+		return 0;
 	}
-	if (n < 0 || (size_t)n >= sizeof(c->run_name))
-		return st_fail(ST_EINVAL, "run_name is empty and the derived name is too long; set run_name");
-	return 0;
+	localtime_r(&now, &tm);
+	strftime(stamp, sizeof(stamp), RUN_STAMP_FORMAT, &tm);
+	c->run_name_derived = 1;
+	return first_free_name(c, c->model_name, stamp, &k);
+}
+
+int st_config_claim_run_dir(st_config *c)
+{
+	char p[ST_PATH_MAX], model_stamp[ST_NAME_MAX], stamp[32];
+	int rc, k = 1;
+
+	if (!c->run_name_derived)
+		return 0;
+	/* the name is <model>_<stamp>[_<k>]: take it apart to count on from k */
+	size_t ml = strlen(c->model_name), sl = strlen(RUN_STAMP_EXAMPLE);
+	if (strlen(c->run_name) < ml + 1 + sl || strncmp(c->run_name, c->model_name, ml) || c->run_name[ml] != '_')
+		ST_BUG("derived run_name '%s' is not <model_name>_<stamp>", c->run_name);
+	snprintf(model_stamp, sizeof(model_stamp), "%s", c->model_name);
+	snprintf(stamp, sizeof(stamp), "%.*s", (int)sl, c->run_name + ml + 1);
+	if (c->run_name[ml + 1 + sl] == '_')
+		k = atoi(c->run_name + ml + 2 + sl);
+	if ((rc = st_mkdir_p(c->base_output_directory)) < 0)
+		return rc;
+	for (;;) {
+		if ((rc = st_path_join(p, sizeof(p), c->base_output_directory, c->run_name)) < 0)
+			return rc;
+		if (mkdir(p, 0777) == 0)
+			return 0;
+		if (errno != EEXIST)
+			return st_fail(ST_EIO, "cannot make the run's directory %s: %s", p, strerror(errno));
+		/* another run made it since the name was derived: the next one */
+		k = k < 2 ? 2 : k + 1;
+		if ((rc = first_free_name(c, model_stamp, stamp, &k)) < 0)
+			return rc;
+	}
 }
 
 /* MaxText uses abspath("maxtext_output") with a warning; we use slicetrain_output. */
@@ -311,7 +388,7 @@ int st_cfull_finish(struct st_cfull *f, st_cwhere_fn where_fn, const void *ctx)
 	    (rc = derive_steps(&ck)) < 0 || (rc = check_optimizer(&ck)) < 0 || (rc = check_misc(&ck)) < 0 ||
 	    (rc = check_checkpointing(&ck)) < 0)
 		return rc;
-	if ((rc = derive_run_name(c)) < 0 || (rc = derive_output_dir(c, &derived_output)) < 0)
+	if ((rc = derive_output_dir(c, &derived_output)) < 0 || (rc = derive_run_name(c)) < 0)
 		return rc;
 	if (f->enable_dropout && f->dropout_rate > 0)
 		st_warn("dropout_rate %g ignored: slicetrain does not implement dropout", f->dropout_rate);

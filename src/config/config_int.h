@@ -77,9 +77,6 @@ int st_ckey_set(struct st_cfull *f, const struct st_ckey *k, const st_ynode *v, 
  */
 int st_cvalue_parse(const char *key, const char *text, st_ynode **out);
 
-/* Levenshtein distance between A and B (strings of at most 256 bytes). */
-int st_edit_distance(const char *a, const char *b);
-
 /* Source of a key's value for messages: "file:line", "command line" or "default". */
 typedef const char *(*st_cwhere_fn)(const void *ctx, const char *key);
 

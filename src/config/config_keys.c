@@ -125,6 +125,8 @@ static const struct st_ckey keys[] = {
 	S("load_parameters_path", c.load_parameters_path, "\"\""),
 	S("load_full_state_path", c.load_full_state_path, "\"\""),
 	E("checkpoint_failure_policy", c.checkpoint_failure_policy, "continue", failure_policies),
+	/* ours: a resumed run may train another batch than its checkpoint's */
+	B("resume_allow_batch_change", c.resume_allow_batch_change, "False"),
 
 	/* elastic (ours): the global batch when the group's size changes */
 	E("elastic_batch", c.elastic_batch, "constant", elastic_batches),

@@ -195,6 +195,33 @@ static int open_split(st_dataset **out, const st_config *c, int64_t global_batch
 	return 0;
 }
 
+/* A pattern of key names at least one file (its files are not opened). */
+static int check_pattern(const char *key, const char *pattern)
+{
+	char **paths = NULL;
+	int n = 0;
+	if (!pattern[0])
+		return st_fail(ST_EINVAL, "%s is empty (dataset_type=tokens needs a file or a glob)", key);
+	int rc = expand_paths(key, pattern, &paths, &n);
+	for (int i = 0; i < n; i++)
+		free(paths[i]);
+	free(paths);
+	return rc;
+}
+
+int st_dataset_check_paths(const st_config *c, const char **key)
+{
+	int rc = 0;
+	*key = NULL;
+	if (c->dataset_type != ST_DATA_TOKENS)
+		return 0;
+	if ((rc = check_pattern("dataset_path", c->dataset_path)) < 0)
+		*key = "dataset_path";
+	else if (c->eval_interval > 0 && (rc = check_pattern("grain_eval_files", c->grain_eval_files)) < 0)
+		*key = "grain_eval_files";
+	return rc;
+}
+
 int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_rows)
 {
 	return open_split(out, c, global_batch_rows, 0);

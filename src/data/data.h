@@ -73,6 +73,14 @@ int st_dataset_open(st_dataset **out, const st_config *c, int64_t global_batch_r
  * + t, vocab_size): random text the training batch never shows.
  */
 int st_dataset_open_eval(st_dataset **out, const st_config *c, int64_t global_batch_rows);
+/*
+ * Before a run creates anything: dataset_type=tokens' dataset_path, and
+ * grain_eval_files when eval is on (eval_interval > 0), each name at least
+ * one file (the glob only: the files' contents are checked at open). 0, or
+ * ST_EINVAL with open's message ("dataset_path 'P' matches no file", ...)
+ * and *key the key at fault (else NULL). Synthetic data: 0.
+ */
+int st_dataset_check_paths(const st_config *c, const char **key);
 /* Number of samples in one epoch (synthetic: global_batch_rows). */
 int64_t st_dataset_num_samples(const st_dataset *ds);
 /* Fill tokens[nrows][T+1] with samples first..first+nrows-1 in the run's order.

@@ -1,6 +1,7 @@
 #include "train/plan.h"
 
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -112,16 +113,124 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	return 0;
 }
 
+/* ---- when it does not fit: a variant that does ---- */
+
+/* The variants tried, each a change of the run; cost: how much it asks of
+ * the user (the same results and hardware first, more hardware last). */
+enum { V_REMAT = 1, V_FSDP = 2, V_HALVE = 3, V_BF16 = 6, V_DEVICES = 8 };
+#define MAX_DEVICE_DOUBLINGS 4 /* up to 16x the devices per slice */
+
+/* The config of one variant: remat full, the data axes as fsdp, the
+ * per-device batch halved h times with as much more accumulation (the same
+ * global batch), bf16, 2^d times the devices per slice as fsdp. 0, or -1
+ * when the variant does not apply (a change to what the config already has,
+ * a batch that does not halve). */
+static int variant(const st_plan *p, const st_config *c, int remat, int fsdp, int h, int bf16, int d,
+		   st_config *v, int64_t *dps)
+{
+	const st_mesh *m = &p->mesh;
+	int64_t B = (int64_t)c->per_device_batch_size;
+	if ((remat && c->remat_policy == ST_REMAT_FULL) || (bf16 && c->dtype == ST_DTYPE_BF16) ||
+	    (fsdp && m->size[ST_AXIS_DATA] == 1) || B % ((int64_t)1 << h))
+		return -1;
+	*v = *c;
+	if (remat)
+		v->remat_policy = ST_REMAT_FULL;
+	if (bf16)
+		v->dtype = ST_DTYPE_BF16;
+	v->per_device_batch_size = (double)(B >> h);
+	v->gradient_accumulation_steps = c->gradient_accumulation_steps << h;
+	/* the mesh, explicit: the resolved axes, data moved into fsdp, more
+	 * devices in the slice's fsdp axis */
+	int64_t k = (int64_t)1 << d, ici_data = fsdp ? 1 : m->ici[ST_AXIS_DATA],
+		dcn_data = fsdp ? 1 : m->dcn[ST_AXIS_DATA];
+	v->ici_data_parallelism = ici_data;
+	v->ici_fsdp_parallelism = m->ici[ST_AXIS_FSDP] * (fsdp ? m->ici[ST_AXIS_DATA] : 1) * k;
+	v->ici_tensor_parallelism = m->ici[ST_AXIS_TENSOR];
+	v->dcn_data_parallelism = dcn_data;
+	v->dcn_fsdp_parallelism = m->dcn[ST_AXIS_FSDP] * (fsdp ? m->dcn[ST_AXIS_DATA] : 1);
+	v->dcn_tensor_parallelism = m->dcn[ST_AXIS_TENSOR];
+	*dps = m->devices_per_slice * k;
+	return *dps <= ST_PLAN_MAX_DEVICES_PER_SLICE ? 0 : -1;
+}
+
+static void append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t cap, const char *fmt, ...)
+{
+	size_t len = strlen(buf);
+	va_list ap;
+	va_start(ap, fmt);
+	if (len < cap)
+		vsnprintf(buf + len, cap - len, fmt, ap);
+	va_end(ap);
+}
+
+int st_plan_suggest(const st_plan *p, const st_config *c, double memory_bytes, st_plan_suggestion *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (p->fits || p->memory <= 0)
+		return 0;
+	st_config *v = malloc(sizeof(*v));
+	if (!v)
+		return st_fail(ST_ENOMEM, "out of memory");
+	int best_cost = -1, halvings = 0;
+	for (int64_t b = (int64_t)c->per_device_batch_size; b > 1 && b % 2 == 0; b /= 2)
+		halvings++;
+	st_plan q;
+	for (int d = 0; d <= MAX_DEVICE_DOUBLINGS; d++)
+		for (int bf16 = 0; bf16 < 2; bf16++)
+			for (int h = 0; h <= halvings; h++)
+				for (int fsdp = 0; fsdp < 2; fsdp++)
+					for (int remat = 0; remat < 2; remat++) {
+						int64_t dps;
+						int cost = remat * V_REMAT + fsdp * V_FSDP + h * V_HALVE + bf16 * V_BF16 +
+							   d * V_DEVICES;
+						if ((best_cost >= 0 && cost >= best_cost) || cost == 0 ||
+						    variant(p, c, remat, fsdp, h, bf16, d, v, &dps) < 0)
+							continue;
+						/* a variant the mesh or the model refuses is no suggestion */
+						if (st_plan_compute(&q, v, p->mesh.num_slices, dps, memory_bytes) < 0 || !q.fits)
+							continue;
+						best_cost = cost;
+						out->found = 1;
+						out->plan = q;
+						out->devices_per_slice = dps;
+						out->overrides[0] = 0;
+						if (remat)
+							append(out->overrides, sizeof(out->overrides), "remat_policy=full ");
+						if (bf16)
+							append(out->overrides, sizeof(out->overrides), "dtype=bfloat16 ");
+						if (h)
+							append(out->overrides, sizeof(out->overrides),
+							       "per_device_batch_size=%lld gradient_accumulation_steps=%lld ",
+							       (long long)v->per_device_batch_size,
+							       (long long)v->gradient_accumulation_steps);
+						if (fsdp || d)
+							append(out->overrides, sizeof(out->overrides),
+							       "ici_data_parallelism=%lld ici_fsdp_parallelism=%lld "
+							       "ici_tensor_parallelism=%lld dcn_data_parallelism=%lld "
+							       "dcn_fsdp_parallelism=%lld dcn_tensor_parallelism=%lld ",
+							       (long long)v->ici_data_parallelism, (long long)v->ici_fsdp_parallelism,
+							       (long long)v->ici_tensor_parallelism, (long long)v->dcn_data_parallelism,
+							       (long long)v->dcn_fsdp_parallelism, (long long)v->dcn_tensor_parallelism);
+						size_t n = strlen(out->overrides);
+						if (n)
+							out->overrides[n - 1] = 0;
+					}
+	free(v);
+	return out->found;
+}
+
 static void line(FILE *out, const char *what, int64_t bytes, const char *note)
 {
 	fprintf(out, "  %-12s %10.3f GiB  %s\n", what, (double)bytes / GIB, note);
 }
 
-void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
+void st_plan_print(const st_plan *p, const st_config *c, const st_plan_suggestion *s, FILE *out)
 {
 	const st_mesh *m = &p->mesh;
 	const st_llama_shape *l = &p->local;
-	char note[256];
+	char note[256], dps[32];
 	fprintf(out, "model: %s, %.3f B parameters (%lld)\n", c->model_name, (double)p->params / 1e9,
 		(long long)p->params);
 	fprintf(out,
@@ -176,6 +285,15 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 	else
 		snprintf(note, sizeof(note), "(memory size unknown)");
 	line(out, "total", p->total, note);
+	if (s && s->found)
+		fprintf(out, "fits (%.3f GiB of %.1f GiB) with: %s%s%s\n", (double)s->plan.total / GIB, p->memory / GIB,
+			s->overrides, s->devices_per_slice != m->devices_per_slice ? " --devices-per-slice " : "",
+			s->devices_per_slice != m->devices_per_slice ? (snprintf(dps, sizeof(dps), "%lld",
+										 (long long)s->devices_per_slice), dps) : "");
+	else if (s && !p->fits && p->memory > 0)
+		fprintf(out, "no variant tried fits: remat_policy=full, the data axes as fsdp, a smaller "
+			"per_device_batch_size with more gradient accumulation, dtype=bfloat16, up to %dx the devices "
+			"per slice as fsdp\n", 1 << MAX_DEVICE_DOUBLINGS);
 	fprintf(out,
 		"FLOPs per device per step: %.2f TFLOP (%.2f weights, %.2f causal attention; MaxText's "
 		"formula), %.2f GFLOP per token\n",
@@ -184,7 +302,7 @@ void st_plan_print(const st_plan *p, const st_config *c, FILE *out)
 			((double)p->T * c->per_device_batch_size * (double)c->gradient_accumulation_steps));
 }
 
-void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out)
+void st_plan_print_json(const st_plan *p, const st_config *c, const st_plan_suggestion *s, FILE *out)
 {
 	const st_mesh *m = &p->mesh;
 	json_t *o = json_object();
@@ -217,6 +335,12 @@ void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out)
 	INT("total_bytes", p->total);
 	REAL("memory_bytes", p->memory);
 	json_object_set_new(o, "fits", json_boolean(p->fits));
+	if (s && s->found)
+		json_object_set_new(o, "suggestion", json_pack("{s:s, s:I, s:I}", "overrides", s->overrides,
+							       "devices_per_slice", (json_int_t)s->devices_per_slice,
+							       "total_bytes", (json_int_t)s->plan.total));
+	else if (s && !p->fits && p->memory > 0)
+		json_object_set_new(o, "suggestion", json_null());
 	REAL("tflops_per_device_step", p->flops.total / 1e12);
 	REAL("tflops_weights", p->flops.weights / 1e12);
 	REAL("tflops_attention", p->flops.attention / 1e12);

@@ -68,9 +68,37 @@ typedef struct st_plan {
 int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t devices_per_slice,
 		    double memory_bytes);
 
-/* Human-readable report. */
-void st_plan_print(const st_plan *p, const st_config *c, FILE *out);
-/* One JSON object (all figures, bytes and FLOPs), one line. */
-void st_plan_print_json(const st_plan *p, const st_config *c, FILE *out);
+/* The most devices per slice a suggestion asks for. */
+#define ST_PLAN_MAX_DEVICES_PER_SLICE 4096
+
+/* A variant of a run that does not fit, one that does (st_plan_suggest). */
+typedef struct st_plan_suggestion {
+	int found;
+	char overrides[512];       /* key=value ... to add, "" when only the devices change */
+	int64_t devices_per_slice; /* the same as the plan's, or more */
+	st_plan plan;              /* the variant's plan (fits) */
+} st_plan_suggestion;
+
+/*
+ * When p (of config c, memory_bytes as given to st_plan_compute) does not
+ * fit: the variant of the run that fits and asks least of the user, among
+ * the combinations of: remat_policy=full; the data axes folded into fsdp
+ * (the same devices, the same results); per_device_batch_size halved, as
+ * often as it halves, with as much more gradient accumulation (the same
+ * global batch); dtype=bfloat16; 2, 4, 8 or 16 times the devices per slice,
+ * in the slice's fsdp axis. The cost of a variant is the sum of its
+ * changes', in that order (remat 1, fsdp 2, each halving 3, bf16 6, each
+ * doubling of the devices 8). Returns 1 with *out filled, 0 when p fits or
+ * no variant fits (out->found 0), ST_ENOMEM.
+ */
+int st_plan_suggest(const st_plan *p, const st_config *c, double memory_bytes, st_plan_suggestion *out);
+
+/* Human-readable report; s (NULL: none) adds the suggestion's line, or
+ * that none was found, when p does not fit. */
+void st_plan_print(const st_plan *p, const st_config *c, const st_plan_suggestion *s, FILE *out);
+/* One JSON object (all figures, bytes and FLOPs), one line; with s, when p
+ * does not fit, "suggestion": {"overrides", "devices_per_slice",
+ * "total_bytes"} or null. */
+void st_plan_print_json(const st_plan *p, const st_config *c, const st_plan_suggestion *s, FILE *out);
 
 #endif
