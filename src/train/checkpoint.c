@@ -102,8 +102,8 @@ static void kernels_from_meta(st_run_restored *r, const st_ckpt_meta *meta)
 	json_decref(o);
 }
 
-int st_run_ckpt_restore(st_run_ckpt *k, st_shard *sh, st_llama *m, const st_par *p, int lead,
-			st_run_restored *r)
+int st_run_ckpt_restore(st_run_ckpt *k, st_shard *sh, st_llama *m, const st_par *p, int64_t global_batch,
+			int batch_may_scale, int lead, st_run_restored *r)
 {
 	const st_config *c = k->c;
 	st_ckpt_piece *pieces = NULL;
@@ -122,6 +122,8 @@ int st_run_ckpt_restore(st_run_ckpt *k, st_shard *sh, st_llama *m, const st_par 
 		rc = st_ckpt_restore_step(c->load_full_state_path, p->world_comm, &meta, n, pieces);
 		found = rc == 0;
 	}
+	if (rc == 0 && found) /* a resumed run keeps the batch it was trained with */
+		rc = st_ckpt_check_resume(&meta, c, global_batch, batch_may_scale);
 	if (rc == 0 && found) {
 		r->step = meta.step;
 		r->next_sample = meta.next_sample;

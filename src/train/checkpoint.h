@@ -5,7 +5,7 @@
  *
  *   st_run_ckpt k = ST_RUN_CKPT_INIT;
  *   rc = st_run_ckpt_open(&k, c, &shard, &model, &par, plan);     // per group; saver only with checkpointing
- *   rc = st_run_ckpt_restore(&k, &shard, &model, &par, lead, &r); // at the start: newest checkpoint, else
+ *   rc = st_run_ckpt_restore(&k, &shard, &model, &par, G, scale, lead, &r); // newest checkpoint, else
  *                                                                 // load_full_state_path / load_parameters_path
  *   each step:
  *     st_run_ckpt_before_update(&k, step, lead);                  // a save's background copy has the state
@@ -80,10 +80,13 @@ int st_run_ckpt_reserve(st_run_ckpt *k);
 /* Record the decided kernel plan in the stored config. */
 int st_run_ckpt_set_kernels(st_run_ckpt *k, const st_kplan *plan);
 /* MaxText's order: the run's own newest checkpoint (auto-resume), then
- * load_full_state_path, then load_parameters_path (weights only).
- * Collective. */
-int st_run_ckpt_restore(st_run_ckpt *k, st_shard *sh, st_llama *m, const st_par *p, int lead,
-			st_run_restored *r);
+ * load_full_state_path, then load_parameters_path (weights only). A
+ * checkpoint trained with another sequence length or global batch
+ * (global_batch: this run's rows per step; batch_may_scale: elastic_batch
+ * scale under an elastic controller) is refused, naming both
+ * (st_ckpt_check_resume), unless resume_allow_batch_change. Collective. */
+int st_run_ckpt_restore(st_run_ckpt *k, st_shard *sh, st_llama *m, const st_par *p, int64_t global_batch,
+			int batch_may_scale, int lead, st_run_restored *r);
 
 /* A periodic or final save follows `done` completed steps. */
 int st_run_ckpt_due(const st_run_ckpt *k, int64_t done);

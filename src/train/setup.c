@@ -223,7 +223,8 @@ int trainer_setup(trainer *t)
 	st_run_restored r = {0};
 	if ((rc = st_shard_init(&t->shard, &t->model, p)) < 0 || (rc = bound_setup(t, 0)) < 0)
 		return rc;
-	if (!joiner && (rc = st_run_ckpt_restore(&t->ckpt, &t->shard, &t->model, p, t->lead, &r)) < 0)
+	int scale = t->max_devices > 0 && c->elastic_batch == ST_ELASTIC_BATCH_SCALE;
+	if (!joiner && (rc = st_run_ckpt_restore(&t->ckpt, &t->shard, &t->model, p, t->G, scale, t->lead, &r)) < 0)
 		return rc;
 	if (r.found) {
 		t->step0 = r.step;
