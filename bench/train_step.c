@@ -229,15 +229,18 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 	enum st_gemm_backend be = st_gemm_f32_backend();
 	st_gemm_set_f32_backend(dtype == 1 ? ST_GEMM_MATMUL : ST_GEMM_SGEMM);
 	st_amx_set_enabled(dtype == 3);
-	double t[9];
-	int rc = 0;
+	/* the products' context, sized for this shape on the path just chosen */
+	st_gemm_shape sh = {dtype >= 2 ? ST_GEMM_BF16 : ST_GEMM_F32, 'N', 'T', M, N, K};
+	st_kctx kc = ST_KCTX_INIT;
+	int rc = st_kctx_init(&kc, st_gemm_workspace_bytes(&sh, threads), threads) < 0;
+	double t[9] = {0};
 	struct rusage ru0, ru1;
 	getrusage(RUSAGE_SELF, &ru0);
 	double w0 = now_s();
 	for (int i = 0; i < 11; i++) {
 		double t0 = now_s();
-		rc |= dtype >= 2 ? st_gemm_bf16('N', 'T', M, N, K, 1.0f, Ah, K, Bh, K, 0.0f, C, N)
-				 : st_gemm('N', 'T', M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+		rc |= dtype >= 2 ? st_gemm_bf16('N', 'T', M, N, K, 1.0f, Ah, K, Bh, K, 0.0f, C, N, &kc)
+				 : st_gemm('N', 'T', M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, &kc);
 		if (i >= 2)
 			t[i - 2] = now_s() - t0;
 	}
@@ -249,6 +252,7 @@ static double matmul_rate(int dtype, int threads, double *cpu_share)
 	*cpu_share = cpu / ((now_s() - w0) * threads);
 	st_gemm_set_f32_backend(be);
 	st_amx_set_enabled(1);
+	st_kctx_release(&kc);
 	free(A), free(B), free(C), free(Ah), free(Bh);
 	return rc ? 0 : 2.0 * M * N * K / median(t, 9) / 1e9;
 }

@@ -20,7 +20,15 @@
  *    the fp32 C rounded, padding untouched, the calls it leaves to oneDNN;
  *    and the bf16 attention's AMX tile products, exact the same way;
  *  - fp32 <-> bf16 conversion on edge cases (ties, NaN, Inf, subnormals,
- *    overflow), array versions equal to the scalar rule at every length.
+ *    overflow), array versions equal to the scalar rule at every length;
+ *  - the kernel context (kctx.h): every product runs in a context sized
+ *    for its shapes by st_gemm_workspace_bytes_list (also one sized for
+ *    fewer threads than OpenMP would use: the same bits); a context
+ *    missing, uninitialized or too small is refused (ST_EINVAL naming the
+ *    kernel and the bytes, C untouched); the primitive table keeps
+ *    ST_KCTX_PRIMS entries, replacing the oldest, with the same results;
+ *    a model step on the tiles back end (fp32, and bf16 on the fp32
+ *    kernels) runs in the context the model sized.
  */
 #include <math.h>
 #include <omp.h>
@@ -33,6 +41,7 @@
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kctx.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "model/llama.h"
@@ -61,6 +70,33 @@ static st_ws ws_new(size_t bytes, int threads)
 	st_ws ws = ST_WS_INIT;
 	CHECK(st_ws_init(&ws, bytes, threads ? threads : omp_get_max_threads()) == 0);
 	return ws;
+}
+
+/* A kernel context for the products of the shapes sh (n of them), sized
+ * for whichever fp32 back end needs the most (the tests switch between
+ * them) and the AMX path as it stands, its per-thread slices for `threads`
+ * (0: OpenMP's count). */
+static void kctx_new(st_kctx *kc, const st_gemm_shape *sh, int n, int threads)
+{
+	int t = threads ? threads : omp_get_max_threads();
+	enum st_gemm_backend be = st_gemm_f32_backend();
+	static const enum st_gemm_backend all[] = {ST_GEMM_SGEMM, ST_GEMM_MATMUL, ST_GEMM_TILES};
+	size_t most = 0;
+	for (int b = 0; b < 3; b++) {
+		st_gemm_set_f32_backend(all[b]);
+		size_t w = st_gemm_workspace_bytes_list(sh, n, t);
+		most = w > most ? w : most;
+	}
+	st_gemm_set_f32_backend(be);
+	CHECK(st_kctx_init(kc, most, t) == 0);
+}
+
+/* The same for one product shape on all three kernels. */
+static void kctx_shape(st_kctx *kc, char ta, char tb, int64_t M, int64_t N, int64_t K, int threads)
+{
+	st_gemm_shape sh[3] = {{ST_GEMM_F32, ta, tb, M, N, K}, {ST_GEMM_BF16, ta, tb, M, N, K},
+			       {ST_GEMM_BF16_OUT, ta, tb, M, N, K}};
+	kctx_new(kc, sh, 3, threads);
 }
 
 /* ---- every kernel at 1, 2 and 3 threads ---- */
@@ -124,13 +160,19 @@ static void run_kernels(outs *o, int threads, int ws_threads)
 
 	float *W = randn(KV * KE, 12, 0.3);
 	st_ws lw = ws_new(st_lm_head_workspace_bytes(KV, 64), 0);
+	/* the products' context, for ws_threads too */
+	st_gemm_shape sh[10] = {{ST_GEMM_F32, 'N', 'T', KN, KM, KE}, {ST_GEMM_BF16, 'N', 'T', KN, KM, KE},
+				{ST_GEMM_F32, 'T', 'N', KN, KM, KE}, {ST_GEMM_F32, 'T', 'N', KE, KE, KN}};
+	int nsh = 4 + st_lm_head_products(KN, KE, KV, 64, sh + 4);
+	st_kctx kc;
+	kctx_new(&kc, sh, nsh, ws_threads);
 	o->dx = malloc(KN * KE * sizeof(float));
 	o->dW = calloc((size_t)KV * KE, sizeof(float));
 	o->loss = 0;
-	CHECK(st_lm_head_xent(&o->loss, o->dx, o->dW, x, W, tok, KN, KE, KV, 1.0f / KN, 64, &lw) == 0);
+	CHECK(st_lm_head_xent(&o->loss, o->dx, o->dW, x, W, tok, KN, KE, KV, 1.0f / KN, 64, &lw, &kc) == 0);
 
 	o->gemm = malloc(KN * KM * sizeof(float));
-	CHECK(st_gemm('N', 'T', KN, KM, KE, 1.0f, x, KE, gate, KE, 0.0f, o->gemm, KM) == 0);
+	CHECK(st_gemm('N', 'T', KN, KM, KE, 1.0f, x, KE, gate, KE, 0.0f, o->gemm, KM, &kc) == 0);
 	o->bf = malloc((size_t)ne * sizeof(uint16_t));
 	st_f32_to_bf16_array(o->bf, gate, ne);
 	/* the matmul primitive, fp32 and bf16 (created per thread count) */
@@ -138,18 +180,19 @@ static void run_kernels(outs *o, int threads, int ws_threads)
 	st_f32_to_bf16_array(xh, x, KN * KE);
 	o->gemm_bf = calloc(KN * KM, sizeof(float)); /* stays 0 where the CPU has no bf16 products */
 	if (st_cpu_has_bf16())
-		CHECK(st_gemm_bf16('N', 'T', KN, KM, KE, 1.0f, xh, KE, o->bf, KE, 0.0f, o->gemm_bf, KM) == 0);
+		CHECK(st_gemm_bf16('N', 'T', KN, KM, KE, 1.0f, xh, KE, o->bf, KE, 0.0f, o->gemm_bf, KM, &kc) == 0);
 	o->gemm_mm = malloc(KN * KM * sizeof(float));
 	enum st_gemm_backend be = st_gemm_f32_backend();
 	st_gemm_set_f32_backend(ST_GEMM_MATMUL);
-	CHECK(st_gemm('T', 'N', KN, KM, KE, 1.0f, g, KN, gate, KM, 0.0f, o->gemm_mm, KM) == 0);
+	CHECK(st_gemm('T', 'N', KN, KM, KE, 1.0f, g, KN, gate, KM, 0.0f, o->gemm_mm, KM, &kc) == 0);
 	/* tiles of C, on any CPU: a long K over a small C, which oneDNN's AVX2
 	 * sgemm splits over the threads */
 	o->gemm_tl = malloc(KE * KE * sizeof(float));
 	st_gemm_set_f32_backend(ST_GEMM_TILES);
-	CHECK(st_gemm('T', 'N', KE, KE, KN, 1.0f, x, KE, x, KE, 0.0f, o->gemm_tl, KE) == 0);
+	CHECK(st_gemm('T', 'N', KE, KE, KN, 1.0f, x, KE, x, KE, 0.0f, o->gemm_tl, KE, &kc) == 0);
 	st_gemm_set_f32_backend(be);
 	free(xh);
+	st_kctx_release(&kc);
 
 	free(x), free(w), free(g), free(cs), free(sn), free(q), free(k), free(v), free(dout);
 	free(gate), free(up), free(da), free(tok), free(W);
@@ -232,6 +275,9 @@ static void test_workspace_refused(void)
 			  st_attention_bf16_workspace_bytes(B, T, H, K, D, 1),
 			  st_rmsnorm_backward_workspace_bytes(N, C), st_lm_head_workspace_bytes(V, 16)};
 	omp_set_num_threads(1);
+	st_gemm_shape sh[6];
+	st_kctx kc;
+	kctx_new(&kc, sh, st_lm_head_products(N, E, V, 16, sh), 1);
 	for (int i = 0; i < 4; i++) {
 		st_ws good = ws_new(need[i] + 64, 1);
 		st_ws bad[4] = {{good.mem, need[i] - 1, 1}, {(char *)good.mem + 8, need[i], 1},
@@ -250,7 +296,7 @@ static void test_workspace_refused(void)
 			else if (i == 2)
 				rc = st_rmsnorm_backward(dx, dw, x, x, x, rs, N, C, ws);
 			else
-				rc = st_lm_head_xent(&loss, dxe, dx, xe, W, tg, N, E, V, 1.0f, 16, ws);
+				rc = st_lm_head_xent(&loss, dxe, dx, xe, W, tg, N, E, V, 1.0f, 16, ws, &kc);
 			CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), "workspace"),
 				  "kernel %d accepted bad workspace %d (rc %d)", i, j, rc);
 			CHECK(o[0] == o[nq - 1] && dx[0] == 0.0f && loss == 0);
@@ -258,6 +304,7 @@ static void test_workspace_refused(void)
 		st_ws_release(&good);
 	}
 	omp_set_num_threads(omp_get_num_procs());
+	st_kctx_release(&kc);
 	free(q), free(k), free(v), free(o), free(lse), free(x), free(dx), free(xe), free(W);
 	free(qh), free(kh), free(vh);
 }
@@ -407,13 +454,15 @@ static void gemm_case(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t
 	double *ref = malloc((size_t)nc * sizeof(double)), *ref_abs = malloc((size_t)nc * sizeof(double));
 	gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ref, ref_abs, ldc);
 	double scale = sqrt((double)(K > 0 ? K : 1)) + 1.0;
+	st_kctx kc;
+	kctx_shape(&kc, ta, tb, M, N, K, 0);
 	enum st_gemm_backend be0 = st_gemm_f32_backend();
 	static const enum st_gemm_backend backends[] = {ST_GEMM_SGEMM, ST_GEMM_MATMUL, ST_GEMM_TILES};
 	static const char *const names[] = {"sgemm", "matmul", "tiles"};
 	for (int be = 0; be < 3; be++) {
 		st_gemm_set_f32_backend(backends[be]);
 		float *C = copyf(C0, nc);
-		CHECK(st_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0);
+		CHECK(st_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &kc) == 0);
 		double err = 0;
 		for (int64_t i = 0; i < M; i++)
 			for (int64_t j = 0; j < N; j++)
@@ -429,6 +478,7 @@ static void gemm_case(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t
 	st_gemm_set_f32_backend(be0);
 	if (!st_cpu_has_bf16()) { /* oneDNN refuses bf16 products there */
 		free(A), free(B), free(C0), free(ref), free(ref_abs);
+		st_kctx_release(&kc);
 		return;
 	}
 
@@ -443,7 +493,7 @@ static void gemm_case(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t
 	double *refr = malloc((size_t)nc * sizeof(double));
 	gemm_ref(ta, tb, M, N, K, alpha, Ar, lda, Br, ldb, beta, C0, refr, NULL, ldc);
 	float *C = copyf(C0, nc);
-	int rc = st_gemm_bf16(ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, C, ldc);
+	int rc = st_gemm_bf16(ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, C, ldc, &kc);
 	CHECK_MSG(rc == 0, "st_gemm_bf16 failed");
 	/* err_bf: relative to sum |a b|, bounded by about 2 * 2^-9 (two roundings) */
 	double err_acc = 0, err_bf = 0;
@@ -459,7 +509,7 @@ static void gemm_case(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t
 	/* bf16 C: the fp32 result rounded once (beta 0), or near it */
 	uint16_t *Ch = malloc((size_t)nc * 2);
 	st_f32_to_bf16_array(Ch, C0, nc);
-	rc = st_gemm_bf16_out(ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, Ch, ldc);
+	rc = st_gemm_bf16_out(ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, Ch, ldc, &kc);
 	CHECK_MSG(rc == 0, "st_gemm_bf16_out failed");
 	double err_h = 0;
 	for (int64_t i = 0; i < M; i++)
@@ -469,6 +519,7 @@ static void gemm_case(char ta, char tb, int64_t M, int64_t N, int64_t K, int64_t
 	CHECK_MSG(rc || err_h < 1e-2, "bf16-out gemm error %.2e", err_h);
 	free(A), free(B), free(C0), free(ref), free(ref_abs), free(Ah), free(Bh), free(Ar), free(Br), free(refr);
 	free(C), free(Ch);
+	st_kctx_release(&kc);
 }
 
 static void test_gemm(void)
@@ -486,13 +537,21 @@ static void test_gemm(void)
 	gemm_case('T', 'N', 64, 48, 1, 0, 1.0f, 1.0f);
 	gemm_case('N', 'N', 5, 7, 0, 0, 1.0f, 0.5f); /* K = 0: C = beta C */
 	gemm_case('N', 'N', 5, 7, 0, 0, 1.0f, 0.0f);
-	CHECK(st_gemm('N', 'N', 0, 5, 5, 1.0f, NULL, 5, NULL, 5, 0.0f, NULL, 5) == 0); /* empty */
-	const char *impl = st_gemm_impl(1, 'N', 'T', 64, 64, 64, 64, 64, 64, 0.0f);
+	st_kctx kc;
+	kctx_shape(&kc, 'N', 'T', 64, 64, 64, 0);
+	CHECK(st_gemm('N', 'N', 0, 5, 5, 1.0f, NULL, 5, NULL, 5, 0.0f, NULL, 5, &kc) == 0); /* empty */
+	const char *impl = st_gemm_impl(ST_GEMM_BF16, 'N', 'T', 64, 64, 64, 64, 64, 64, 0.0f, &kc);
 	printf("bf16 matmul implementation: %s (%s)\n", impl,
 	       st_cpu_has_bf16() ? "AVX512_BF16" : st_cpu_bf16_message());
 	CHECK(impl[0] != 0 || !st_cpu_has_bf16());
-	st_gemm_cache_clear();
-	/* a cleared cache recreates primitives */
+	CHECK(kc.nprims == (st_cpu_has_bf16() ? 1 : 0));
+	st_gemm_cache_clear(&kc);
+	CHECK(kc.nprims == 0 && !kc.stream);
+	/* a cleared table recreates primitives */
+	impl = st_gemm_impl(ST_GEMM_BF16, 'N', 'T', 64, 64, 64, 64, 64, 64, 0.0f, &kc);
+	CHECK(impl[0] != 0 || !st_cpu_has_bf16());
+	st_kctx_release(&kc);
+	st_kctx_release(&kc); /* twice is fine */
 	gemm_case('N', 'T', 8, 8, 8, 0, 1.0f, 0.0f);
 }
 
@@ -527,9 +586,11 @@ static void amx_exact_case(char ta, char tb, int64_t M, int64_t N, int64_t K, in
 	float *C = malloc((size_t)nc * sizeof(float)), *C0 = malloc((size_t)nc * sizeof(float));
 	for (int64_t i = 0; i < nc; i++)
 		C0[i] = (float)(i % 11) - 5.0f;
+	st_kctx kc;
+	kctx_shape(&kc, ta, tb, M, N, K, 0);
 	for (int beta = 0; beta <= 1; beta++) {
 		memcpy(C, C0, (size_t)nc * sizeof(float));
-		int rc = st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, (float)beta, C, ldc, 0);
+		int rc = st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, (float)beta, C, ldc, 0, &kc);
 		CHECK_MSG(rc == 1, "AMX %c%c %lldx%lldx%lld beta %d: rc %d", ta, tb, (long long)M,
 			  (long long)N, (long long)K, beta, rc);
 		int64_t bad = 0, padbad = 0;
@@ -556,7 +617,7 @@ static void amx_exact_case(char ta, char tb, int64_t M, int64_t N, int64_t K, in
 		uint16_t *H = malloc((size_t)nc * 2);
 		for (int64_t i = 0; i < nc; i++)
 			H[i] = 0x7fc1; /* padding marker */
-		CHECK(st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, H, ldc, 1) == 1);
+		CHECK(st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, H, ldc, 1, &kc) == 1);
 		int64_t hbad = 0;
 		for (int64_t i = 0; i < M; i++)
 			for (int64_t j = 0; j < ldc; j++)
@@ -565,23 +626,31 @@ static void amx_exact_case(char ta, char tb, int64_t M, int64_t N, int64_t K, in
 			  (long long)M, (long long)N, (long long)K, (long long)hbad);
 		free(H);
 	}
+	st_kctx_release(&kc);
 	free(A), free(B), free(C), free(C0);
 }
 
-/* Random data: the same bits at 1, 2 and 3 threads, and close to float64. */
+/* Random data: the same bits at 1, 2 and 3 threads (and at 3 in a context
+ * sized for 1), and close to float64. */
 static void amx_threads_case(char ta, char tb, int64_t M, int64_t N, int64_t K)
 {
 	int64_t lda = ta == 'N' ? K : M, ldb = tb == 'N' ? N : K;
 	int64_t na = (ta == 'N' ? M : K) * lda, nb = (tb == 'N' ? K : N) * ldb;
 	uint16_t *A = rand16(na, 50), *B = rand16(nb, 51);
-	float *C[3];
-	for (int t = 0; t < 3; t++) {
-		omp_set_num_threads(t + 1);
+	float *C[4];
+	st_kctx kc, kc1;
+	kctx_shape(&kc, ta, tb, M, N, K, 3);
+	kctx_shape(&kc1, ta, tb, M, N, K, 1);
+	for (int t = 0; t < 4; t++) {
+		omp_set_num_threads(t < 3 ? t + 1 : 3);
 		C[t] = calloc((size_t)(M * N), sizeof(float));
-		CHECK(st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C[t], N, 0) == 1);
+		CHECK(st_amx_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C[t], N, 0,
+				       t < 3 ? &kc : &kc1) == 1);
 	}
 	omp_set_num_threads(omp_get_num_procs());
-	for (int t = 1; t < 3; t++)
+	st_kctx_release(&kc);
+	st_kctx_release(&kc1);
+	for (int t = 1; t < 4; t++)
 		CHECK_MSG(same(C[0], C[t], M * N * (int64_t)sizeof(float)),
 			  "AMX %c%c %lldx%lldx%lld differs at %d threads", ta, tb, (long long)M,
 			  (long long)N, (long long)K, t + 1);
@@ -596,7 +665,7 @@ static void amx_threads_case(char ta, char tb, int64_t M, int64_t N, int64_t K)
 		}
 	CHECK_MSG(err < 1e-5, "AMX %c%c %lldx%lldx%lld: error %.2e against float64", ta, tb,
 		  (long long)M, (long long)N, (long long)K, err);
-	for (int t = 0; t < 3; t++)
+	for (int t = 0; t < 4; t++)
 		free(C[t]);
 	free(A), free(B);
 }
@@ -627,22 +696,32 @@ static void test_amx(void)
 	float C[64 * 64];
 	for (int i = 0; i < 64 * 64; i++)
 		C[i] = 1.0f;
-	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 0.5f, A, 64, B, 64, 0.0f, C, 64, 0) == 0);
-	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.5f, C, 64, 0) == 0);
-	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 1.0f, C, 64, 1) == 0);
+	st_kctx kc;
+	kctx_shape(&kc, 'N', 'N', 64, 64, 64, 0);
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 0.5f, A, 64, B, 64, 0.0f, C, 64, 0, &kc) == 0);
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.5f, C, 64, 0, &kc) == 0);
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 1.0f, C, 64, 1, &kc) == 0);
 	st_amx_set_enabled(0);
 	CHECK(!st_amx_available());
-	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.0f, C, 64, 0) == 0);
+	CHECK(st_amx_workspace_bytes('N', 'N', 64, 64, 64, 0, 1) == 0);
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.0f, C, 64, 0, &kc) == 0);
 	st_amx_set_enabled(1);
+	/* a context too small, or none: refused, nothing written */
+	st_kctx small;
+	CHECK(st_kctx_init(&small, st_amx_workspace_bytes('N', 'N', 64, 64, 64, 0, 1) - 64, 1) == 0);
+	int rc = st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.0f, C, 64, 0, &small);
+	CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), "AMX"), "AMX product in a small context: rc %d", rc);
+	CHECK(st_amx_gemm_bf16('N', 'N', 64, 64, 64, 1.0f, A, 64, B, 64, 0.0f, C, 64, 0, NULL) == ST_EINVAL);
+	st_kctx_release(&small);
 	int untouched = 1;
 	for (int i = 0; i < 64 * 64; i++)
 		untouched &= C[i] == 1.0f;
 	CHECK(untouched);
 	/* long K with a bf16 C goes to oneDNN (its sums would not fit one block) */
 	uint16_t *Al = ints16(2 * 2100, 62, 3), *Bl = ints16(2100 * 2, 63, 3), H[4] = {0};
-	CHECK(st_amx_gemm_bf16('N', 'N', 2, 2, 2100, 1.0f, Al, 2100, Bl, 2, 0.0f, H, 2, 1) == 0);
-	st_amx_release(); /* and back after a release */
-	amx_exact_case('N', 'T', 40, 40, 40, 0);
+	CHECK(st_amx_workspace_bytes('N', 'N', 2, 2, 2100, 1, 1) == 0);
+	CHECK(st_amx_gemm_bf16('N', 'N', 2, 2, 2100, 1.0f, Al, 2100, Bl, 2, 0.0f, H, 2, 1, &kc) == 0);
+	st_kctx_release(&kc);
 	free(A), free(B), free(Al), free(Bl);
 }
 
@@ -660,13 +739,15 @@ static void gemm_res_case(char ta, char tb, int64_t M, int64_t N, int64_t K)
 	st_bf16_to_f32_array(Bf, B, nb);
 	float *R = randn(nc, 82, 1.0), *want = malloc((size_t)nc * sizeof(float)),
 	      *C = malloc((size_t)nc * sizeof(float));
+	st_kctx kc;
+	kctx_shape(&kc, ta, tb, M, N, K, 0);
 	for (int amx = 1; amx >= 0; amx--) {
 		st_amx_set_enabled(amx);
 		memcpy(want, R, (size_t)nc * sizeof(float));
-		CHECK(st_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, want, ldc) == 0);
+		CHECK(st_gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, want, ldc, &kc) == 0);
 		for (int64_t i = 0; i < nc; i++)
 			C[i] = NAN; /* C's old contents must not matter */
-		CHECK(st_gemm_bf16_res(ta, tb, M, N, K, A, lda, B, ldb, R, C, ldc) == 0);
+		CHECK(st_gemm_bf16_res(ta, tb, M, N, K, A, lda, B, ldb, R, C, ldc, &kc) == 0);
 		/* the padding past N in each row is R's (copied) or untouched (NaN) */
 		int64_t bad = 0;
 		for (int64_t i = 0; i < M; i++)
@@ -676,20 +757,21 @@ static void gemm_res_case(char ta, char tb, int64_t M, int64_t N, int64_t K)
 			  amx && st_amx_available() ? "on" : "off", (long long)bad);
 		/* R == C: the plain accumulation */
 		memcpy(C, R, (size_t)nc * sizeof(float));
-		CHECK(st_gemm_bf16_res(ta, tb, M, N, K, A, lda, B, ldb, C, C, ldc) == 0);
+		CHECK(st_gemm_bf16_res(ta, tb, M, N, K, A, lda, B, ldb, C, C, ldc, &kc) == 0);
 		CHECK(same(C, want, nc * (int64_t)sizeof(float)));
 	}
 	st_amx_set_enabled(1);
 	memcpy(want, R, (size_t)nc * sizeof(float));
-	CHECK(st_gemm(ta, tb, M, N, K, 1.0f, Af, lda, Bf, ldb, 1.0f, want, ldc) == 0);
+	CHECK(st_gemm(ta, tb, M, N, K, 1.0f, Af, lda, Bf, ldb, 1.0f, want, ldc, &kc) == 0);
 	for (int64_t i = 0; i < nc; i++)
 		C[i] = NAN;
-	CHECK(st_gemm_res(ta, tb, M, N, K, Af, lda, Bf, ldb, R, C, ldc) == 0);
+	CHECK(st_gemm_res(ta, tb, M, N, K, Af, lda, Bf, ldb, R, C, ldc, &kc) == 0);
 	int64_t bad = 0;
 	for (int64_t i = 0; i < M; i++)
 		bad += !same(C + i * ldc, want + i * ldc, N * (int64_t)sizeof(float));
 	CHECK_MSG(bad == 0, "fp32 residual product %c%c %lldx%lldx%lld: %lld rows differ", ta, tb,
 		  (long long)M, (long long)N, (long long)K, (long long)bad);
+	st_kctx_release(&kc);
 	free(A), free(B), free(Af), free(Bf), free(R), free(want), free(C);
 }
 
@@ -1186,7 +1268,8 @@ static void test_attention_bf16_exact(int64_t B, int64_t H, int64_t K, int64_t D
 
 /* ---- one model step at 1 and 2 threads ---- */
 
-static void model_step(int threads, double *loss, float **grads, int64_t *n)
+/* bf16: 0 fp32, 1 bf16 mode on the fp32 kernels (every site fp32). */
+static void model_step(int threads, int bf16, double *loss, float **grads, int64_t *n)
 {
 	omp_set_num_threads(threads);
 	/* head_dim 16 (vector attention), T = 70 (two query tiles, one partial) */
@@ -1196,7 +1279,12 @@ static void model_step(int threads, double *loss, float **grads, int64_t *n)
 	st_llama m = ST_LLAMA_INIT;
 	CHECK(st_llama_init(&m, &s) == 0);
 	st_llama_init_weights(&m, 5);
+	m.bf16 = bf16;
+	memset(m.kplan.f32, 1, sizeof(m.kplan.f32));
 	CHECK(st_llama_alloc_acts(&m, B, T, ST_REMAT_NONE) == 0);
+	CHECK(st_llama_kctx_bytes(&m) >= (int64_t)st_kctx_bytes(0));
+	if (st_gemm_f32_backend() == ST_GEMM_TILES) /* the weight gradients' packing */
+		CHECK(st_llama_kctx_bytes(&m) > (int64_t)st_kctx_bytes(0));
 	int32_t tok[B * (T + 1)];
 	for (int i = 0; i < B * (T + 1); i++)
 		tok[i] = (int32_t)st_rng_below(8, 0, (uint64_t)i, (uint64_t)s.V);
@@ -1208,17 +1296,26 @@ static void model_step(int threads, double *loss, float **grads, int64_t *n)
 	st_llama_release(&m);
 }
 
+/* The same bits at 1 and 2 threads; on the default fp32 back end, and on
+ * the tiles (fp32, and bf16 mode on the fp32 kernels), whose scratch the
+ * model's context must hold for every product (else ST_EINVAL). */
 static void test_model_threads(void)
 {
-	double l1, l2;
-	float *g1, *g2;
-	int64_t n1, n2;
-	model_step(1, &l1, &g1, &n1);
-	model_step(2, &l2, &g2, &n2);
-	CHECK(n1 == n2);
-	CHECK_MSG(l1 == l2, "model loss %.17g (1 thread) vs %.17g (2 threads)", l1, l2);
-	CHECK_MSG(same(g1, g2, n1 * 4), "model gradients differ between 1 and 2 threads");
-	free(g1), free(g2);
+	enum st_gemm_backend be = st_gemm_f32_backend();
+	for (int c = 0; c < 3; c++) {
+		if (c > 0)
+			st_gemm_set_f32_backend(ST_GEMM_TILES);
+		double l1, l2;
+		float *g1, *g2;
+		int64_t n1, n2;
+		model_step(1, c == 2, &l1, &g1, &n1);
+		model_step(2, c == 2, &l2, &g2, &n2);
+		CHECK(n1 == n2);
+		CHECK_MSG(l1 == l2, "model loss %.17g (1 thread) vs %.17g (2 threads), case %d", l1, l2, c);
+		CHECK_MSG(same(g1, g2, n1 * 4), "model gradients differ between 1 and 2 threads, case %d", c);
+		free(g1), free(g2);
+	}
+	st_gemm_set_f32_backend(be);
 	omp_set_num_threads(omp_get_num_procs());
 }
 
@@ -1252,26 +1349,143 @@ static void test_exp8(void)
 }
 
 /* The tiles' weight-gradient form with a long K (chunks of tokens, summed
- * in order): the same bits at 1, 2 and 3 threads, alpha and beta applied
- * once (checked against the float64 product in test_gemm). */
-static void test_gemm_ksplit_threads(void)
+ * in order) and a short one (tiles with packed blocks): the same bits at 1,
+ * 2 and 3 threads, and at 3 threads in a context sized for 1; alpha and
+ * beta applied once (checked against the float64 product in test_gemm). */
+static void tiles_threads_case(int64_t M, int64_t N, int64_t K)
 {
-	enum { M = 70, N = 52, K = 1301, LDA = M + 5, LDB = N + 2, LDC = N + 3 };
-	float *A = randn((int64_t)K * LDA, 40, 1.0), *B = randn((int64_t)K * LDB, 41, 1.0);
-	float *C0 = randn((int64_t)M * LDC, 42, 1.0), *C[3];
+	int64_t lda = M + 5, ldb = N + 2, ldc = N + 3;
+	float *A = randn(K * lda, 40, 1.0), *B = randn(K * ldb, 41, 1.0);
+	float *C0 = randn(M * ldc, 42, 1.0), *C[4];
 	enum st_gemm_backend be = st_gemm_f32_backend();
 	st_gemm_set_f32_backend(ST_GEMM_TILES);
-	for (int t = 0; t < 3; t++) {
-		omp_set_num_threads(t + 1);
-		C[t] = copyf(C0, (int64_t)M * LDC);
-		CHECK(st_gemm('T', 'N', M, N, K, 0.5f, A, LDA, B, LDB, 0.25f, C[t], LDC) == 0);
+	st_gemm_shape sh = {ST_GEMM_F32, 'T', 'N', M, N, K};
+	st_kctx kc, kc1;
+	CHECK(st_kctx_init(&kc, st_gemm_workspace_bytes(&sh, 3), 3) == 0);
+	CHECK(st_kctx_init(&kc1, st_gemm_workspace_bytes(&sh, 1), 1) == 0);
+	CHECK(st_gemm_workspace_bytes(&sh, 1) > 0);
+	for (int t = 0; t < 4; t++) {
+		omp_set_num_threads(t < 3 ? t + 1 : 3);
+		C[t] = copyf(C0, M * ldc);
+		CHECK(st_gemm('T', 'N', M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C[t], ldc,
+			      t < 3 ? &kc : &kc1) == 0);
 	}
 	st_gemm_set_f32_backend(be);
 	omp_set_num_threads(omp_get_num_procs());
-	for (int t = 1; t < 3; t++)
-		CHECK_MSG(same(C[0], C[t], (int64_t)M * LDC * (int64_t)sizeof(float)),
-			  "TN %dx%dx%d differs at %d threads", M, N, K, t + 1);
-	free(A), free(B), free(C0), free(C[0]), free(C[1]), free(C[2]);
+	for (int t = 1; t < 4; t++)
+		CHECK_MSG(same(C[0], C[t], M * ldc * (int64_t)sizeof(float)),
+			  "TN %lldx%lldx%lld differs at %d threads%s", (long long)M, (long long)N,
+			  (long long)K, t < 3 ? t + 1 : 3, t < 3 ? "" : " (a context for 1)");
+	st_kctx_release(&kc);
+	st_kctx_release(&kc1);
+	free(A), free(B), free(C0), free(C[0]), free(C[1]), free(C[2]), free(C[3]);
+}
+
+static void test_gemm_ksplit_threads(void)
+{
+	tiles_threads_case(70, 52, 1301);  /* chunks of tokens */
+	tiles_threads_case(300, 270, 200); /* packed tiles */
+}
+
+/* The kernel context itself: sizes on each back end, refusals, and the
+ * primitive table's capacity and order. */
+static void test_kctx(void)
+{
+	enum st_gemm_backend be = st_gemm_f32_backend();
+	st_gemm_shape nt = {ST_GEMM_F32, 'N', 'T', 300, 270, 200}, tn = {ST_GEMM_F32, 'T', 'N', 300, 270, 200},
+		      ks = {ST_GEMM_F32, 'T', 'N', 70, 52, 1301};
+	/* only the tiles take scratch for fp32, and only for A^T B: per
+	 * thread K x (tile rows + columns) floats (tiles of 256 x 256 here),
+	 * or 3 copies of C for the chunks of tokens */
+	st_gemm_set_f32_backend(ST_GEMM_SGEMM);
+	CHECK(st_gemm_workspace_bytes(&tn, 4) == 0);
+	st_gemm_set_f32_backend(ST_GEMM_MATMUL);
+	CHECK(st_gemm_workspace_bytes(&tn, 4) == 0);
+	st_gemm_set_f32_backend(ST_GEMM_TILES);
+	CHECK(st_gemm_workspace_bytes(&nt, 4) == 0);
+	CHECK_MSG(st_gemm_workspace_bytes(&tn, 2) == 2 * st_ws_round(200 * (256 + 256) * 4),
+		  "tiles' packing: %zu bytes", st_gemm_workspace_bytes(&tn, 2));
+	CHECK(st_gemm_workspace_bytes(&tn, 4) == 2 * st_gemm_workspace_bytes(&tn, 2));
+	CHECK(st_gemm_workspace_bytes(&ks, 1) == st_ws_round(3 * 70 * 52 * 4));
+	CHECK(st_gemm_workspace_bytes(&ks, 8) == st_gemm_workspace_bytes(&ks, 1)); /* not per thread */
+	st_gemm_shape two[2] = {tn, ks};
+	CHECK(st_gemm_workspace_bytes_list(two, 2, 1) == st_gemm_workspace_bytes(&tn, 1));
+	if (!st_amx_available()) {
+		st_gemm_shape h = {ST_GEMM_BF16, 'T', 'N', 300, 270, 200};
+		CHECK(st_gemm_workspace_bytes(&h, 4) == 0);
+	}
+	CHECK(st_kctx_bytes(0) >= ST_KCTX_PRIMS * sizeof(st_kprim) && st_kctx_bytes(0) % 64 == 0);
+
+	/* refused: no context, one not initialized, one too small (by 64
+	 * bytes, and at 2 threads one sized for 1 is still too small for this
+	 * one thread less 64); nothing written */
+	omp_set_num_threads(1);
+	float *A = randn(200 * 300, 90, 1.0), *B = randn(200 * 270, 91, 1.0), *C = malloc(300 * 270 * 4);
+	for (int i = 0; i < 300 * 270; i++)
+		C[i] = 7.0f;
+	st_kctx none = ST_KCTX_INIT, small;
+	CHECK(st_kctx_init(&small, st_gemm_workspace_bytes(&tn, 1) - 64, 1) == 0);
+	int rc = st_gemm('T', 'N', 300, 270, 200, 1.0f, A, 300, B, 270, 0.0f, C, 270, &small);
+	CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), "st_gemm (tiles)") && strstr(st_errmsg(), "needs"),
+		  "a product in a small context: rc %d, %s", rc, st_errmsg());
+	CHECK(st_gemm('T', 'N', 300, 270, 200, 1.0f, A, 300, B, 270, 0.0f, C, 270, NULL) == ST_EINVAL);
+	CHECK(strstr(st_errmsg(), "st_gemm: no kernel context") != NULL);
+	CHECK(st_gemm('T', 'N', 300, 270, 200, 1.0f, A, 300, B, 270, 0.0f, C, 270, &none) == ST_EINVAL);
+	CHECK(st_gemm_res('T', 'N', 300, 270, 200, A, 300, B, 270, C, C, 270, NULL) == ST_EINVAL);
+	uint16_t h[4] = {0};
+	float c4[4] = {7.0f, 7.0f, 7.0f, 7.0f};
+	CHECK(st_gemm_bf16('N', 'N', 2, 2, 2, 1.0f, h, 2, h, 2, 0.0f, c4, 2, NULL) == ST_EINVAL);
+	CHECK(st_gemm_bf16_out('N', 'N', 2, 2, 2, 1.0f, h, 2, h, 2, 0.0f, h, 2, &none) == ST_EINVAL);
+	CHECK(st_gemm_bf16_res('N', 'N', 2, 2, 2, h, 2, h, 2, c4, c4, 2, NULL) == ST_EINVAL);
+	CHECK(st_gemm_impl(ST_GEMM_F32, 'N', 'N', 2, 2, 2, 2, 2, 2, 0.0f, NULL)[0] == 0);
+	int untouched = c4[0] == 7.0f;
+	for (int i = 0; i < 300 * 270; i++)
+		untouched &= C[i] == 7.0f;
+	CHECK(untouched);
+	st_kctx_release(&small);
+	st_kctx_release(&none);
+	/* init_at: the caller's memory, aligned and large enough */
+	char *mem = aligned_alloc(64, st_kctx_bytes(1024) + 64);
+	st_kctx at;
+	CHECK(st_kctx_init_at(&at, mem + 8, st_kctx_bytes(1024), 1) == ST_EINVAL);
+	CHECK(st_kctx_init_at(&at, mem, 64, 1) == ST_EINVAL);
+	CHECK(st_kctx_init_at(&at, mem, st_kctx_bytes(1024), 0) == ST_EINVAL);
+	CHECK(st_kctx_init_at(&at, mem, st_kctx_bytes(1024), 2) == 0);
+	CHECK(at.ws.bytes == 1024 && at.ws.threads == 2 && !at.owned);
+	st_kctx_release(&at);
+	free(mem);
+
+	/* the table: ST_KCTX_PRIMS + 5 shapes on the matmul primitive; the
+	 * first 5 replaced (the oldest), each product's bits the same when
+	 * its primitive is made again */
+	st_gemm_set_f32_backend(ST_GEMM_MATMUL);
+	st_kctx kc;
+	CHECK(st_kctx_init(&kc, 0, 1) == 0);
+	enum { NS = ST_KCTX_PRIMS + 5 };
+	float *first[5];
+	for (int i = 0; i < NS; i++) {
+		int64_t m = 1 + i % 7, n = 1 + i / 7;
+		CHECK(st_gemm('N', 'N', m, n, 9, 1.0f, A, 9, B, n, 0.0f, C, n, &kc) == 0);
+		if (i < 5)
+			first[i] = copyf(C, m * n);
+	}
+	CHECK_MSG(kc.nprims == ST_KCTX_PRIMS && kc.oldest == 5, "table: %d entries, oldest %d", kc.nprims,
+		  kc.oldest);
+	int found = 0;
+	for (int j = 0; j < kc.nprims; j++)
+		found += kc.prims[j].key.M == 1 && kc.prims[j].key.N == 1; /* shape 0 */
+	CHECK(found == 0);
+	for (int i = 0; i < 5; i++) {
+		int64_t m = 1 + i % 7, n = 1 + i / 7;
+		CHECK(st_gemm('N', 'N', m, n, 9, 1.0f, A, 9, B, n, 0.0f, C, n, &kc) == 0);
+		CHECK_MSG(same(C, first[i], m * n * 4), "shape %d: other bits from a new primitive", i);
+		free(first[i]);
+	}
+	CHECK(kc.nprims == ST_KCTX_PRIMS && kc.oldest == 10);
+	st_kctx_release(&kc);
+	st_gemm_set_f32_backend(be);
+	omp_set_num_threads(omp_get_num_procs());
+	free(A), free(B), free(C);
 }
 
 int main(void)
@@ -1283,6 +1497,7 @@ int main(void)
 	test_gemm_res();
 	test_amx_dp_tile();
 	test_gemm_ksplit_threads();
+	test_kctx();
 	test_bf16_outputs();
 	test_attention_shape(1, 1, 1, 1, 16);
 	test_attention_shape(2, 70, 4, 2, 16);

@@ -30,6 +30,7 @@ static double dotd(const float *a, const float *b, int64_t n)
 /* One kernel workspace for every call below, as large as the largest
  * (made in main, as the model makes its own once). */
 static st_ws ws = ST_WS_INIT;
+static st_kctx kctx = ST_KCTX_INIT; /* the output layer's products (kctx.h) */
 
 typedef double (*loss_fn)(void *ctx);
 
@@ -225,7 +226,7 @@ static double xent_loss(void *p)
 {
 	xent_ctx *c = p;
 	double s = 0;
-	CHECK(st_lm_head_loss(&s, c->x, c->W, c->tg, XN, XE, XV, c->chunk, &ws) == 0);
+	CHECK(st_lm_head_loss(&s, c->x, c->W, c->tg, XN, XE, XV, c->chunk, &ws, &kctx) == 0);
 	return s / XN;
 }
 static void test_xent(int64_t chunk)
@@ -237,7 +238,7 @@ static void test_xent(int64_t chunk)
 		c.tg[i] = (int32_t)st_rng_below(6, 0, (uint64_t)i, XV);
 	float dx[XN * XE], dW[XV * XE] = {0};
 	double s = 0;
-	CHECK(st_lm_head_xent(&s, dx, dW, c.x, c.W, c.tg, XN, XE, XV, 1.0f / XN, chunk, &ws) == 0);
+	CHECK(st_lm_head_xent(&s, dx, dW, c.x, c.W, c.tg, XN, XE, XV, 1.0f / XN, chunk, &ws, &kctx) == 0);
 	CHECK_NEAR(s / XN, xent_loss(&c), 1e-6);
 	check_grad("lm head + xent dx", c.x, dx, XN * XE, xent_loss, &c);
 	check_grad("lm head + xent dW", c.W, dW, XV * XE, xent_loss, &c);
@@ -354,6 +355,11 @@ int main(void)
 	for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++)
 		most = need[i] > most ? need[i] : most;
 	CHECK(st_ws_init(&ws, most, omp_get_max_threads()) == 0);
+	st_gemm_shape sh[12];
+	int n = st_lm_head_products(XN, XE, XV, XN, sh);
+	n += st_lm_head_products(XN, XE, XV, 3, sh + n);
+	CHECK(st_kctx_init(&kctx, st_gemm_workspace_bytes_list(sh, n, omp_get_max_threads()),
+			   omp_get_max_threads()) == 0);
 	test_rmsnorm();
 	test_rope(0);
 	test_rope(1);
@@ -366,5 +372,6 @@ int main(void)
 	test_xent_rows_split();
 	test_xent_rows_bf16();
 	st_ws_release(&ws);
+	st_kctx_release(&kctx);
 	return check_result();
 }

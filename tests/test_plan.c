@@ -2,8 +2,9 @@
  * `slicetrain plan`: MaxText's FLOPs figure for llama3-8b (95.5 TFLOPs per
  * device per step at batch 1 x 2048: 92.2 of weights, 3.3 of causal
  * attention), the tutorial's meshes, the planned bytes against what the code
- * allocates for a small model (parameter blocks, st_llama_act_bytes and
- * st_llama_workspace_bytes after st_llama_alloc_acts, per remat policy), and
+ * allocates for a small model (parameter blocks, st_llama_act_bytes,
+ * st_llama_workspace_bytes and st_llama_kctx_bytes after st_llama_alloc_acts,
+ * per remat policy; the products' context also on the fp32 tiles), and
  * a mesh or model that does not resolve (ST_EINVAL).
  * Needs ST_ROOT (the repository root; tests/run.sh exports it).
  */
@@ -13,6 +14,7 @@
 
 #include "base/err.h"
 #include "check.h"
+#include "kernels/cpu/gemm.h"
 #include "model/llama.h"
 #include "train/plan.h"
 
@@ -52,7 +54,8 @@ static void test_llama3_8b(void)
 	CHECK(p.fsdp_buffer > 0 && p.rows == 4 && p.global_batch == 32);
 	CHECK(p.activations > st_llama_act_bytes_for(&p.local, 4, 2048, ST_REMAT_FULL, NULL)); /* + tp buffers */
 	CHECK(p.total == p.weights + p.grads + p.optimizer + p.fsdp_buffer + p.bf16_weights +
-			 p.activations + p.workspace + p.checkpoint);
+			 p.activations + p.workspace + p.kernel_ctx + p.checkpoint);
+	CHECK(p.kernel_ctx >= (int64_t)st_kctx_bytes(0));
 	CHECK(p.fits);
 	st_plan_print(&p, &c, NULL, stdout);
 }
@@ -109,6 +112,10 @@ static void test_small_model_bytes(void)
 		CHECK_MSG(ws > 0 && p.workspace == ws + 4 * 3 * 41 + (64 << 20),
 			  "%s%s: planned workspace %lld, kernels' workspace allocated %lld", remat[i % 3],
 			  bf16 ? " bf16" : "", (long long)p.workspace, (long long)ws);
+		/* the products' context, as allocated for this CPU and threads */
+		CHECK_MSG(p.kernel_ctx == st_llama_kctx_bytes(&m) && p.kernel_ctx >= (int64_t)st_kctx_bytes(0),
+			  "%s%s: planned kernel context %lld, allocated %lld", remat[i % 3], bf16 ? " bf16" : "",
+			  (long long)p.kernel_ctx, (long long)st_llama_kctx_bytes(&m));
 		CHECK(p.params == m.nparams && p.params_piece == m.nparams && p.params_device == m.nparams);
 		CHECK(p.weights == m.nparams * (int64_t)sizeof(*m.params));
 		CHECK(p.grads == m.nparams * (int64_t)sizeof(*m.grads));
@@ -175,6 +182,35 @@ static void test_bf16_saving(void)
 	}
 }
 
+/* The products' kernel context on the fp32 tiles (the back end where
+ * oneDNN runs without AVX-512), fp32 and bf16 on the fp32 kernels: planned
+ * as allocated, and more than the primitive table (the weight gradients'
+ * packing or partial sums). */
+static void test_kernel_ctx_tiles(void)
+{
+	enum st_gemm_backend be = st_gemm_f32_backend();
+	st_gemm_set_f32_backend(ST_GEMM_TILES);
+	for (int bf16 = 0; bf16 <= 1; bf16++) {
+		st_config c;
+		CHECK(LOAD(&c, "model_name=llama3-test", "per_device_batch_size=3", "max_target_length=40",
+			   bf16 ? "dtype=bfloat16" : "dtype=float32", "bf16_kernels=fp32") == 0);
+		st_plan p;
+		CHECK(st_plan_compute(&p, &c, 1, 1, 0) == 0);
+		st_llama m = ST_LLAMA_INIT;
+		st_llama_shape s;
+		st_llama_shape_from_config(&s, &c);
+		CHECK(st_llama_init(&m, &s) == 0);
+		m.bf16 = bf16;
+		memset(m.kplan.f32, 1, sizeof(m.kplan.f32));
+		CHECK(st_llama_alloc_acts(&m, 3, 40, c.remat_policy) == 0);
+		CHECK_MSG(p.kernel_ctx == st_llama_kctx_bytes(&m) && p.kernel_ctx > (int64_t)st_kctx_bytes(0),
+			  "tiles%s: planned kernel context %lld, allocated %lld", bf16 ? " bf16" : "",
+			  (long long)p.kernel_ctx, (long long)st_llama_kctx_bytes(&m));
+		st_llama_release(&m);
+	}
+	st_gemm_set_f32_backend(be);
+}
+
 static void test_bad_input(void)
 {
 	st_config c;
@@ -202,6 +238,7 @@ int main(void)
 	test_small_model_bytes();
 	test_mixed_plans();
 	test_bf16_saving();
+	test_kernel_ctx_tiles();
 	test_bad_input();
 	return check_result();
 }

@@ -36,6 +36,7 @@ struct st_decoder {
 	float *cos_t, *sin_t;     /* RoPE (cap, D/2) */
 	float *x, *h, *qkv, *ctx, *gu, *act, *rstd; /* rows x ...; qkv: q, k, v; gu: gate, up */
 	st_ws ws;                 /* attention's score rows */
+	st_kctx kctx;             /* the products' context (kernels/cpu/kctx.h) */
 	void *blocks[16];
 	int nblocks;
 };
@@ -60,6 +61,7 @@ void st_decoder_free(st_decoder *d)
 	for (int i = 0; i < d->nblocks; i++)
 		free(d->blocks[i]);
 	st_ws_release(&d->ws);
+	st_kctx_release(&d->kctx);
 	free(d);
 }
 
@@ -85,7 +87,22 @@ int st_decoder_create(st_decoder **out, const st_llama *m, int64_t cap)
 		 (d->qkv = take(d, R * (HD + 2 * KD))) && (d->ctx = take(d, R * HD)) && (d->gu = take(d, R * 2 * M)) &&
 		 (d->act = take(d, R * M)) && (d->rstd = take(d, R));
 	int threads = omp_get_max_threads();
-	if (!ok || st_ws_init(&d->ws, st_attention_kv_workspace_bytes(cap, threads), threads) < 0) {
+	/* the products' shapes, at a pass's most rows and at one (a new token:
+	 * q, k, v and gate, up as one product each) */
+	st_gemm_shape sh[2 * 7 + 1];
+	int n = 0;
+	for (int64_t r = R; r >= 1; r = r > 1 ? 1 : 0) {
+		sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, HD + 2 * KD, E};
+		sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, HD, E};
+		sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, KD, E};
+		sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, 2 * M, E};
+		sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, M, E};
+		sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, E, HD};
+		sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, E, M};
+	}
+	sh[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', 1, s->V, E}; /* the logits */
+	if (!ok || st_ws_init(&d->ws, st_attention_kv_workspace_bytes(cap, threads), threads) < 0 ||
+	    st_kctx_init(&d->kctx, st_gemm_workspace_bytes_list(sh, n, threads), threads) < 0) {
 		st_decoder_free(d);
 		return st_fail(ST_ENOMEM, "out of memory for a key/value cache of %lld positions (%.1f MiB)",
 			       (long long)cap, 2.0 * (double)cache * 4 / (1 << 20));
@@ -107,7 +124,8 @@ void st_decoder_reset(st_decoder *d) { d->len = 0; }
  * several; the outputs end to end in y), else one per weight, each output
  * (r, ni) at y + r * (n0 + ... + ni-1).
  */
-static int products(const float *h, int64_t r, int64_t E, const float *const *W, const int64_t *n, int nw, float *y)
+static int products(st_decoder *d, const float *h, int64_t r, int64_t E, const float *const *W,
+		    const int64_t *n, int nw, float *y)
 {
 	int64_t total = 0, off = 0;
 	int adjacent = r == 1, rc;
@@ -116,9 +134,9 @@ static int products(const float *h, int64_t r, int64_t E, const float *const *W,
 		total += n[i];
 	}
 	if (adjacent)
-		return st_gemm('N', 'T', 1, total, E, 1.0f, h, E, W[0], E, 0.0f, y, total);
+		return st_gemm('N', 'T', 1, total, E, 1.0f, h, E, W[0], E, 0.0f, y, total, &d->kctx);
 	for (int i = 0; i < nw; off += r * n[i++])
-		if ((rc = st_gemm('N', 'T', r, n[i], E, 1.0f, h, E, W[i], E, 0.0f, y + off, n[i])) < 0)
+		if ((rc = st_gemm('N', 'T', r, n[i], E, 1.0f, h, E, W[i], E, 0.0f, y + off, n[i], &d->kctx)) < 0)
 			return rc;
 	return 0;
 }
@@ -136,7 +154,7 @@ static int layer_rows(st_decoder *d, int64_t l, int64_t p0, int64_t r)
 	int rc;
 
 	st_rmsnorm_forward(d->h, d->rstd, d->x, w->ln1, r, E, s->eps);
-	if ((rc = products(d->h, r, E, qkv_w, qkv_n, 3, d->qkv)) < 0)
+	if ((rc = products(d, d->h, r, E, qkv_w, qkv_n, 3, d->qkv)) < 0)
 		return rc;
 	st_rope_forward(q, d->cos_t + p0 * half, d->sin_t + p0 * half, 1, r, s->H, D);
 	st_rope_forward(k, d->cos_t + p0 * half, d->sin_t + p0 * half, 1, r, s->K, D);
@@ -146,13 +164,13 @@ static int layer_rows(st_decoder *d, int64_t l, int64_t p0, int64_t r)
 			memcpy(vc + (j * d->cap + p0 + i) * D, v + i * KD + j * D, (size_t)D * sizeof(float));
 		}
 	if ((rc = st_attention_kv_forward(d->ctx, q, kc, vc, d->cap, p0, r, s->H, s->K, D, &d->ws)) < 0 ||
-	    (rc = st_gemm('N', 'T', r, E, HD, 1.0f, d->ctx, HD, w->wo, HD, 1.0f, d->x, E)) < 0)
+	    (rc = st_gemm('N', 'T', r, E, HD, 1.0f, d->ctx, HD, w->wo, HD, 1.0f, d->x, E, &d->kctx)) < 0)
 		return rc;
 	st_rmsnorm_forward(d->h, d->rstd, d->x, w->ln2, r, E, s->eps);
-	if ((rc = products(d->h, r, E, gu_w, gu_n, 2, d->gu)) < 0)
+	if ((rc = products(d, d->h, r, E, gu_w, gu_n, 2, d->gu)) < 0)
 		return rc;
 	st_swiglu_forward(d->act, gate, up, r * M);
-	return st_gemm('N', 'T', r, E, M, 1.0f, d->act, M, w->wd, M, 1.0f, d->x, E);
+	return st_gemm('N', 'T', r, E, M, 1.0f, d->act, M, w->wd, M, 1.0f, d->x, E, &d->kctx);
 }
 
 int st_decoder_feed(st_decoder *d, const int32_t *tokens, int64_t n, float *logits)
@@ -180,7 +198,8 @@ int st_decoder_feed(st_decoder *d, const int32_t *tokens, int64_t n, float *logi
 	/* the last row of the last chunk */
 	int64_t last = (n - 1) % d->rows;
 	st_rmsnorm_forward(d->h, d->rstd, d->x + last * s->E, m->p.norm, 1, s->E, s->eps);
-	return st_gemm('N', 'T', 1, s->V, s->E, 1.0f, d->h, s->E, m->p.lm_head, s->E, 0.0f, logits, s->V);
+	return st_gemm('N', 'T', 1, s->V, s->E, 1.0f, d->h, s->E, m->p.lm_head, s->E, 0.0f, logits, s->V,
+		       &d->kctx);
 }
 
 /* ---- sampling ---- */

@@ -171,6 +171,23 @@ void st_kplan_scratch(const st_kplan *p, const st_kshape *s, unsigned given, int
 	}
 }
 
+static void site_product(const st_kshape *s, int i, int64_t rows, int64_t cap,
+			 enum st_gemm_dtype dtype, st_gemm_shape *out)
+{
+	st_kshape t = *s;
+	t.R = rows;
+	*out = (st_gemm_shape){dtype, sites[i].ta, sites[i].tb, dim_of(&t, sites[i].m, cap),
+			       dim_of(&t, sites[i].n, cap), dim_of(&t, sites[i].k, cap)};
+}
+
+void st_ksite_product(const st_kshape *s, int site, int64_t rows, enum st_gemm_dtype dtype,
+		      st_gemm_shape *out)
+{
+	if (site < 0 || site >= ST_KS_ATTN)
+		ST_BUG("st_ksite_product: site %d is not a product", site);
+	site_product(s, site, rows, INT64_MAX, dtype, out);
+}
+
 int st_kplan_bf16_weights(const st_kplan *p)
 {
 	for (int i = 0; i < ST_KS_ATTN; i++)
@@ -182,6 +199,7 @@ int st_kplan_bf16_weights(const st_kplan *p)
 typedef struct tbufs {
 	float *af, *bf, *c;
 	uint16_t *ah, *bh;
+	st_kctx kc; /* the products' context, sized for the timed shapes */
 } tbufs;
 
 /* One run of site i on one kernel: its conversions and its product. */
@@ -195,13 +213,15 @@ static int run_product(const st_kshape *s, int i, int f32, tbufs *b)
 			st_bf16_to_f32_array(b->af, b->ah, M * K);
 		if (t->b == 'h')
 			st_bf16_to_f32_array(b->bf, b->bh, K * N);
-		return st_gemm(t->ta, t->tb, M, N, K, 1.0f, b->af, lda, b->bf, ldb, t->beta, b->c, N);
+		return st_gemm(t->ta, t->tb, M, N, K, 1.0f, b->af, lda, b->bf, ldb, t->beta, b->c, N,
+			       &b->kc);
 	}
 	if (t->a == 'f')
 		st_f32_to_bf16_array(b->ah, b->af, M * K);
 	if (t->b == 'f' || (t->b == 'w' && !s->resident))
 		st_f32_to_bf16_array(b->bh, b->bf, K * N);
-	return st_gemm_bf16(t->ta, t->tb, M, N, K, 1.0f, b->ah, lda, b->bh, ldb, t->beta, b->c, N);
+	return st_gemm_bf16(t->ta, t->tb, M, N, K, 1.0f, b->ah, lda, b->bh, ldb, t->beta, b->c, N,
+			    &b->kc);
 }
 
 typedef struct abufs {
@@ -250,7 +270,12 @@ int st_kplan_time(const st_kshape *s, int reps, st_kplan *out, double ratio[ST_K
 		nc = M * N > nc ? M * N : nc;
 	}
 	tbufs b = {malloc((size_t)na * 4), malloc((size_t)nb * 4), calloc((size_t)nc, 4),
-		   malloc((size_t)na * 2), malloc((size_t)nb * 2)};
+		   malloc((size_t)na * 2), malloc((size_t)nb * 2), ST_KCTX_INIT};
+	st_gemm_shape shapes[2 * ST_KS_ATTN];
+	for (int i = 0; i < ST_KS_ATTN; i++) {
+		site_product(s, i, s->R, DIM_CAP, ST_GEMM_F32, &shapes[2 * i]);
+		site_product(s, i, s->R, DIM_CAP, ST_GEMM_BF16, &shapes[2 * i + 1]);
+	}
 	/* attention on one sequence of the run's length */
 	abufs a = {.B = 1};
 	int64_t T = s->T, nq = T * s->H * s->D, nk = T * s->K * s->D;
@@ -267,6 +292,9 @@ int st_kplan_time(const st_kshape *s, int reps, st_kplan *out, double ratio[ST_K
 	size_t w16 = st_attention_bf16_workspace_bytes(1, T, s->H, s->K, s->D, threads);
 	int rc = oom ? st_fail(ST_ENOMEM, "out of memory timing the bf16 and fp32 kernels")
 		     : st_ws_init(&a.ws, w32 > w16 ? w32 : w16, threads);
+	if (rc == 0)
+		rc = st_kctx_init(&b.kc, st_gemm_workspace_bytes_list(shapes, 2 * ST_KS_ATTN, threads),
+				  threads);
 	if (rc == 0) {
 		fill(b.af, b.ah, na, 1, 0.5f);
 		fill(b.bf, b.bh, nb, 2, 0.5f);
@@ -298,5 +326,6 @@ int st_kplan_time(const st_kshape *s, int reps, st_kplan *out, double ratio[ST_K
 	for (int j = 0; j < 3; j++)
 		free(*qkvh[j]);
 	st_ws_release(&a.ws);
+	st_kctx_release(&b.kc);
 	return rc;
 }

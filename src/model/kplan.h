@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/gemm.h"
+
 /* Product sites in the model's order (forward, backward data, backward
  * weights), then the attention passes. */
 enum st_ksite {
@@ -84,6 +86,13 @@ void st_kplan_scratch(const st_kplan *p, const st_kshape *s, unsigned given, int
 /* 1 when some site reads the weights' bf16 copy (a bf16 product of a weight). */
 int st_kplan_bf16_weights(const st_kplan *p);
 
+/* Product site `site` (< ST_KS_ATTN) at shape s as model/llama.c calls it,
+ * on the kernel of dtype, with `rows` rows for the output layer's sites
+ * (their 'R': a chunk's rows): for sizing a kernel context (gemm.h's
+ * st_gemm_workspace_bytes_list). */
+void st_ksite_product(const st_kshape *s, int site, int64_t rows, enum st_gemm_dtype dtype,
+		      st_gemm_shape *out);
+
 /*
  * Time both kernels of every site at this shape, on this process's OpenMP
  * threads: each the conversions it needs (fp32: its bf16-only operands;
@@ -91,7 +100,8 @@ int st_kplan_bf16_weights(const st_kplan *p);
  * `reps` alternated runs. out: the faster of each (bf16 on a tie); ratio
  * (may be NULL): fp32 time / bf16 time per site (> 1: bf16 is faster).
  * Allocates and frees its own buffers (the largest: the output layer's
- * chunk). ST_ENOMEM, or an error of the kernels.
+ * chunk) and its own kernel context (kctx.h), sized for the timed shapes.
+ * ST_ENOMEM, or an error of the kernels.
  */
 int st_kplan_time(const st_kshape *s, int reps, st_kplan *out, double ratio[ST_KS_COUNT]);
 

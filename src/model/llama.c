@@ -47,6 +47,7 @@ typedef struct st_llama_acts {
 	float *xent;               /* lm-head chunk (chunk_rows, V); fused path: st_lm_head_xent's workspace */
 	st_ws xent_ws;             /* ... as that workspace (fused path) */
 	st_ws ws;                  /* the kernels' workspace: attention, RMSNorm backward */
+	st_kctx kc;                /* the matrix products' context: their scratch, primitive table */
 	float *tp_tmp;             /* (N,E) partial products under tensor parallelism */
 	uint16_t *wtmp;            /* bf16 mode, weights not resident: a weight's bf16 copy */
 	int64_t wtmp_elems;        /* its capacity */
@@ -64,6 +65,7 @@ typedef struct st_llama_acts {
 	int64_t chunk_rows;
 	int64_t bytes;             /* activations */
 	int64_t ws_bytes;          /* the kernels' workspace (ws) */
+	int64_t kc_bytes;          /* the products' context (kc) */
 	int nblocks;
 	void *blocks[64];          /* every allocation, for release (st_pages_free) */
 	size_t block_bytes[64];
@@ -370,16 +372,26 @@ typedef struct carver {
 	st_llama_acts *a; /* NULL: count only */
 	int64_t bytes;    /* activations */
 	int64_t ws_bytes; /* the kernels' workspace, counted apart (take_as) */
+	int64_t kc_bytes; /* the products' context, counted apart */
 	int oom;
 } carver;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
-/* A buffer of the activations (ws 0) or of the kernels' workspace (ws 1). */
-static void *take_as(carver *c, int64_t bytes, int ws)
+/* What a buffer is counted as. */
+enum { ACTS, WORKSPACE, KCTX };
+
+static int64_t *count_of(int64_t *acts, int64_t *ws, int64_t *kc, int what)
+{
+	return what == WORKSPACE ? ws : what == KCTX ? kc : acts;
+}
+
+/* A buffer of the activations, the kernels' workspace or the products'
+ * context (what). */
+static void *take_as(carver *c, int64_t bytes, int what)
 {
 	bytes = align64(bytes > 0 ? bytes : 1);
-	*(ws ? &c->ws_bytes : &c->bytes) += bytes;
+	*count_of(&c->bytes, &c->ws_bytes, &c->kc_bytes, what) += bytes;
 	st_llama_acts *a = c->a;
 	if (!a || c->oom)
 		return NULL;
@@ -396,16 +408,17 @@ static void *take_as(carver *c, int64_t bytes, int ws)
 	}
 	a->block_bytes[a->nblocks] = (size_t)bytes;
 	a->blocks[a->nblocks++] = p;
-	*(ws ? &a->ws_bytes : &a->bytes) += bytes;
+	*count_of(&a->bytes, &a->ws_bytes, &a->kc_bytes, what) += bytes;
 	return p;
 }
 
-static void *take(carver *c, int64_t bytes) { return take_as(c, bytes, 0); }
+static void *take(carver *c, int64_t bytes) { return take_as(c, bytes, ACTS); }
 
 static void acts_free(st_llama_acts *a)
 {
 	if (!a)
 		return;
+	st_kctx_release(&a->kc); /* its primitives; its memory is a block below */
 	for (int i = 0; i < a->nblocks; i++)
 		st_pages_free(a->blocks[i], a->block_bytes[i]);
 	free(a->xs);
@@ -624,6 +637,66 @@ static int64_t phase_layout(st_llama_acts *a, char *base, const st_llama_shape *
 	return off > end ? off : end;
 }
 
+/* Enough for model_products: 15 sites on three kernels, and the output
+ * layer's 3 on three kernels at up to 4 chunk lengths. */
+#define MAX_PRODUCTS (15 * 3 + 3 * 3 * 4)
+
+/* The output layer's chunk lengths for chunks of `step` rows (a whole
+ * chunk, and the last, shorter one) appended to out[0..n) where not there
+ * yet; returns the new count. */
+static int chunk_lengths(int64_t N, int64_t step, int64_t *out, int n)
+{
+	int64_t len[2] = {step < N ? step : N, N % step};
+	for (int i = 0; i < 2; i++) {
+		int dup = len[i] <= 0;
+		for (int j = 0; j < n; j++)
+			dup |= out[j] == len[i];
+		if (!dup)
+			out[n++] = len[i];
+	}
+	return n;
+}
+
+/*
+ * The shape of every matrix product the model runs (s: this process's
+ * shape, N tokens, R rows of an output-layer chunk), for sizing its kernel
+ * context: the product sites of kplan.h, in bf16 mode on both kernels (as
+ * any plan picks; on a given CPU at most one of them takes scratch: AMX
+ * for bf16, the tiles for fp32 where oneDNN has no AVX-512) and with a bf16
+ * output where the site has one (gate_up, logits); the output layer at each
+ * chunk length it runs (lm_head_xent_split: R, or R / 2 rows where an fp32
+ * kernel reads the fp32 logits; the fused fp32 path: st_lm_head_products).
+ * Returns the count (at most MAX_PRODUCTS).
+ */
+static int64_t model_products(const st_llama_shape *s, int64_t N, int64_t R, int bf16,
+			      const phase_set *ps, st_gemm_shape *out)
+{
+	st_kshape ks = {.B = 1, .T = N, .E = s->E, .H = s->H, .K = s->K, .D = s->D, .M = s->M,
+			.V = s->V, .R = R};
+	int64_t n = 0, rows[4];
+	int nrows = chunk_lengths(N, R, rows, 0);
+	if (bf16)
+		nrows = chunk_lengths(N, R / 2 > 0 ? R / 2 : 1, rows, nrows);
+	for (int i = 0; i < ST_KS_ATTN; i++) {
+		int out_layer = i == ST_KS_LOGITS || i == ST_KS_D_LOGITS || i == ST_KS_W_LOGITS;
+		if (out_layer && ps->fused_xent)
+			continue;
+		for (int r = 0; r < (out_layer ? nrows : 1); r++) {
+			st_ksite_product(&ks, i, rows[r], ST_GEMM_F32, &out[n++]);
+			if (!bf16)
+				continue;
+			st_ksite_product(&ks, i, rows[r], ST_GEMM_BF16, &out[n++]);
+			if (i == ST_KS_GATE_UP || i == ST_KS_LOGITS)
+				st_ksite_product(&ks, i, rows[r], ST_GEMM_BF16_OUT, &out[n++]);
+		}
+	}
+	if (ps->fused_xent)
+		n += st_lm_head_products(N, s->E, s->V, R, out + n);
+	if (n > MAX_PRODUCTS)
+		ST_BUG("model_products: %lld products, room for %d", (long long)n, MAX_PRODUCTS);
+	return n;
+}
+
 /* Every buffer, in one order: allocates into c->a, or only counts. */
 static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T,
 			enum st_remat policy, const st_llama_act_opts *o)
@@ -699,7 +772,16 @@ static void acts_layout(carver *c, const st_llama_shape *s, int64_t B, int64_t T
 	}
 	size_t norm = st_rmsnorm_backward_workspace_bytes(N, E);
 	a->ws = (st_ws){.bytes = attn > norm ? attn : norm, .threads = threads};
-	a->ws.mem = take_as(c, (int64_t)a->ws.bytes, 1);
+	a->ws.mem = take_as(c, (int64_t)a->ws.bytes, WORKSPACE);
+	/* the matrix products' context: scratch for the largest of their
+	 * shapes on this CPU (kctx.h), per-thread slices for the same threads,
+	 * and the primitive table */
+	st_gemm_shape sh[MAX_PRODUCTS];
+	int64_t np = model_products(s, N, R, bf, &ps, sh);
+	size_t kb = st_kctx_bytes(st_gemm_workspace_bytes_list(sh, np, threads));
+	void *kmem = take_as(c, (int64_t)kb, KCTX);
+	if (c->a && kmem && st_kctx_init_at(&a->kc, kmem, kb, threads) < 0)
+		c->oom = 1; /* cannot happen: the block is 64-byte aligned and large enough */
 }
 
 /* acts_layout counting only (o NULL: one process, fp32). any_plan: the
@@ -747,6 +829,12 @@ int64_t st_llama_workspace_bytes_for(const st_llama_shape *s, int64_t B, int64_t
 	return layout_count(s, B, T, policy, o).ws_bytes;
 }
 
+int64_t st_llama_kctx_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
+				const st_llama_act_opts *o)
+{
+	return layout_count(s, B, T, policy, o).kc_bytes;
+}
+
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 {
 	const st_llama_shape *s = &m->ls;
@@ -781,6 +869,8 @@ int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy)
 int64_t st_llama_act_bytes(const st_llama *m) { return m->acts ? m->acts->bytes : 0; }
 
 int64_t st_llama_workspace_bytes(const st_llama *m) { return m->acts ? m->acts->ws_bytes : 0; }
+
+int64_t st_llama_kctx_bytes(const st_llama *m) { return m->acts ? m->acts->kc_bytes : 0; }
 
 /* ---- forward and backward ---- */
 
@@ -903,12 +993,13 @@ static int mm_r(st_llama *m, int site, char ta, char tb, int64_t M, int64_t N, i
 		if (!A.h)
 			ST_BUG("bf16 product without a bf16 first operand");
 		const uint16_t *bh = bf16_second(m, B, tb, N, K, ldb);
-		return R ? st_gemm_bf16_res(ta, tb, M, N, K, A.h, lda, bh, ldb, R, C, ldc)
-			 : st_gemm_bf16(ta, tb, M, N, K, 1.0f, A.h, lda, bh, ldb, beta, C, ldc);
+		return R ? st_gemm_bf16_res(ta, tb, M, N, K, A.h, lda, bh, ldb, R, C, ldc, &m->acts->kc)
+			 : st_gemm_bf16(ta, tb, M, N, K, 1.0f, A.h, lda, bh, ldb, beta, C, ldc,
+					&m->acts->kc);
 	} else if (!af || !bf)
 		ST_BUG("fp32 product without fp32 operands");
-	return R ? st_gemm_res(ta, tb, M, N, K, af, lda, bf, ldb, R, C, ldc)
-		 : st_gemm(ta, tb, M, N, K, 1.0f, af, lda, bf, ldb, beta, C, ldc);
+	return R ? st_gemm_res(ta, tb, M, N, K, af, lda, bf, ldb, R, C, ldc, &m->acts->kc)
+		 : st_gemm(ta, tb, M, N, K, 1.0f, af, lda, bf, ldb, beta, C, ldc, &m->acts->kc);
 }
 
 static int mm(st_llama *m, int site, char ta, char tb, int64_t M, int64_t N, int64_t K, opnd A,
@@ -926,7 +1017,7 @@ static int mm_out16(st_llama *m, int64_t M, int64_t N, int64_t K, opnd A, const 
 	if (!A.h)
 		ST_BUG("bf16 product without a bf16 first operand");
 	return st_gemm_bf16_out('N', 'T', M, N, K, 1.0f, A.h, K, bf16_second(m, OPF(W), 'T', N, K, K),
-				K, 0, C16, N);
+				K, 0, C16, N, &m->acts->kc);
 }
 
 /* out(N,E) = res + a(N,k) W^T, W (E,k): a residual add of a row-parallel
@@ -1327,10 +1418,10 @@ static int lm_head(st_llama *m, double *loss_sum, float *dx, float scale)
 		return lm_head_xent_split(m, loss_sum, dx, dx ? m->g.lm_head : NULL, scale);
 	if (!dx)
 		return st_lm_head_loss(loss_sum, a->hf, m->p.lm_head, a->targets, a->N, m->s.E, m->s.V,
-				       a->chunk_rows, &a->xent_ws);
+				       a->chunk_rows, &a->xent_ws, &a->kc);
 	gclear(m, m->g.lm_head, m->ls.V * m->s.E); /* st_lm_head_xent adds */
 	return st_lm_head_xent(loss_sum, dx, m->g.lm_head, a->hf, m->p.lm_head, a->targets, a->N,
-			       m->s.E, m->s.V, scale, a->chunk_rows, &a->xent_ws);
+			       m->s.E, m->s.V, scale, a->chunk_rows, &a->xent_ws, &a->kc);
 }
 
 static void split_tokens(st_llama_acts *a, const int32_t *tokens)

@@ -175,12 +175,16 @@ void st_llama_init_rows(const st_llama *m, uint64_t seed, int i, int64_t row0, i
  * is a function of (seed, tensor index, element index in the global tensor)
  * only, so every mesh starts from the same weights. */
 void st_llama_init_weights(st_llama *m, uint64_t seed);
-/* Activation buffers for micro-batches of B x T under a remat policy, and
- * the kernels' workspace (attention's K/V layouts and per-thread tiles, the
- * RMSNorm backward partial sums), allocated once here and passed to every
- * kernel call. The workspace's per-thread slices are sized for
+/* Activation buffers for micro-batches of B x T under a remat policy, the
+ * kernels' workspace (attention's K/V layouts and per-thread tiles, the
+ * RMSNorm backward partial sums) and the matrix products' kernel context
+ * (kernels/cpu/kctx.h: their scratch for this CPU and the model's product
+ * shapes, and their primitive table), allocated once here and passed to
+ * every kernel call. The per-thread slices are sized for
  * omp_get_max_threads() at this call (OMP_NUM_THREADS, omp_set_num_threads):
- * the kernels then run on at most that many threads. */
+ * the kernels then run on at most that many threads. The products' back
+ * ends (st_gemm_set_f32_backend, st_amx_set_enabled) must be set before:
+ * the context is sized for those in force. */
 int st_llama_alloc_acts(st_llama *m, int64_t B, int64_t T, enum st_remat policy);
 /* The gradients to zero. Resident ones without hooks are not cleared here:
  * the next st_llama_forward_backward writes each one (its first product
@@ -216,6 +220,12 @@ int64_t st_llama_act_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, en
 int64_t st_llama_workspace_bytes(const st_llama *m);
 int64_t st_llama_workspace_bytes_for(const st_llama_shape *s, int64_t B, int64_t T,
 				     enum st_remat policy, const st_llama_act_opts *o);
+/* Bytes of the products' kernel context st_llama_alloc_acts allocates
+ * (counted in neither figure above), and the same figure for planning,
+ * from the same layout code, for this CPU (threads as above). */
+int64_t st_llama_kctx_bytes(const st_llama *m);
+int64_t st_llama_kctx_bytes_for(const st_llama_shape *s, int64_t B, int64_t T, enum st_remat policy,
+				const st_llama_act_opts *o);
 const st_tensor *st_llama_find(const st_llama *m, const char *name);
 /* Elements of the largest matrix-product weight (linear tensor) of this process. */
 int64_t st_llama_largest_linear(const st_llama *m);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "kernels/cpu/kctx.h"
 #include "shard/fsdp.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -92,6 +93,10 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	 * set it as for the run), plus the token batch and the runtime */
 	p->workspace = st_llama_workspace_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao) +
 		       4 * p->rows * (p->T + 1) + RUNTIME_BYTES;
+	/* the matrix products' context as st_llama_alloc_acts allocates it:
+	 * their scratch on this CPU, for the same threads, and their
+	 * primitive table */
+	p->kernel_ctx = st_llama_kctx_bytes_for(&p->local, p->rows, p->T, c->remat_policy, &ao);
 	p->bf16_weights = bf16 && F == 1 && (kauto || st_kplan_bf16_weights(&kp)) ? 2 * p->params_piece : 0;
 	/* checkpointing: st_ckpt_saver_reserve's host buffer, allocated when the
 	 * run starts (its pages resident once a save's release copies into them;
@@ -106,7 +111,7 @@ int st_plan_compute(st_plan *p, const st_config *c, int64_t num_slices, int64_t 
 	st_llama_release(&m);
 
 	p->total = p->weights + p->grads + p->optimizer + p->fsdp_buffer + p->bf16_weights +
-		   p->activations + p->workspace + p->checkpoint;
+		   p->activations + p->workspace + p->kernel_ctx + p->checkpoint;
 	p->memory = memory_bytes > 0 ? memory_bytes : machine_memory();
 	p->fits = p->memory <= 0 || (double)p->total <= p->memory;
 	p->flops = st_training_flops(c, (double)B);
@@ -279,6 +284,12 @@ void st_plan_print(const st_plan *p, const st_config *c, const st_plan_suggestio
 		 (long long)l->K, (long long)l->M, (long long)l->V);
 	line(out, "activations", p->activations, note);
 	line(out, "workspace", p->workspace, "kernels' workspace (attention's K/V layouts), batch, 64 MiB runtime");
+	snprintf(note, sizeof(note),
+		 "matrix products' kernel context on this CPU: %.2f MiB of packing and partial sums "
+		 "(AMX, fp32 tiles), %.2f MiB primitive table",
+		 (double)(p->kernel_ctx - (int64_t)st_kctx_bytes(0)) / (1 << 20),
+		 (double)st_kctx_bytes(0) / (1 << 20));
+	line(out, "kernel ctx", p->kernel_ctx, note);
 	if (p->memory > 0)
 		snprintf(note, sizeof(note), "of %.1f GiB: %s", p->memory / GIB,
 			 p->fits ? "fits" : "DOES NOT FIT");
@@ -332,6 +343,7 @@ void st_plan_print_json(const st_plan *p, const st_config *c, const st_plan_sugg
 	INT("checkpoint_bytes", p->checkpoint);
 	INT("activation_bytes", p->activations);
 	INT("workspace_bytes", p->workspace);
+	INT("kernel_ctx_bytes", p->kernel_ctx);
 	INT("total_bytes", p->total);
 	REAL("memory_bytes", p->memory);
 	json_object_set_new(o, "fits", json_boolean(p->fits));

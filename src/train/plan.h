@@ -26,7 +26,12 @@
  * kernels' workspace as the model allocates it (st_llama_workspace_bytes_for),
  * the token batch and a fixed 64 MiB for the runtime (libraries,
  * oneDNN's JIT code and scratch), so the total is comparable with a process's
- * peak resident memory.
+ * peak resident memory. The kernel context line is the matrix products'
+ * context as the model allocates it (st_llama_kctx_bytes_for,
+ * kernels/cpu/kctx.h): their primitive table and their scratch on the CPU
+ * that plans (the AMX packing where the CPU has AMX, the fp32 tiles'
+ * packing and partial sums where oneDNN runs without AVX-512; none on
+ * oneDNN's own paths).
  */
 #ifndef ST_TRAIN_PLAN_H
 #define ST_TRAIN_PLAN_H
@@ -53,6 +58,7 @@ typedef struct st_plan {
 	int64_t global_batch;   /* sequences per step, all devices, all micro-batches */
 	/* bytes per device */
 	int64_t weights, grads, optimizer, fsdp_buffer, bf16_weights, activations, workspace, total;
+	int64_t kernel_ctx;     /* the matrix products' kernel context (in total) */
 	int64_t checkpoint;     /* enable_checkpointing: the saver's host buffer (in total) */
 	double memory;          /* bytes the plan is checked against */
 	int fits;

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include "base/err.h"
-#include "base/pages.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/simd.h"
 
@@ -24,7 +23,7 @@
  *    which transposes it: the steps of a strip of 32 rows one after the
  *    other. With A in huge pages (as the model's activations are) the rows
  *    read straight ran 1.06x the packed form over the step's products
- *    (session 25; session 24, with 4 KiB pages: 0.8-0.9x);
+ *    (commit 647e48e; with 4 KiB pages, before cbe2051: 0.8-0.9x);
  *  - walks op(B) in blocks of nb columns (at most NB_MAX, about B_BYTES) by
  *    KC rows of K; the threads pack a block together (its 32-column panels
  *    one after the other, 2 KiB per k step), then each computes its share
@@ -34,7 +33,7 @@
  *    soon), so that they do not push the A strip, which every panel reads
  *    again, out of L1: with it the step's products ran 1.05x, and a strip
  *    of 17-24 k steps no longer gains from being run in two halves as
- *    before (session 25).
+ *    before (commit 283a994).
  * Each thread prefetches into L2 what its next strip and the next block
  * read (prefetch_c, prefetch_b below): in a training step they come from
  * DRAM.
@@ -46,6 +45,8 @@
  * run (pass below), else through the scratch. A residual add
  * (st_amx_gemm_bf16_res) loads its first sums from R where it would load
  * them from C.
+ * All scratch is the caller's: the kernel context's workspace (kctx.h),
+ * laid out by amx_layout.
  */
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
@@ -220,7 +221,7 @@ AMX_TARGET static void pack_a_tile(char ta, const uint16_t *A, int64_t lda, int6
 		_mm512_store_si512((__m512i *)(out + r * 32), v[r]);
 }
 
-/* Per-thread scratch: a packed A strip (32 rows x KC), a strip of C (32 x
+/* A thread's scratch: a packed A strip (32 rows x KC), a strip of C (32 x
  * NB_MAX fp32) and the ring of a bf16 C. */
 typedef struct {
 	uint16_t *a;
@@ -228,53 +229,45 @@ typedef struct {
 	float *ring; /* two 32 x 32 fp32 blocks as tiles, for a bf16 C */
 } scratch;
 
-static struct {
-	pthread_mutex_t lock;
-	uint16_t *b;    /* one packed block of op(B), B_BYTES */
-	uint16_t *a;    /* all of op(A) packed (apack) */
-	size_t an;      /* its size in bytes */
-	scratch *t;
-	int nt;
-} S = {.lock = PTHREAD_MUTEX_INITIALIZER};
+enum { STRIP_A = 32 * KC * 2, STRIP_C = 32 * NB_MAX * 4, STRIP_RING = 2 * 1024 * 4 };
 
-static int scratch_reserve(int threads)
+static size_t strip_bytes(void)
 {
-	if (!S.b && !(S.b = aligned_alloc(64, B_BYTES)))
-		return -1;
-	if (threads <= S.nt)
-		return 0;
-	scratch *t = realloc(S.t, (size_t)threads * sizeof(*t));
-	if (!t)
-		return -1;
-	S.t = t;
-	for (; S.nt < threads; S.nt++) {
-		t[S.nt].a = aligned_alloc(64, (size_t)32 * KC * 2);
-		t[S.nt].c = aligned_alloc(64, 32 * NB_MAX * sizeof(float));
-		t[S.nt].ring = aligned_alloc(64, 2 * 1024 * sizeof(float));
-		if (!t[S.nt].a || !t[S.nt].c || !t[S.nt].ring) {
-			free(t[S.nt].a);
-			free(t[S.nt].c);
-			free(t[S.nt].ring);
-			return -1;
-		}
-	}
-	return 0;
+	return st_ws_round(STRIP_A) + st_ws_round(STRIP_C) + st_ws_round(STRIP_RING);
 }
 
-void st_amx_release(void)
+/* Thread t's strip in a product's strips. */
+static scratch strip_of(char *strips, int t)
 {
-	pthread_mutex_lock(&S.lock);
-	free(S.b);
-	st_pages_free(S.a, S.an);
-	S.a = NULL, S.an = 0;
-	for (int i = 0; i < S.nt; i++) {
-		free(S.t[i].a);
-		free(S.t[i].c);
-		free(S.t[i].ring);
-	}
-	free(S.t);
-	S.b = NULL, S.t = NULL, S.nt = 0;
-	pthread_mutex_unlock(&S.lock);
+	char *p = strips + (size_t)t * strip_bytes();
+	return (scratch){.a = (uint16_t *)p, .c = (float *)(p + st_ws_round(STRIP_A)),
+			 .ring = (float *)(p + st_ws_round(STRIP_A) + st_ws_round(STRIP_C))};
+}
+
+/* Bytes of op(A) packed whole: a transposed A up to APACK_MAX, else 0. */
+static size_t apack_bytes(char ta, int64_t M, int64_t K)
+{
+	size_t an = (size_t)((M + 31) / 32) * (size_t)((K + 31) / 32) * 2048;
+	return ta == 'T' && an <= APACK_MAX ? an : 0;
+}
+
+/* A product's scratch in the context's workspace, placed at base (64-byte
+ * aligned) or only counted (base NULL); returns its bytes: op(A) packed
+ * whole (apack_bytes, where any), one packed block of op(B) (B_BYTES) and
+ * one strip per thread. st_amx_workspace_bytes counts with it and gemm
+ * places with it, so the two cannot disagree. */
+typedef struct {
+	uint16_t *a, *b;
+	char *strips;
+} amx_ws;
+
+static size_t amx_layout(amx_ws *w, char *base, char ta, int64_t M, int64_t K, int threads)
+{
+	size_t off = 0, an = apack_bytes(ta, M, K);
+	w->a = an ? st_ws_take(base, &off, an) : NULL;
+	w->b = st_ws_take(base, &off, B_BYTES);
+	w->strips = st_ws_take(base, &off, (size_t)threads * strip_bytes());
+	return off;
 }
 
 /* The C tiles 0-3 of a 32 x 32 block at c (row stride ldc floats): rows
@@ -429,6 +422,8 @@ AMX_TARGET static void pass(const pass_t *q)
 typedef struct {
 	const uint16_t *ap; /* op(A) packed whole: strip i, k step s at ap + (i * aks + s) * 1024 */
 	int64_t aks;
+	uint16_t *bblk;     /* the packed block of op(B) (B_BYTES) */
+	char *strips;       /* the threads' scratch strips (strip_of) */
 	int64_t nb;         /* columns per block of op(B) */
 	char ta, tb;
 	int64_t M, N, K, lda, ldb, ldc;
@@ -553,7 +548,7 @@ static void prefetch_b(const job *j, int64_t n0, int64_t k0, int t, int nt, int6
 AMX_TARGET static void run_thread(const job *j)
 {
 	int64_t strips = (j->M + 31) / 32;
-	scratch *sc = &S.t[omp_get_thread_num()];
+	scratch mine = strip_of(j->strips, omp_get_thread_num()), *sc = &mine;
 	tiles_config();
 	/* this thread's strips of C, contiguous (as schedule(static)) */
 	int nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -587,7 +582,7 @@ AMX_TARGET static void run_thread(const job *j)
 				else
 					s = t / (nb / 32 * 2), p = (t / 2) % (nb / 32);
 				pack_b_tile(j->tb, j->B, j->ldb, k0 + kc, j->N, k0 + 32 * s,
-					    n0 + 32 * p + 16 * h, S.b + (p * ks + s) * 1024 + h * 512);
+					    n0 + 32 * p + 16 * h, j->bblk + (p * ks + s) * 1024 + h * 512);
 			}
 			if (i0 < i1)
 				prefetch_c(j, 32 * i0, n0, nb);
@@ -597,7 +592,7 @@ AMX_TARGET static void run_thread(const job *j)
 			if (nk0 >= j->K)
 				nn0 = n0 + j->nb, nk0 = 0;
 			for (int64_t i = i0; i < i1; i++) {
-				strip(j, sc, S.b, 32 * i, n0, nb, k0, kc, k0 == 0);
+				strip(j, sc, j->bblk, 32 * i, n0, nb, k0, kc, k0 == 0);
 				if (i + 1 < i1)
 					prefetch_c(j, 32 * (i + 1), n0, nb);
 				if (nn0 < j->N)
@@ -610,66 +605,84 @@ AMX_TARGET static void run_thread(const job *j)
 	tiles_ready = 0;
 }
 
-static void run(const job *j)
+/* On at most `threads` threads: the strips are laid out for that many. */
+static void run(const job *j, int threads)
 {
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
 	run_thread(j);
+}
+
+/* The path takes the call (see amx.h); shape and operation only. */
+static int takes(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+		 int c_bf16)
+{
+	return st_amx_available() && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) &&
+	       !(c_bf16 && (beta != 0.0f || K > KC)) && M > 0 && N > 0 && K > 0 &&
+	       (ta == 'N' || ta == 'T') && (tb == 'N' || tb == 'T');
+}
+
+static char upper(char t) { return t == 'n' ? 'N' : t == 't' ? 'T' : t; }
+
+size_t st_amx_workspace_bytes(char ta, char tb, int64_t M, int64_t N, int64_t K, int c_bf16,
+			      int threads)
+{
+	ta = upper(ta);
+	tb = upper(tb);
+	if (!takes(ta, tb, M, N, K, 1.0f, 0.0f, c_bf16))
+		return 0;
+	amx_ws w;
+	return amx_layout(&w, NULL, ta, M, K, threads > 0 ? threads : 1);
 }
 
 static int gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
 		int64_t lda, const uint16_t *B, int64_t ldb, float beta, const float *R, void *C,
-		int64_t ldc, int c_bf16)
+		int64_t ldc, int c_bf16, st_kctx *kc)
 {
-	ta = ta == 'n' ? 'N' : ta == 't' ? 'T' : ta;
-	tb = tb == 'n' ? 'N' : tb == 't' ? 'T' : tb;
-	if (!st_amx_available() || alpha != 1.0f || (beta != 0.0f && beta != 1.0f) ||
-	    (c_bf16 && (beta != 0.0f || K > KC)) || M <= 0 || N <= 0 || K <= 0 ||
-	    (ta != 'N' && ta != 'T') || (tb != 'N' && tb != 'T') || omp_in_parallel())
+	ta = upper(ta);
+	tb = upper(tb);
+	if (!takes(ta, tb, M, N, K, alpha, beta, c_bf16) || omp_in_parallel())
 		return 0;
+	if (!kc || !kc->ready)
+		return st_fail(ST_EINVAL, "st_gemm_bf16 (AMX): no kernel context");
+	int threads = st_ws_threads(&kc->ws);
+	amx_ws w;
+	int rc = st_ws_check(&kc->ws, amx_layout(&w, NULL, ta, M, K, threads), "st_gemm_bf16 (AMX)");
+	if (rc < 0)
+		return rc;
+	if ((uintptr_t)kc->ws.mem % 64) /* aligned tile stores */
+		return st_fail(ST_EINVAL, "st_gemm_bf16 (AMX): the context's workspace at %p is not "
+			       "64-byte aligned", kc->ws.mem);
 	int64_t kcp = ((K < KC ? K : KC) + 31) / 32 * 32, nb = B_BYTES / (kcp * 2) / 32 * 32;
 	job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
 		 .A = A, .B = B, .beta = beta, .R = R, .C = C, .c16 = c_bf16,
 		 .nb = nb > NB_MAX ? NB_MAX : nb < NB_MIN ? NB_MIN : nb};
-	pthread_mutex_lock(&S.lock);
-	int64_t aks = (K + 31) / 32;
-	size_t an = (size_t)((M + 31) / 32) * (size_t)aks * 2048;
+	pthread_mutex_lock(&kc->lock);
+	amx_layout(&w, kc->ws.mem, ta, M, K, threads);
 	/* op(A) 'N' whole strips are read straight from A's rows (A in huge
 	 * pages, as the model's activations are: the step's products 1.06x);
-	 * a transposed A is packed whole, which transposes it */
-	if (ta == 'T' && an <= APACK_MAX) {
-		if (an > S.an) {
-			st_pages_free(S.a, S.an);
-			S.an = 0;
-			if (!(S.a = st_pages_alloc(an))) { /* in huge pages from 2 MiB */
-				pthread_mutex_unlock(&S.lock);
-				return st_fail(ST_ENOMEM, "out of memory for the AMX products' packing buffers");
-			}
-			S.an = an;
-		}
-		j.ap = S.a;
-		j.aks = aks;
-	}
-	if (scratch_reserve(omp_get_max_threads()) < 0) {
-		pthread_mutex_unlock(&S.lock);
-		return st_fail(ST_ENOMEM, "out of memory for the AMX products' packing buffers");
-	}
-	run(&j);
-	pthread_mutex_unlock(&S.lock);
+	 * a transposed A is packed whole (w.a, where it fits APACK_MAX), which
+	 * transposes it */
+	j.ap = w.a;
+	j.aks = (K + 31) / 32;
+	j.bblk = w.b;
+	j.strips = w.strips;
+	run(&j, threads);
+	pthread_mutex_unlock(&kc->lock);
 	return 1;
 }
 
 int st_amx_gemm_bf16(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
 		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
-		     void *C, int64_t ldc, int c_bf16)
+		     void *C, int64_t ldc, int c_bf16, st_kctx *kc)
 {
-	return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc, c_bf16);
+	return gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc, c_bf16, kc);
 }
 
 int st_amx_gemm_bf16_res(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t *A,
 			 int64_t lda, const uint16_t *B, int64_t ldb, const float *R, float *C,
-			 int64_t ldc)
+			 int64_t ldc, st_kctx *kc)
 {
-	return gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, R, C, ldc, 0);
+	return gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, R, C, ldc, 0, kc);
 }
 
 /*

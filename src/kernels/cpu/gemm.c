@@ -11,31 +11,17 @@
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16.h"
 
-enum { DT_F32 = 0, DT_BF16 = 1, DT_BF16_OUT = 2 };
+enum { DT_F32 = ST_GEMM_F32, DT_BF16 = ST_GEMM_BF16, DT_BF16_OUT = ST_GEMM_BF16_OUT };
 
-typedef struct gemm_key {
-	int dtype;
-	int threads; /* oneDNN fixes a primitive's thread partition when it is created */
-	char ta, tb;
-	int64_t M, N, K, lda, ldb, ldc;
-	float alpha, beta;
-} gemm_key;
-
-typedef struct gemm_entry {
-	gemm_key key;
-	dnnl_primitive_t prim;
-	dnnl_memory_t a, b, c; /* data handles set per call */
-	char impl[48];
-} gemm_entry;
-
-static struct {
-	pthread_mutex_t lock;
-	dnnl_engine_t engine;
-	dnnl_stream_t stream;
-	gemm_entry *e;
-	int n, cap;
-	int init_failed;
-} G = {.lock = PTHREAD_MUTEX_INITIALIZER};
+/*
+ * The matmul primitives of a context (kctx.h): a table of ST_KCTX_PRIMS
+ * entries looked up by key (a linear scan: a model's few dozen shapes cost
+ * well under a microsecond a call); when it is full, a new entry replaces
+ * the oldest (creation order, a ring), whose primitive is destroyed. The
+ * engine and stream are the context's too, created on first use. All of
+ * this under the context's lock.
+ */
+typedef st_kprim_key gemm_key;
 
 static int same_key(const gemm_key *a, const gemm_key *b)
 {
@@ -44,18 +30,24 @@ static int same_key(const gemm_key *a, const gemm_key *b)
 	       a->ldc == b->ldc && a->alpha == b->alpha && a->beta == b->beta;
 }
 
-/* Engine and stream, once (under G.lock). */
-static int ensure_engine(void)
+/* Engine and stream, once per context (under its lock). */
+static int ensure_engine(st_kctx *kc)
 {
-	if (G.stream)
+	if (kc->stream)
 		return 0;
-	if (G.init_failed)
+	if (kc->dnnl_failed)
 		return st_fail(ST_EINTERNAL, "oneDNN CPU engine is unavailable");
-	if (dnnl_engine_create(&G.engine, dnnl_cpu, 0) != dnnl_success ||
-	    dnnl_stream_create(&G.stream, G.engine, dnnl_stream_default_flags) != dnnl_success) {
-		G.init_failed = 1;
+	dnnl_engine_t engine = NULL;
+	dnnl_stream_t stream = NULL;
+	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
+	    dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
+		if (engine)
+			dnnl_engine_destroy(engine);
+		kc->dnnl_failed = 1;
 		return st_fail(ST_EINTERNAL, "cannot create oneDNN's CPU engine and stream");
 	}
+	kc->engine = engine;
+	kc->stream = stream;
 	return 0;
 }
 
@@ -72,7 +64,20 @@ static void plain_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t
 	dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
 }
 
-static int create_entry(gemm_entry *en, const gemm_key *k)
+static void destroy_entry(st_kprim *en)
+{
+	if (en->prim)
+		dnnl_primitive_destroy(en->prim);
+	if (en->a)
+		dnnl_memory_destroy(en->a);
+	if (en->b)
+		dnnl_memory_destroy(en->b);
+	if (en->c)
+		dnnl_memory_destroy(en->c);
+	memset(en, 0, sizeof(*en));
+}
+
+static int create_entry(st_kprim *en, const gemm_key *k, dnnl_engine_t engine)
 {
 	dnnl_data_type_t in = k->dtype == DT_F32 ? dnnl_f32 : dnnl_bf16;
 	dnnl_data_type_t out = k->dtype == DT_BF16_OUT ? dnnl_bf16 : dnnl_f32;
@@ -98,7 +103,7 @@ static int create_entry(gemm_entry *en, const gemm_key *k)
 	}
 	if (s == dnnl_success) {
 		what = "primitive descriptor";
-		s = dnnl_primitive_desc_create(&pd, &desc, attr, G.engine, NULL);
+		s = dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL);
 	}
 	if (s == dnnl_success) {
 		what = "primitive";
@@ -109,9 +114,9 @@ static int create_entry(gemm_entry *en, const gemm_key *k)
 		dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
 		snprintf(en->impl, sizeof(en->impl), "%s", impl ? impl : "?");
 		what = "memory";
-		if ((s = dnnl_memory_create(&en->a, &a_md, G.engine, DNNL_MEMORY_NONE)) == dnnl_success &&
-		    (s = dnnl_memory_create(&en->b, &b_md, G.engine, DNNL_MEMORY_NONE)) == dnnl_success)
-			s = dnnl_memory_create(&en->c, &c_md, G.engine, DNNL_MEMORY_NONE);
+		if ((s = dnnl_memory_create(&en->a, &a_md, engine, DNNL_MEMORY_NONE)) == dnnl_success &&
+		    (s = dnnl_memory_create(&en->b, &b_md, engine, DNNL_MEMORY_NONE)) == dnnl_success)
+			s = dnnl_memory_create(&en->c, &c_md, engine, DNNL_MEMORY_NONE);
 	}
 	if (pd)
 		dnnl_primitive_desc_destroy(pd);
@@ -120,13 +125,7 @@ static int create_entry(gemm_entry *en, const gemm_key *k)
 	if (attr)
 		dnnl_primitive_attr_destroy(attr);
 	if (s != dnnl_success) {
-		if (en->prim)
-			dnnl_primitive_destroy(en->prim);
-		if (en->a)
-			dnnl_memory_destroy(en->a);
-		if (en->b)
-			dnnl_memory_destroy(en->b);
-		memset(en, 0, sizeof(*en));
+		destroy_entry(en);
 		return st_fail(ST_EINTERNAL,
 			       "oneDNN matmul %s (%s, %c%c, %lld x %lld x %lld, ld %lld/%lld/%lld) failed: "
 			       "status %d%s",
@@ -140,32 +139,39 @@ static int create_entry(gemm_entry *en, const gemm_key *k)
 	return 0;
 }
 
-/* The cached entry for a key (creating it), under G.lock. */
-static int lookup(const gemm_key *k, gemm_entry **out)
+/* The context's entry for a key (creating it, in place of the oldest when
+ * the table is full), under kc->lock. */
+static int lookup(st_kctx *kc, const gemm_key *k, st_kprim **out)
 {
-	int rc = ensure_engine();
+	int rc = ensure_engine(kc);
 	if (rc < 0)
 		return rc;
-	for (int i = 0; i < G.n; i++)
-		if (same_key(&G.e[i].key, k)) {
-			*out = &G.e[i];
+	for (int i = 0; i < kc->nprims; i++)
+		if (same_key(&kc->prims[i].key, k)) {
+			*out = &kc->prims[i];
 			return 0;
 		}
-	if (G.n == G.cap) {
-		int cap = G.cap ? 2 * G.cap : 32;
-		gemm_entry *e = realloc(G.e, (size_t)cap * sizeof(*e));
-		if (!e)
-			return st_fail(ST_ENOMEM, "out of memory (gemm cache)");
-		G.e = e;
-		G.cap = cap;
-	}
-	gemm_entry *en = &G.e[G.n];
-	memset(en, 0, sizeof(*en));
-	if ((rc = create_entry(en, k)) < 0)
+	st_kprim en;
+	memset(&en, 0, sizeof(en));
+	if ((rc = create_entry(&en, k, kc->engine)) < 0)
 		return rc;
-	G.n++;
-	*out = en;
+	st_kprim *slot;
+	if (kc->nprims < ST_KCTX_PRIMS) {
+		slot = &kc->prims[kc->nprims++];
+	} else {
+		slot = &kc->prims[kc->oldest];
+		destroy_entry(slot);
+		kc->oldest = (kc->oldest + 1) % ST_KCTX_PRIMS;
+	}
+	*slot = en;
+	*out = slot;
 	return 0;
+}
+
+/* The context, or ST_EINVAL naming the product. */
+static int need_ctx(const st_kctx *kc, const char *what)
+{
+	return kc && kc->ready ? 0 : st_fail(ST_EINVAL, "%s: no kernel context", what);
 }
 
 /* K == 0: C = beta * C (no product). */
@@ -186,7 +192,7 @@ static void scale_only(int dtype, int64_t M, int64_t N, float beta, void *C, int
 
 static int gemm_any(int dtype, char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
 		    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C,
-		    int64_t ldc)
+		    int64_t ldc, st_kctx *kc)
 {
 	if (M <= 0 || N <= 0)
 		return 0;
@@ -198,23 +204,23 @@ static int gemm_any(int dtype, char ta, char tb, int64_t M, int64_t N, int64_t K
 		      .ta = (ta == 't' ? 'T' : ta == 'n' ? 'N' : ta),
 		      .tb = (tb == 't' ? 'T' : tb == 'n' ? 'N' : tb), .M = M, .N = N, .K = K,
 		      .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta};
-	pthread_mutex_lock(&G.lock);
-	gemm_entry *en;
-	int rc = lookup(&k, &en);
+	pthread_mutex_lock(&kc->lock);
+	st_kprim *en;
+	int rc = lookup(kc, &k, &en);
 	if (rc == 0) {
 		dnnl_memory_set_data_handle(en->a, (void *)A);
 		dnnl_memory_set_data_handle(en->b, (void *)B);
 		dnnl_memory_set_data_handle(en->c, C);
 		dnnl_exec_arg_t args[3] = {
 			{DNNL_ARG_SRC, en->a}, {DNNL_ARG_WEIGHTS, en->b}, {DNNL_ARG_DST, en->c}};
-		dnnl_status_t s = dnnl_primitive_execute(en->prim, G.stream, 3, args);
+		dnnl_status_t s = dnnl_primitive_execute(en->prim, kc->stream, 3, args);
 		if (s == dnnl_success)
-			s = dnnl_stream_wait(G.stream);
+			s = dnnl_stream_wait(kc->stream);
 		if (s != dnnl_success)
 			rc = st_fail(ST_EINTERNAL, "oneDNN matmul (%c%c, %lld x %lld x %lld) failed: status %d",
 				     k.ta, k.tb, (long long)M, (long long)N, (long long)K, (int)s);
 	}
-	pthread_mutex_unlock(&G.lock);
+	pthread_mutex_unlock(&kc->lock);
 	return rc;
 }
 
@@ -277,58 +283,6 @@ static void tile_shape(int64_t M, int64_t N, int64_t mmax, int64_t *tm, int64_t 
 	*tn = b;
 }
 
-/* A buffer of floats kept for the next call: the tiles' packed blocks (one
- * per thread of a tiled call; sgemm_tiles makes room for its threads
- * before its parallel region) and sgemm_ksplit's partial products.
- * st_gemm_cache_clear frees them. */
-struct buf {
-	float *p;
-	int64_t n; /* floats */
-};
-
-static struct {
-	struct buf *t;
-	int count;
-} P;
-static struct buf KS;
-
-/* b->p with room for at least n floats; NULL: out of memory (b unchanged). */
-static float *buf_reserve(struct buf *b, int64_t n)
-{
-	if (n > b->n) {
-		float *p = realloc(b->p, (size_t)n * sizeof(float));
-		if (!p)
-			return NULL;
-		b->p = p;
-		b->n = n;
-	}
-	return b->p;
-}
-
-static int pack_slots(int threads)
-{
-	if (threads <= P.count)
-		return 0;
-	struct buf *t = realloc(P.t, (size_t)threads * sizeof(*t));
-	if (!t)
-		return st_fail(ST_ENOMEM, "out of memory for the products' packing buffers");
-	for (int i = P.count; i < threads; i++)
-		t[i] = (struct buf){0};
-	P.t = t;
-	P.count = threads;
-	return 0;
-}
-
-static void buffers_release(void)
-{
-	for (int i = 0; i < P.count; i++)
-		free(P.t[i].p);
-	free(P.t);
-	P.t = NULL, P.count = 0;
-	free(KS.p);
-	KS = (struct buf){0};
-}
-
 /* Token chunks where K is at least KSPLIT_MIN_K (also where the packed
  * tiles get at most 256 rows). */
 enum { KSPLIT = 4, KSPLIT_MIN_K = 1024 };
@@ -352,19 +306,52 @@ static int ksplit_chunks(int64_t M, int64_t N, int64_t K)
 	return KSPLIT;
 }
 
+/*
+ * The TILES back end's scratch for a product, in the context's workspace:
+ * placed at base, or only counted (base NULL); returns its bytes. The
+ * weight gradients' form (A^T B) takes, in chunks of tokens, the chunks'
+ * partial products (chunks - 1 copies of C), else, in tiles, one packing
+ * buffer per thread for a tile's blocks of A and B (K x (tile rows + tile
+ * columns) floats); the other forms take nothing. st_gemm_workspace_bytes
+ * counts with it and sgemm_tiles places with it, so the two cannot
+ * disagree.
+ */
+typedef struct tiles_ws {
+	float *ks;         /* sgemm_ksplit's partial products */
+	char *pack;        /* thread t's packing buffer at pack + t * pack_bytes */
+	size_t pack_bytes;
+	int chunks;        /* token chunks (sgemm_ksplit), or 0: tiles */
+} tiles_ws;
+
+static size_t tiles_layout(tiles_ws *w, char *base, char transa, char transb, int64_t M, int64_t N,
+			   int64_t K, int threads)
+{
+	size_t off = 0;
+	memset(w, 0, sizeof(*w));
+	if (M <= 0 || N <= 0 || K <= 0 || transa != 'T' || transb != 'N')
+		return 0;
+	if ((w->chunks = ksplit_chunks(M, N, K))) {
+		w->ks = st_ws_take(base, &off, (size_t)((w->chunks - 1) * M * N) * sizeof(float));
+		return off;
+	}
+	int64_t tm, tn;
+	tile_shape(M, N, K >= KSPLIT_MIN_K ? 256 : 512, &tm, &tn);
+	w->pack_bytes = st_ws_round((size_t)(K * ((tm < M ? tm : M) + (tn < N ? tn : N))) * sizeof(float));
+	w->pack = st_ws_take(base, &off, (size_t)threads * w->pack_bytes);
+	return off;
+}
+
 /* C (ld ldc) = alpha A^T B + beta C with A (K x M, ld lda) and B (K x N, ld
  * ldb) cut into `chunks` blocks of rows (tokens): chunk 0 into C (with
- * beta), chunk s into partial product s, one sequential sgemm each, spread
- * over the threads; then each element of C adds the partial products 1, 2,
- * ... in that order. Every step depends on the shape only: the same bits at
- * any thread count. */
+ * beta), chunk s into partial product s (ks), one sequential sgemm each,
+ * spread over the threads; then each element of C adds the partial
+ * products 1, 2, ... in that order. Every step depends on the shape only:
+ * the same bits at any thread count. */
 static int sgemm_ksplit(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-			const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int chunks)
+			const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int chunks,
+			float *ks)
 {
-	int64_t kc = cdiv(K, chunks), need = (chunks - 1) * M * N;
-	if (!buf_reserve(&KS, need))
-		return st_fail(ST_ENOMEM, "out of memory for the products' partial sums (%lld MiB)",
-			       (long long)(need * (int64_t)sizeof(float) >> 20));
+	int64_t kc = cdiv(K, chunks);
 	int err = dnnl_success;
 #pragma omp parallel for schedule(dynamic)
 	for (int c = 0; c < chunks; c++) {
@@ -374,7 +361,7 @@ static int sgemm_ksplit(int64_t M, int64_t N, int64_t K, float alpha, const floa
 			s = dnnl_sgemm('T', 'N', M, N, k, alpha, A, lda, B, ldb, beta, C, ldc);
 		else
 			s = dnnl_sgemm('T', 'N', M, N, k, alpha, A + k0 * lda, lda, B + k0 * ldb, ldb,
-				       0.0f, KS.p + (c - 1) * M * N, N);
+				       0.0f, ks + (c - 1) * M * N, N);
 		if (s != dnnl_success) {
 #pragma omp atomic write
 			err = (int)s;
@@ -386,7 +373,7 @@ static int sgemm_ksplit(int64_t M, int64_t N, int64_t K, float alpha, const floa
 	for (int64_t i = 0; i < M; i++) {
 		float *c = C + i * ldc;
 		for (int s = 1; s < chunks; s++) {
-			const float *p = KS.p + ((s - 1) * M + i) * N;
+			const float *p = ks + ((s - 1) * M + i) * N;
 #pragma omp simd
 			for (int64_t j = 0; j < N; j++)
 				c[j] += p[j];
@@ -395,41 +382,34 @@ static int sgemm_ksplit(int64_t M, int64_t N, int64_t K, float alpha, const floa
 	return 0;
 }
 
-static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
-		       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-		       int64_t ldc)
+/* The tiles (or token chunks) of one product; w: its scratch, placed. */
+static int tiles_run(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+		     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+		     int64_t ldc, const tiles_ws *w, int threads)
 {
-	int packed = transa == 'T' && transb == 'N'; /* dW += dy^T x: blocks packed contiguous */
-	int chunks = packed ? ksplit_chunks(M, N, K) : 0;
-	if (chunks)
-		return sgemm_ksplit(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, chunks);
+	if (w->chunks)
+		return sgemm_ksplit(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, w->chunks, w->ks);
+	int packed = w->pack != NULL; /* dW += dy^T x: blocks packed contiguous */
 	int64_t TILE_M, TILE_N;
 	tile_shape(M, N, transa == 'T' && K >= KSPLIT_MIN_K ? 256 : 512, &TILE_M, &TILE_N);
 	int64_t tn = (N + TILE_N - 1) / TILE_N, nt = (M + TILE_M - 1) / TILE_M * tn;
-	int err = dnnl_success, rc;
-	if (packed && (rc = pack_slots(omp_get_max_threads())) < 0)
-		return rc;
-#pragma omp parallel for schedule(dynamic)
+	int err = dnnl_success;
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
 	for (int64_t t = 0; t < nt; t++) {
 		int64_t i0 = t / tn * TILE_M, j0 = t % tn * TILE_N;
 		int64_t m = M - i0 < TILE_M ? M - i0 : TILE_M, n = N - j0 < TILE_N ? N - j0 : TILE_N;
 		const float *a = transa == 'N' ? A + i0 * lda : A + i0;
 		const float *b = transb == 'N' ? B + j0 : B + j0 * ldb;
 		int64_t la = lda, lb = ldb;
-		dnnl_status_t s = dnnl_success;
 		if (packed && (m < lda || n < ldb)) {
-			float *p = buf_reserve(&P.t[omp_get_thread_num()], K * ((m < lda ? m : 0) + (n < ldb ? n : 0)));
-			if (!p)
-				s = dnnl_out_of_memory;
-			else {
-				if (m < lda)
-					a = copy_block(p, a, K, m, lda), la = m, p += K * m;
-				if (n < ldb)
-					b = copy_block(p, b, K, n, ldb), lb = n;
-			}
+			float *p = (float *)(w->pack + (size_t)omp_get_thread_num() * w->pack_bytes);
+			if (m < lda)
+				a = copy_block(p, a, K, m, lda), la = m, p += K * m;
+			if (n < ldb)
+				b = copy_block(p, b, K, n, ldb), lb = n;
 		}
-		if (s == dnnl_success)
-			s = dnnl_sgemm(transa, transb, m, n, K, alpha, a, la, b, lb, beta, C + i0 * ldc + j0, ldc);
+		dnnl_status_t s = dnnl_sgemm(transa, transb, m, n, K, alpha, a, la, b, lb, beta,
+					     C + i0 * ldc + j0, ldc);
 		if (s != dnnl_success) {
 #pragma omp atomic write
 			err = (int)s;
@@ -438,13 +418,59 @@ static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K
 	return err == dnnl_success ? 0 : sgemm_failed(transa, transb, M, N, K, err);
 }
 
+static int sgemm_tiles(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+		       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+		       int64_t ldc, st_kctx *kc)
+{
+	tiles_ws w;
+	int threads = st_ws_threads(&kc->ws);
+	size_t need = tiles_layout(&w, NULL, transa, transb, M, N, K, threads);
+	if (!need) /* no scratch: every thread, as OpenMP gives them */
+		return tiles_run(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &w,
+				 omp_get_max_threads());
+	int rc = st_ws_check(&kc->ws, need, "st_gemm (tiles)");
+	if (rc < 0)
+		return rc;
+	pthread_mutex_lock(&kc->lock);
+	tiles_layout(&w, kc->ws.mem, transa, transb, M, N, K, threads);
+	rc = tiles_run(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &w, threads);
+	pthread_mutex_unlock(&kc->lock);
+	return rc;
+}
+
+size_t st_gemm_workspace_bytes(const st_gemm_shape *s, int threads)
+{
+	if (threads < 1)
+		threads = 1;
+	if (s->dtype != ST_GEMM_F32)
+		return st_amx_workspace_bytes(s->ta, s->tb, s->M, s->N, s->K,
+					      s->dtype == ST_GEMM_BF16_OUT, threads);
+	if (st_gemm_f32_backend() != ST_GEMM_TILES)
+		return 0;
+	tiles_ws w;
+	return tiles_layout(&w, NULL, s->ta, s->tb, s->M, s->N, s->K, threads);
+}
+
+size_t st_gemm_workspace_bytes_list(const st_gemm_shape *s, int64_t n, int threads)
+{
+	size_t most = 0;
+	for (int64_t i = 0; i < n; i++) {
+		size_t b = st_gemm_workspace_bytes(&s[i], threads);
+		most = b > most ? b : most;
+	}
+	return most;
+}
+
 int st_gemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
 	    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-	    int64_t ldc)
+	    int64_t ldc, st_kctx *kc)
 {
+	int rc = need_ctx(kc, "st_gemm");
+	if (rc < 0)
+		return rc;
 	enum st_gemm_backend be = st_gemm_f32_backend();
 	if (be == ST_GEMM_MATMUL)
-		return gemm_any(DT_F32, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		return gemm_any(DT_F32, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, kc);
 	if (M <= 0 || N <= 0)
 		return 0;
 	if (K <= 0) { /* sgemm refuses K = 0 */
@@ -452,29 +478,35 @@ int st_gemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alp
 		return 0;
 	}
 	if (be == ST_GEMM_TILES)
-		return sgemm_tiles(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		return sgemm_tiles(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, kc);
 	dnnl_status_t s = dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	return s == dnnl_success ? 0 : sgemm_failed(transa, transb, M, N, K, (int)s);
 }
 
 int st_gemm_bf16(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
 		 const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
-		 float *C, int64_t ldc)
+		 float *C, int64_t ldc, st_kctx *kc)
 {
-	int rc = st_amx_gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
+	int rc = need_ctx(kc, "st_gemm_bf16");
+	if (rc < 0)
+		return rc;
+	rc = st_amx_gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, kc);
 	if (rc)
 		return rc < 0 ? rc : 0;
-	return gemm_any(DT_BF16, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	return gemm_any(DT_BF16, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, kc);
 }
 
 int st_gemm_bf16_out(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
 		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta,
-		     uint16_t *C, int64_t ldc)
+		     uint16_t *C, int64_t ldc, st_kctx *kc)
 {
-	int rc = st_amx_gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
+	int rc = need_ctx(kc, "st_gemm_bf16_out");
+	if (rc < 0)
+		return rc;
+	rc = st_amx_gemm_bf16(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, kc);
 	if (rc)
 		return rc < 0 ? rc : 0;
-	return gemm_any(DT_BF16_OUT, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	return gemm_any(DT_BF16_OUT, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, kc);
 }
 
 /* C (M x N, row stride ldc) = R, laid out the same, over all threads. */
@@ -488,52 +520,62 @@ static void copy_rows(float *C, const float *R, int64_t M, int64_t N, int64_t ld
 }
 
 int st_gemm_res(char transa, char transb, int64_t M, int64_t N, int64_t K, const float *A,
-		int64_t lda, const float *B, int64_t ldb, const float *R, float *C, int64_t ldc)
+		int64_t lda, const float *B, int64_t ldb, const float *R, float *C, int64_t ldc,
+		st_kctx *kc)
 {
+	int rc = need_ctx(kc, "st_gemm_res");
+	if (rc < 0)
+		return rc;
 	copy_rows(C, R, M, N, ldc);
-	return st_gemm(transa, transb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+	return st_gemm(transa, transb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc, kc);
 }
 
 int st_gemm_bf16_res(char transa, char transb, int64_t M, int64_t N, int64_t K,
 		     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *R,
-		     float *C, int64_t ldc)
+		     float *C, int64_t ldc, st_kctx *kc)
 {
-	int rc = st_amx_gemm_bf16_res(transa, transb, M, N, K, A, lda, B, ldb, R, C, ldc);
+	int rc = need_ctx(kc, "st_gemm_bf16_res");
+	if (rc < 0)
+		return rc;
+	rc = st_amx_gemm_bf16_res(transa, transb, M, N, K, A, lda, B, ldb, R, C, ldc, kc);
 	if (rc)
 		return rc < 0 ? rc : 0;
 	copy_rows(C, R, M, N, ldc);
-	return gemm_any(DT_BF16, transa, transb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+	return gemm_any(DT_BF16, transa, transb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc, kc);
 }
 
-const char *st_gemm_impl(int dtype, char transa, char transb, int64_t M, int64_t N, int64_t K,
-			 int64_t lda, int64_t ldb, int64_t ldc, float beta)
+const char *st_gemm_impl(enum st_gemm_dtype dtype, char transa, char transb, int64_t M, int64_t N,
+			 int64_t K, int64_t lda, int64_t ldb, int64_t ldc, float beta, st_kctx *kc)
 {
 	gemm_key k = {.dtype = dtype, .threads = omp_get_max_threads(), .ta = transa, .tb = transb,
 		      .M = M, .N = N, .K = K,
 		      .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = 1.0f, .beta = beta};
-	static _Thread_local char impl[sizeof(((gemm_entry *)0)->impl)];
+	static _Thread_local char impl[sizeof(((st_kprim *)0)->impl)];
 	impl[0] = 0;
-	pthread_mutex_lock(&G.lock);
-	gemm_entry *en;
-	if (lookup(&k, &en) == 0)
+	if (need_ctx(kc, "st_gemm_impl") < 0)
+		return impl;
+	pthread_mutex_lock(&kc->lock);
+	st_kprim *en;
+	if (lookup(kc, &k, &en) == 0)
 		memcpy(impl, en->impl, sizeof(impl));
-	pthread_mutex_unlock(&G.lock);
+	pthread_mutex_unlock(&kc->lock);
 	return impl;
 }
 
-void st_gemm_cache_clear(void)
+void st_gemm_cache_clear(st_kctx *kc)
 {
-	pthread_mutex_lock(&G.lock);
-	for (int i = 0; i < G.n; i++) {
-		dnnl_primitive_destroy(G.e[i].prim);
-		dnnl_memory_destroy(G.e[i].a);
-		dnnl_memory_destroy(G.e[i].b);
-		dnnl_memory_destroy(G.e[i].c);
-	}
-	free(G.e);
-	G.e = NULL;
-	G.n = G.cap = 0;
-	buffers_release();
-	pthread_mutex_unlock(&G.lock);
-	st_amx_release();
+	if (!kc || !kc->ready)
+		return;
+	pthread_mutex_lock(&kc->lock);
+	for (int i = 0; i < kc->nprims; i++)
+		destroy_entry(&kc->prims[i]);
+	kc->nprims = kc->oldest = 0;
+	if (kc->stream)
+		dnnl_stream_destroy(kc->stream);
+	if (kc->engine)
+		dnnl_engine_destroy(kc->engine);
+	kc->stream = NULL;
+	kc->engine = NULL;
+	kc->dnnl_failed = 0;
+	pthread_mutex_unlock(&kc->lock);
 }

@@ -762,9 +762,24 @@ size_t st_lm_head_workspace_bytes(int64_t V, int64_t chunk_rows)
 	return lm_ws_layout(&l, NULL, V, chunk_rows);
 }
 
+int st_lm_head_products(int64_t N, int64_t E, int64_t V, int64_t chunk_rows, st_gemm_shape out[6])
+{
+	int n = 0;
+	int64_t last = chunk_rows > 0 ? N % chunk_rows : 0;
+	for (int c = 0; c < 2; c++) {
+		int64_t r = c == 0 ? (chunk_rows < N ? chunk_rows : N) : last;
+		if (r <= 0 || (c == 1 && n > 0 && r == out[0].M))
+			continue;
+		out[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'T', r, V, E}; /* logits */
+		out[n++] = (st_gemm_shape){ST_GEMM_F32, 'N', 'N', r, E, V}; /* dx */
+		out[n++] = (st_gemm_shape){ST_GEMM_F32, 'T', 'N', V, E, r}; /* dW */
+	}
+	return n;
+}
+
 static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
 		   const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
-		   int64_t chunk_rows, const st_ws *ws)
+		   int64_t chunk_rows, const st_ws *ws, st_kctx *kc)
 {
 	lm_ws l;
 	int rc = st_ws_check(ws, lm_ws_layout(&l, NULL, V, chunk_rows),
@@ -776,7 +791,7 @@ static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const
 	double *rsum = l.rsum, total = 0;
 	for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
 		int64_t nr = N - r0 < chunk_rows ? N - r0 : chunk_rows;
-		rc = st_gemm('N', 'T', nr, V, E, 1.0f, x + r0 * E, E, W, E, 0.0f, scratch, V);
+		rc = st_gemm('N', 'T', nr, V, E, 1.0f, x + r0 * E, E, W, E, 0.0f, scratch, V, kc);
 		if (rc < 0)
 			break;
 		st_xent_rows_exp(scratch, rmax, rsum, tlog, targets + r0, 0, nr, V);
@@ -787,9 +802,9 @@ static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const
 		if (!dx)
 			continue;
 		st_xent_rows_grad(scratch, rsc, targets + r0, 0, nr, V, scale);
-		rc = st_gemm('N', 'N', nr, E, V, 1.0f, scratch, V, W, E, 0.0f, dx + r0 * E, E);
+		rc = st_gemm('N', 'N', nr, E, V, 1.0f, scratch, V, W, E, 0.0f, dx + r0 * E, E, kc);
 		if (rc == 0)
-			rc = st_gemm('T', 'N', V, E, nr, 1.0f, scratch, V, x + r0 * E, E, 1.0f, dW, E);
+			rc = st_gemm('T', 'N', V, E, nr, 1.0f, scratch, V, x + r0 * E, E, 1.0f, dW, E, kc);
 		if (rc < 0)
 			break;
 	}
@@ -800,13 +815,14 @@ static int lm_head(double *loss_sum, float *dx, float *dW, const float *x, const
 
 int st_lm_head_xent(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
 		    const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
-		    int64_t chunk_rows, const st_ws *ws)
+		    int64_t chunk_rows, const st_ws *ws, st_kctx *kc)
 {
-	return lm_head(loss_sum, dx, dW, x, W, targets, N, E, V, scale, chunk_rows, ws);
+	return lm_head(loss_sum, dx, dW, x, W, targets, N, E, V, scale, chunk_rows, ws, kc);
 }
 
 int st_lm_head_loss(double *loss_sum, const float *x, const float *W, const int32_t *targets,
-		    int64_t N, int64_t E, int64_t V, int64_t chunk_rows, const st_ws *ws)
+		    int64_t N, int64_t E, int64_t V, int64_t chunk_rows, const st_ws *ws,
+		    st_kctx *kc)
 {
-	return lm_head(loss_sum, NULL, NULL, x, W, targets, N, E, V, 0.0f, chunk_rows, ws);
+	return lm_head(loss_sum, NULL, NULL, x, W, targets, N, E, V, 0.0f, chunk_rows, ws, kc);
 }

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/workspace.h"
 
 /* out(N,C) = x * rstd * w; rstd(N) saved for backward. */
@@ -191,14 +192,20 @@ void st_xent_rows_grad_bf16(uint16_t *out, int64_t ldo, const float *l, const fl
  *   dW (V,E) += scale * d(loss_sum)/dW
  * ws, st_lm_head_workspace_bytes(V, chunk_rows): one chunk's logits
  * (chunk_rows x V floats) and four statistics per row; no per-thread part.
- * Returns 0 or a negative ST_E* code.
+ * kc: the kernel context of its matrix products (kctx.h), sized for the
+ * shapes st_lm_head_products lists. Returns 0 or a negative ST_E* code.
  */
 size_t st_lm_head_workspace_bytes(int64_t V, int64_t chunk_rows);
 int st_lm_head_xent(double *loss_sum, float *dx, float *dW, const float *x, const float *W,
 		    const int32_t *targets, int64_t N, int64_t E, int64_t V, float scale,
-		    int64_t chunk_rows, const st_ws *ws);
+		    int64_t chunk_rows, const st_ws *ws, st_kctx *kc);
 /* Forward only (evaluation): loss_sum += sum of -log p(target). */
 int st_lm_head_loss(double *loss_sum, const float *x, const float *W, const int32_t *targets,
-		    int64_t N, int64_t E, int64_t V, int64_t chunk_rows, const st_ws *ws);
+		    int64_t N, int64_t E, int64_t V, int64_t chunk_rows, const st_ws *ws,
+		    st_kctx *kc);
+/* The shapes of the fp32 products st_lm_head_xent and st_lm_head_loss run
+ * (logits, dx, dW, for a whole chunk and for the last, shorter one), for
+ * sizing their kernel context: fills out (up to 6) and returns the count. */
+int st_lm_head_products(int64_t N, int64_t E, int64_t V, int64_t chunk_rows, st_gemm_shape out[6]);
 
 #endif

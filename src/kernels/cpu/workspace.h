@@ -24,6 +24,13 @@
  * A kernel given a workspace too small for its shape (or not 16-byte
  * aligned, or sized for no thread) writes nothing and returns ST_EINVAL with
  * a message naming the kernel and the bytes it needs.
+ *
+ * The matrix products (gemm.h, amx.h) take a kernel context instead
+ * (kctx.h): their scratch is an st_ws inside it, laid out and checked by
+ * these same rules, next to what they keep between calls (oneDNN
+ * primitives). This file's st_ws_init and kctx.h's st_kctx_init are the
+ * only allocations under src/kernels/ (workspace.c;
+ * tests/cli/kernels_no_alloc).
  */
 #ifndef ST_KERNELS_WORKSPACE_H
 #define ST_KERNELS_WORKSPACE_H
