@@ -3,7 +3,10 @@
 # compares what they leave. For a change that must not change numbers (a
 # refactor): every step's loss, grad norm and learning rate (the metrics
 # file, 17 significant digits), every checkpoint file byte for byte, and the
-# checkpoint manifests with their time fields left out.
+# checkpoint manifests with their time fields left out (each side's output
+# directory, in the config they hold, read as OUT). IGNORE_KEYS=K1,K2 leaves
+# those keys out of the manifests too (a config key the change adds: say so
+# when reporting the result).
 #
 #   bench/same_results.sh BEFORE_BINARY AFTER_BINARY [OUTDIR]
 #
@@ -65,15 +68,18 @@ fingerprint() {
 	/usr/bin/python3 - "$1" "$2" <<'PY'
 import hashlib, json, os, sys
 d, name = sys.argv[1], sys.argv[2]
+events = []
 for line in open(os.path.join(d, name + ".jsonl")):
     r = json.loads(line)
-    if "event" in r:
-        print("event", r["event"], r.get("step") if name != "kill" else "")
+    if "event" in r:  # the elastic run's: where they fall among the records is timing
+        events.append(f"event {r['event']} {r.get('step') if name != 'kill' else ''}")
         continue
     print("record", {k: v for k, v in sorted(r.items()) if not k.startswith("perf/")})
+print("\n".join(events))
+ignore = set(os.environ.get("IGNORE_KEYS", "").split(",")) - {""}
 def strip(o):
     if isinstance(o, dict):
-        return {k: strip(v) for k, v in sorted(o.items()) if "time" not in k and k != "created"}
+        return {k: strip(v) for k, v in sorted(o.items()) if "time" not in k and k != "created" and k not in ignore}
     if isinstance(o, list):
         return [strip(v) for v in o]
     return o
@@ -113,5 +119,6 @@ for name in one bf16 mesh kill; do
 		same=0
 	fi
 done
+[ -n "${IGNORE_KEYS:-}" ] && echo "(left out of the manifests: $IGNORE_KEYS)"
 echo "outputs: $out"
 [ $same = 1 ] && echo "same results: yes" || { echo "same results: NO"; exit 1; }
