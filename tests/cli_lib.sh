@@ -117,3 +117,21 @@ PY
 	fail "$1: losses differ ($2, $3)"
 	return 1
 }
+
+# controller_of LOG STEPS PID TRIES: wait (TRIES x 0.1 s at most, while PID
+# runs) until the `slicetrain launch` log LOG names its elastic controller
+# and the run's output STEPS (the same file or another) holds a completed
+# step; then $addr is the controller's host:port and $tokf the token file
+# the launcher printed (each empty when it never came).
+controller_of() {
+	local log=$1 steps=$2 pid=$3 tries=$4 i
+	addr= tokf=
+	for i in $(seq 1 "$tries"); do
+		addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$log")
+		tokf=$(sed -n 's/^slicetrain launch: elastic controller at .* --token-file \([^)]*\)).*/\1/p' "$log")
+		[ -n "$addr" ] && grep -q 'completed step' "$steps" && return 0
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}

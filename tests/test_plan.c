@@ -80,6 +80,18 @@ static void test_llama3_70b(void)
 /* Planned bytes = what a single process allocates, for each remat policy,
  * fp32 and bf16 (the all-fp32 kernel plan: every fp32 operand copy, no bf16
  * weight copy); bf16_kernels=auto counts the most a plan can take. */
+/* c's model (3 x 40 tokens, every product site on the fp32 kernels in bf16
+ * mode) with its activations, workspace and kernel context allocated. */
+static void alloc_model(st_llama *m, const st_config *c, int bf16)
+{
+	st_llama_shape s;
+	st_llama_shape_from_config(&s, c);
+	CHECK(st_llama_init(m, &s) == 0);
+	m->bf16 = bf16;
+	memset(m->kplan.f32, 1, sizeof(m->kplan.f32));
+	CHECK(st_llama_alloc_acts(m, 3, 40, c->remat_policy) == 0);
+}
+
 static void test_small_model_bytes(void)
 {
 	const char *remat[] = {"remat_policy=none", "remat_policy=minimal", "remat_policy=full"};
@@ -94,12 +106,7 @@ static void test_small_model_bytes(void)
 		snprintf(c.bf16_kernels, sizeof(c.bf16_kernels), "auto");
 		CHECK(st_plan_compute(&pauto, &c, 1, 1, 0) == 0);
 		st_llama m = ST_LLAMA_INIT;
-		st_llama_shape s;
-		st_llama_shape_from_config(&s, &c);
-		CHECK(st_llama_init(&m, &s) == 0);
-		m.bf16 = bf16;
-		memset(m.kplan.f32, 1, sizeof(m.kplan.f32));
-		CHECK(st_llama_alloc_acts(&m, 3, 40, c.remat_policy) == 0);
+		alloc_model(&m, &c, bf16);
 		CHECK(p.bf16_weights == 0);
 		CHECK(pauto.bf16_weights == (bf16 ? 2 * m.nparams : 0));
 		CHECK(pauto.activations == p.activations);
@@ -197,12 +204,7 @@ static void test_kernel_ctx_tiles(void)
 		st_plan p;
 		CHECK(st_plan_compute(&p, &c, 1, 1, 0) == 0);
 		st_llama m = ST_LLAMA_INIT;
-		st_llama_shape s;
-		st_llama_shape_from_config(&s, &c);
-		CHECK(st_llama_init(&m, &s) == 0);
-		m.bf16 = bf16;
-		memset(m.kplan.f32, 1, sizeof(m.kplan.f32));
-		CHECK(st_llama_alloc_acts(&m, 3, 40, c.remat_policy) == 0);
+		alloc_model(&m, &c, bf16);
 		CHECK_MSG(p.kernel_ctx == st_llama_kctx_bytes(&m) && p.kernel_ctx > (int64_t)st_kctx_bytes(0),
 			  "tiles%s: planned kernel context %lld, allocated %lld", bf16 ? " bf16" : "",
 			  (long long)p.kernel_ctx, (long long)st_llama_kctx_bytes(&m));

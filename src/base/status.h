@@ -1,6 +1,6 @@
 /*
  * status.h - the exit statuses and signals between the launcher, the
- * agents and the workers (docs/elastic.md, "Exit statuses and signals").
+ * agents and the workers (docs/elastic-protocol.md, "Framing and messages").
  * Both ends of each use these names.
  *
  *   worker exit  0    finished its steps

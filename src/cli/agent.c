@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/status.h"
 #include "elastic/agent.h"
 #include "elastic/proto.h"
 
@@ -43,8 +44,8 @@ int st_cmd_agent(int argc, char **argv)
 		{.name = "--slice", .kind = ST_CLI_INT, .value = &slice, .min = 0, .max = 1 << 20},
 		{.name = "--host", .kind = ST_CLI_INT, .value = &host, .min = 0, .max = 1 << 20},
 		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &hps, .min = 1, .max = 1 << 20},
-		{.name = "--devices", .kind = ST_CLI_INT, .value = &devices, .min = 1, .max = 4096},
-		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = 4096},
+		{.name = "--devices", .kind = ST_CLI_INT, .value = &devices, .min = 1, .max = ST_CLI_MAX_DEVICES},
+		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = ST_CLI_MAX_THREADS},
 		{.name = "--grace", .kind = ST_CLI_INT, .value = &grace, .min = 1, .max = 86400},
 		{.name = "--connect-timeout", .kind = ST_CLI_INT, .value = &cto, .min = 1, .max = 86400},
 		{.name = "--welcome-timeout", .kind = ST_CLI_INT, .value = &wto, .min = 1, .max = 86400},
@@ -110,5 +111,5 @@ int st_cmd_agent(int argc, char **argv)
 	if (rc == 0)
 		return 0;
 	fprintf(stderr, "slicetrain agent: error: %s\n", st_errmsg());
-	return rc == ST_EINTR ? 128 + SIGINT : st_exit_status(rc);
+	return rc == ST_EINTR ? st_exit_signal(SIGINT) : st_exit_status(rc);
 }

@@ -118,6 +118,9 @@ const char *st_cli_use_config_dir(void);
  * .alias: another spelling of the option ("-p"), never joined.
  */
 #define ST_CLI_COUNT_MAX (1 << 20)
+/* The most slices, hosts per slice, devices per slice (or per agent) and
+ * threads per device a command accepts. */
+enum { ST_CLI_MAX_SLICES = 4096, ST_CLI_MAX_HOSTS = 4096, ST_CLI_MAX_DEVICES = 4096, ST_CLI_MAX_THREADS = 4096 };
 enum st_cli_kind { ST_CLI_FLAG = 1, ST_CLI_COUNT, ST_CLI_INT, ST_CLI_GIB, ST_CLI_SIZE, ST_CLI_REAL, ST_CLI_STRING };
 
 typedef struct st_cli_opt {

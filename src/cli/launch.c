@@ -21,6 +21,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/status.h"
 #include "comm/auth.h"
 #include "elastic/controller.h"
 
@@ -271,7 +272,7 @@ static int exit_code(int status)
 	if (WIFEXITED(status))
 		return WEXITSTATUS(status);
 	if (WIFSIGNALED(status))
-		return 128 + WTERMSIG(status);
+		return st_exit_signal(WTERMSIG(status));
 	return 1;
 }
 
@@ -291,7 +292,7 @@ static int parse_fault(const char *v, st_ctl_fault *f)
 	memset(f, 0, sizeof(*f));
 	errno = 0;
 	long s = strtol(v, &end, 10);
-	if (end == v || *end != '@' || s < 0 || s > 4096)
+	if (end == v || *end != '@' || s < 0 || s > ST_CLI_MAX_SLICES)
 		return -1;
 	const char *p = end + 1;
 	long long step = strtoll(p, &end, 10);
@@ -346,8 +347,9 @@ static pid_t spawn_agent(const char *exe, const char *addr, const st_ctl_opts *o
  * and workers orphaned to this process as their subreaper), reap them. */
 static void kill_leftovers(agent_proc *ap, int na, st_ctl *ctl)
 {
-	pid_t wp[4096];
-	int nw = st_ctl_worker_pids(ctl, wp, 4096);
+	enum { MAX_PIDS = 4096 }; /* the workers looked for (a buffer on the stack) */
+	pid_t wp[MAX_PIDS];
+	int nw = st_ctl_worker_pids(ctl, wp, MAX_PIDS);
 	for (int a = 0; a < na; a++)
 		if (ap[a].pid > 0)
 			kill(ap[a].pid, SIGKILL);
@@ -499,12 +501,12 @@ int st_cmd_launch(int argc, char **argv)
 	st_ctl_fault faults[64];
 	int nfaults = 0;
 	const st_cli_opt opts[] = {
-		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &slices, .min = 1, .max = 4096},
-		{.name = "--devices-per-slice", .kind = ST_CLI_INT, .value = &dps, .min = 1, .max = 4096},
-		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = 4096},
+		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &slices, .min = 1, .max = ST_CLI_MAX_SLICES},
+		{.name = "--devices-per-slice", .kind = ST_CLI_INT, .value = &dps, .min = 1, .max = ST_CLI_MAX_DEVICES},
+		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = ST_CLI_MAX_THREADS},
 		{.name = "--port", .kind = ST_CLI_INT, .value = &port, .min = 1, .max = 65535},
-		{.name = "--min-slices", .kind = ST_CLI_INT, .value = &min_slices, .min = 1, .max = 4096},
-		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &hps, .min = 1, .max = 4096},
+		{.name = "--min-slices", .kind = ST_CLI_INT, .value = &min_slices, .min = 1, .max = ST_CLI_MAX_SLICES},
+		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &hps, .min = 1, .max = ST_CLI_MAX_HOSTS},
 		{.name = "--max-failures", .kind = ST_CLI_INT, .value = &max_failures, .min = -1, .max = 1 << 20},
 		{.name = "--repair-delay", .kind = ST_CLI_INT, .value = &repair, .min = 0, .max = 86400},
 		{.name = "--preemption-grace", .kind = ST_CLI_INT, .value = &grace, .min = 1, .max = 86400},
@@ -710,7 +712,7 @@ static int launch_static(int slices, int dps, int threads, int port, int argc, c
 	if (rc == 0 && first_fail >= 0)
 		rc = failure_code(w[first_fail].status);
 	else if (rc == 0 && got_signal)
-		rc = 128 + got_signal;
+		rc = st_exit_signal(got_signal);
 	else if (rc == 0)
 		for (int r = 0; r < started; r++)
 			if (exit_code(w[r].status) != 0) {

@@ -36,6 +36,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/status.h"
 #include "base/file.h"
 #include "config/config.h"
 #include "data/tokfile.h"
@@ -730,7 +731,7 @@ int st_cmd_tokenize(int argc, char **argv)
 		if (j.progress_shown && j.tty)
 			fputc('\n', stderr);
 		fprintf(stderr, "slicetrain: tokenize stopped by signal %d; %s not written\n", (int)got_signal, o.output);
-		rc = 128 + got_signal;
+		rc = st_exit_signal(got_signal);
 		goto out;
 	}
 	if (rc < 0)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "base/err.h"
+#include "base/status.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "model/llama.h"
@@ -83,7 +84,7 @@ int st_cmd_train(int argc, char **argv)
 		if (rc == ST_EINTR) {
 			fprintf(stderr, "slicetrain: %s\n", st_errmsg());
 			free(c);
-			return 128 + res.stop_signal;
+			return st_exit_signal(res.stop_signal);
 		}
 	}
 	free(c);

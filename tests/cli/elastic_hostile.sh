@@ -21,13 +21,7 @@ chmod 600 "$TMP/token"
 export SLICETRAIN_TOKEN_FILE="$TMP/token"
 el_start host --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${el_keys[@]}" steps=60 \
 	run_name=host metrics_file="$TMP/host.jsonl"
-addr=
-for _ in $(seq 1 $((300 * el_scale))); do
-	addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$TMP/host.err")
-	[ -n "$addr" ] && grep -q 'completed step' "$TMP/host.out" && break
-	kill -0 "$el_pid" 2>/dev/null || break
-	sleep 0.1
-done
+controller_of "$TMP/host.err" "$TMP/host.out" "$el_pid" $((300 * el_scale))
 [ -n "$addr" ] || fail "the launcher printed no controller address"
 /usr/bin/python3 - "${addr##*:}" "$TMP/token" <<'PY' || fail "the fake agents"
 import hashlib, hmac, json, os, socket, sys, time

@@ -18,18 +18,11 @@ keys=("${el_keys[@]}" steps=$steps)
 SLICETRAIN_SAMPLE_LOG="$TMP/samples" el_start pre --num-slices 2 --min-slices 1 --devices-per-slice 1 \
 	--repair-delay 2 --preempt 1@5 -- "${keys[@]}" run_name=pre metrics_file="$TMP/pre.jsonl"
 # slicetrain nodes against the running controller, once a step completed
-addr=
-for _ in $(seq 1 $((300 * el_scale))); do
-	addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$TMP/pre.err")
-	[ -n "$addr" ] && grep -q 'completed step' "$TMP/pre.out" && break
-	kill -0 "$el_pid" 2>/dev/null || break
-	sleep 0.1
-done
+controller_of "$TMP/pre.err" "$TMP/pre.out" "$el_pid" $((300 * el_scale))
 if [ -z "$addr" ]; then
 	fail "the launcher printed no controller address"
 else
 	# the launcher made the run's token; it prints the file's path (never the token)
-	tokf=$(sed -n 's/^slicetrain launch: elastic controller at .* --token-file \([^)]*\)).*/\1/p' "$TMP/pre.err")
 	[ -n "$tokf" ] && [ "$(stat -c %a "$tokf")" = 600 ] && [ "$(stat -c %a "$(dirname "$tokf")")" = 700 ] ||
 		fail "the launcher's token file '$tokf' is missing or not private"
 	env -u SLICETRAIN_TOKEN_FILE -u SLICETRAIN_TOKEN timeout 10 "$SLICETRAIN" nodes --controller "$addr" \

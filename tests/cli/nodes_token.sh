@@ -17,14 +17,7 @@ expect_error "address without the flag" "'127\.0\.0\.1:1' is not an option of sl
 expect_error "--token-file without a value" "--token-file needs a value" -- nodes --controller 127.0.0.1:1 --token-file
 
 el_start run --num-slices 1 --min-slices 1 --devices-per-slice 1 -- "${el_keys[@]}" steps=$el_steps run_name=nodes
-addr= tokf=
-for _ in $(seq 1 $((300 * el_scale))); do
-	addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$TMP/run.err")
-	tokf=$(sed -n 's/^slicetrain launch: elastic controller at .* --token-file \([^)]*\)).*/\1/p' "$TMP/run.err")
-	[ -n "$addr" ] && grep -q 'completed step' "$TMP/run.out" && break
-	kill -0 "$el_pid" 2>/dev/null || break
-	sleep 0.1
-done
+controller_of "$TMP/run.err" "$TMP/run.out" "$el_pid" $((300 * el_scale))
 [ -n "$addr" ] && [ -n "$tokf" ] || fail "the launcher printed no controller address and token file"
 
 # nodes_run NAME WANT PATTERN ARGS...: slicetrain nodes ARGS (no token in the

@@ -127,14 +127,7 @@ for ((k = 0; k < ${#examples[@]}; k++)); do
 		(cd "$work" && exec timeout -s KILL "$limit" bash -c "$cmd") >"$TMP/bg.out" 2>&1 </dev/null &
 		bg=$!
 		t0=$(date +%s.%N)
-		addr= tokf=
-		for _ in $(seq 1 600); do
-			addr=$(sed -n 's/^slicetrain launch: elastic controller at \([^ ]*\) .*/\1/p' "$TMP/bg.out")
-			tokf=$(sed -n 's/^slicetrain launch: elastic controller at .* --token-file \([^)]*\)).*/\1/p' "$TMP/bg.out")
-			[ -n "$addr" ] && grep -q '^completed step' "$TMP/bg.out" && break
-			kill -0 "$bg" 2>/dev/null || break
-			sleep 0.1
-		done
+		controller_of "$TMP/bg.out" "$TMP/bg.out" "$bg" 600
 		ncmd=${next//ADDR/$addr}
 		ncmd=${ncmd//PATH/$tokf}
 		if [ -z "$addr" ] || [ -z "$tokf" ]; then
