@@ -40,19 +40,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-/* Remove every SLICETRAIN_ variable (the last input's reform set some). */
+/* Remove every SLICETRAIN_ variable (the last input's reform set some),
+ * whatever the length of its name. */
 static void clear_vars(void)
 {
 	for (;;) {
-		char name[256] = "";
+		char *name = NULL;
 		for (char **e = environ; e && *e; e++)
 			if (!strncmp(*e, "SLICETRAIN_", 11)) {
-				size_t n = strcspn(*e, "=");
-				snprintf(name, sizeof(name), "%.*s", (int)(n < 255 ? n : 255), *e);
+				name = strndup(*e, strcspn(*e, "="));
 				break;
 			}
-		if (!name[0] || unsetenv(name) != 0)
+		if (!name)
 			return;
+		int rc = unsetenv(name);
+		free(name);
+		FUZZ_ASSERT(rc == 0);
 	}
 }
 

@@ -222,6 +222,41 @@ static void test_getters(void)
 	json_decref(m);
 }
 
+/* A reform's "env": names SLICETRAIN_ + 1..64 of A-Z 0-9 _, string values
+ * without NUL, at most max entries; anything else is refused by name. */
+static void test_get_env(void)
+{
+	char longest[80], over[80];
+	snprintf(longest, sizeof(longest), "SLICETRAIN_%0*d", ST_PROTO_ENV_NAME_MAX, 0);
+	snprintf(over, sizeof(over), "SLICETRAIN_%0*d", ST_PROTO_ENV_NAME_MAX + 1, 0);
+	const json_t *env = NULL;
+	json_t *m = json_pack("{s:{s:s,s:s,s:s}}", "env", "SLICETRAIN_RANK", "0", "SLICETRAIN_WORLD_SIZE", "2",
+			      longest, "");
+	CHECK(st_proto_get_env(m, 3, &env) == 0 && env == json_object_get(m, "env"));
+	CHECK(st_proto_get_env(m, 2, &env) == ST_EPROTO && strstr(st_errmsg(), "at most 2"));
+	json_decref(m);
+	const char *bad_names[] = {"SLICETRAIN_", "SLICETRAIN_rank", "SLICETRAIN_A=B", "SLICETRAIN_A B", "PATH",
+				   "LD_PRELOAD", "slicetrain_RANK", over};
+	for (size_t i = 0; i < sizeof(bad_names) / sizeof(*bad_names); i++) {
+		m = json_pack("{s:{s:s}}", "env", bad_names[i], "1");
+		CHECK(st_proto_get_env(m, 8, &env) == ST_EPROTO);
+		CHECK(strstr(st_errmsg(), "is not SLICETRAIN_NAME") != NULL);
+		json_decref(m);
+	}
+	m = json_pack("{s:{s:i}}", "env", "SLICETRAIN_RANK", 0); /* not a string */
+	CHECK(st_proto_get_env(m, 8, &env) == ST_EPROTO && strstr(st_errmsg(), "SLICETRAIN_RANK"));
+	json_decref(m);
+	m = json_pack("{s:{s:s%}}", "env", "SLICETRAIN_RANK", "0\0" "1", (size_t)3); /* a NUL inside */
+	CHECK(m && st_proto_get_env(m, 8, &env) == ST_EPROTO);
+	json_decref(m);
+	m = json_pack("{s:[]}", "env");
+	CHECK(st_proto_get_env(m, 8, &env) == ST_EPROTO && strstr(st_errmsg(), "not an object"));
+	json_decref(m);
+	m = json_pack("{}");
+	CHECK(st_proto_get_env(m, 8, &env) == ST_EPROTO);
+	json_decref(m);
+}
+
 /* Read everything the peer has for up to ms; append to buf. */
 static size_t slurp(int fd, char *buf, size_t have, size_t cap, int ms)
 {
@@ -492,6 +527,7 @@ int main(void)
 	test_limits();
 	test_bad_lines();
 	test_getters();
+	test_get_env();
 	test_handshake();
 	test_send_partial();
 	test_sockets();

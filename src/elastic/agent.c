@@ -545,19 +545,14 @@ static int on_reform(agent *a, const json_t *m)
 {
 	long long gen, from;
 	int rc;
-	const json_t *ws = json_object_get(m, "workers"), *env = json_object_get(m, "env");
+	const json_t *ws = json_object_get(m, "workers"), *env;
 	if ((rc = st_proto_get_int(m, "gen", 1, (1LL << 53), &gen)) < 0 ||
 	    (rc = st_proto_get_int(m, "from", 1, (1LL << 53), &from)) < 0)
 		return rc;
 	if (!json_is_array(ws) || json_array_size(ws) == 0 || json_array_size(ws) > (size_t)a->o->devices)
 		return st_fail(ST_EPROTO, "protocol: reform: \"workers\" is not an array of 1 to %d", a->o->devices);
-	if (!json_is_object(env) || json_object_size(env) > MAX_ARGS)
-		return st_fail(ST_EPROTO, "protocol: reform: \"env\" is not an object of at most %d strings", MAX_ARGS);
-	const char *k;
-	json_t *v;
-	json_object_foreach((json_t *)env, k, v)
-		if (strncmp(k, "SLICETRAIN_", 11) || !json_is_string(v))
-			return st_fail(ST_EPROTO, "protocol: reform: \"env\" entry '%.60s' is not SLICETRAIN_NAME: \"VALUE\"", k);
+	if ((rc = st_proto_get_env(m, MAX_ARGS, &env)) < 0)
+		return st_wrap(rc, "protocol: reform");
 	size_t i;
 	json_t *x;
 	long long olds[64], news[64];

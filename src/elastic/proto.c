@@ -260,6 +260,31 @@ int st_proto_get_str(const json_t *msg, const char *key, const char **out)
 	return 0;
 }
 
+static int env_name_ok(const char *k)
+{
+	if (strncmp(k, "SLICETRAIN_", 11))
+		return 0;
+	size_t n = strspn(k + 11, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_");
+	return n >= 1 && n <= ST_PROTO_ENV_NAME_MAX && !k[11 + n];
+}
+
+int st_proto_get_env(const json_t *msg, size_t max, const json_t **env)
+{
+	const json_t *e = json_object_get(msg, "env");
+	if (!json_is_object(e) || json_object_size(e) > max)
+		return st_fail(ST_EPROTO, "protocol: \"env\" is not an object of at most %zu strings", max);
+	const char *k;
+	json_t *v;
+	json_object_foreach((json_t *)e, k, v)
+		if (!env_name_ok(k) || !json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+			return st_fail(ST_EPROTO,
+				       "protocol: \"env\" entry '%.60s' is not SLICETRAIN_NAME: \"VALUE\" "
+				       "(NAME: 1 to %d of A-Z, 0-9, _)",
+				       k, ST_PROTO_ENV_NAME_MAX);
+	*env = e;
+	return 0;
+}
+
 /* ---- addresses and sockets ---- */
 
 int st_proto_parse_addr(const char *addr, char *host, size_t hostcap, int *port)

@@ -139,6 +139,12 @@ int st_proto_flush_until(st_proto_conn *c, int64_t deadline);
  * missing or of the wrong type (an integer out of [lo, hi] too). */
 int st_proto_get_int(const json_t *msg, const char *key, long long lo, long long hi, long long *out);
 int st_proto_get_str(const json_t *msg, const char *key, const char **out);
+/* A reform's "env": an object of at most max entries, each
+ * SLICETRAIN_NAME: "VALUE" where NAME is 1 to ST_PROTO_ENV_NAME_MAX of
+ * A-Z, 0-9 and _, and VALUE a string without NUL; ST_EPROTO naming the
+ * first entry that is not. */
+#define ST_PROTO_ENV_NAME_MAX 64
+int st_proto_get_env(const json_t *msg, size_t max, const json_t **env);
 
 /* ---- addresses and sockets (both sides) ---- */
 

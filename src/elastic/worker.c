@@ -49,16 +49,11 @@ static int take_reform(const json_t *m, st_reform *r)
 	int rc = st_proto_get_int(m, "gen", 1, 1LL << 40, &gen);
 	if (rc < 0)
 		return rc;
-	const json_t *env = json_object_get(m, "env");
-	if (!json_is_object(env))
-		return st_fail(ST_EPROTO, "protocol: reform: \"env\" is not an object");
+	const json_t *env;
+	if ((rc = st_proto_get_env(m, 1 << 12, &env)) < 0)
+		return st_wrap(rc, "protocol: reform");
 	const char *k;
 	json_t *v;
-	json_object_foreach((json_t *)env, k, v)
-		if (strncmp(k, "SLICETRAIN_", 11) || strchr(k, '=') || !json_is_string(v) ||
-		    strlen(json_string_value(v)) != json_string_length(v))
-			return st_fail(ST_EPROTO, "protocol: reform: \"env\" entry '%.60s' is not SLICETRAIN_NAME: \"VALUE\"",
-				       k);
 	json_object_foreach((json_t *)env, k, v)
 		setenv(k, json_string_value(v), 1);
 	if ((rc = st_group_env_read(&r->env)) < 0 || (rc = st_elastic_env_read(&r->elastic)) < 0) {
