@@ -15,6 +15,7 @@ pkgs+=(fortunes python3 python3-venv) # the default job's text, and a venv to tr
 if [ "${1:-}" = "--test" ]; then
 	pkgs+=(python3 python3-numpy python3-torch python3-venv)
 	pkgs+=(clang libclang-rt-14-dev libomp-14-dev) # fuzz targets: clang, libFuzzer, clang's OpenMP
+	pkgs+=(iproute2 iptables) # tests/hosts_lib.sh: namespaces as hosts (ip, tc), dropped packets
 fi
 if [ "${1:-}" = "--bench" ]; then
 	pkgs+=(python3 python3-venv g++ openmpi-bin libopenmpi-dev util-linux) # g++: torch.compile
