@@ -262,12 +262,29 @@ static void ctl_end(ctl *t)
 		unlink(t->agent_out);
 }
 
+/* The welcome, naming a probe file in TMPDIR that holds nonce (the one
+ * sent: want_nonce; another: the agent must find it unfit). */
+static void send_welcome(ctl *t, const char *nonce, const char *want_nonce)
+{
+	char probe[600];
+	snprintf(probe, sizeof(probe), "%s/probe-%d", tmp, t->port);
+	FILE *f = fopen(probe, "w");
+	CHECK(f && fputs(nonce, f) >= 0);
+	if (f)
+		fclose(f);
+	send_msg(t, json_pack("{s:s,s:i,s:s,s:s,s:s}", "type", "welcome", "version", ST_PROTO_VERSION, "run_dir", tmp,
+			      "probe", probe, "nonce", want_nonce));
+}
+
 static void welcome(ctl *t)
 {
 	json_t *h = take(t, "hello", 10);
 	CHECK(h != NULL);
 	json_decref(h);
-	send_msg(t, json_pack("{s:s,s:i}", "type", "welcome", "version", ST_PROTO_VERSION));
+	send_welcome(t, "5eed", "5eed");
+	json_t *r = take(t, "ready", 10);
+	CHECK(r != NULL);
+	json_decref(r);
 }
 
 /* "start" of ranks 0 and 1 of a 1-slice, 2-device group. */
@@ -375,8 +392,16 @@ static void test_lifecycle(void)
 	CHECK(st_proto_get_int(h, "hosts_per_slice", 1, 1, &v) == 0);
 	CHECK(st_proto_get_int(h, "devices", 2, 2, &v) == 0);
 	CHECK(st_proto_get_int(h, "pid", t.agent, t.agent, &v) == 0);
+	CHECK(st_proto_get_int(h, "port", 1, 65535, &v) == 0);
+	const char *s;
+	CHECK(st_proto_get_str(h, "addr", &s) == 0 && !strcmp(s, "127.0.0.1"));
+	CHECK(st_proto_get_str(h, "build", &s) == 0 && strlen(s) == 16 && strspn(s, "0123456789abcdef") == 16);
+	CHECK(st_proto_get_str(h, "release", &s) == 0 && *s);
 	json_decref(h);
-	send_msg(&t, json_pack("{s:s,s:i}", "type", "welcome", "version", ST_PROTO_VERSION));
+	send_welcome(&t, "5eed", "5eed");
+	json_t *ready = take(&t, "ready", 10);
+	CHECK(ready != NULL);
+	json_decref(ready);
 	double t0 = now_s();
 	while (t.heartbeats < 3 && now_s() - t0 < 5)
 		pump(&t, 50);
@@ -581,18 +606,56 @@ static void test_no_welcome(void)
 	ctl_end(&t);
 }
 
+/* Refused by the controller (another build, say), or unable to read the
+ * run directory's probe back: the agent stops with status 2 and says why. */
+static void test_refused(void)
+{
+	ctl t;
+	if (ctl_start(&t, "refused", NULL) < 0) {
+		CHECK(0);
+		ctl_end(&t);
+		return;
+	}
+	json_t *h = take(&t, "hello", 10);
+	CHECK(h != NULL);
+	json_decref(h);
+	send_msg(&t, json_pack("{s:s,s:s}", "type", "refused", "why", "another build, say"));
+	int st = wait_agent(&t, 10);
+	CHECK_MSG(exited_with(st, 2), "refused: agent status 0x%x", st);
+	ctl_end(&t);
+
+	if (ctl_start(&t, "unfit", NULL) < 0) {
+		CHECK(0);
+		ctl_end(&t);
+		return;
+	}
+	h = take(&t, "hello", 10);
+	CHECK(h != NULL);
+	json_decref(h);
+	send_welcome(&t, "another run's", "5eed");
+	json_t *u = take(&t, "unfit", 10);
+	const char *why = u ? json_string_value(json_object_get(u, "why")) : NULL;
+	CHECK_MSG(why && strstr(why, "cannot see the run directory") && strstr(why, tmp), "%s", why ? why : "no unfit");
+	json_decref(u);
+	st = wait_agent(&t, 10);
+	CHECK_MSG(exited_with(st, 2), "unfit: agent status 0x%x", st);
+	ctl_end(&t);
+}
+
 /* Bad arguments: exit 2 with a message; nothing to connect to: exit 3. */
 static void test_args(void)
 {
-	const char *cases[][12] = {
+	const char *cases[][14] = {
 		{"agent", NULL},
 		{"agent", "--controller", "nohostport", "--slice", "0", "--host", "0", "--hosts-per-slice", "1", "--devices", "1", NULL},
 		{"agent", "--controller", "127.0.0.1:1", "--slice", "0", "--host", "1", "--hosts-per-slice", "1", "--devices", "1", NULL},
 		{"agent", "--controller", "127.0.0.1:1", "--slice", "0", "--host", "0", "--hosts-per-slice", "1", "--devices", "0", NULL},
 		{"agent", "--bogus", NULL},
+		{"agent", "--controller", "127.0.0.1:1", "--slice", "0", "--host", "0", "--hosts-per-slice", "1", "--devices", "1", "--port-range", "9-3"},
+		{"agent", "--controller", "127.0.0.1:1", "--slice", "0", "--host", "0", "--hosts-per-slice", "1", "--devices", "1", "--port-range"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		const char *argv[14] = {bin};
+		const char *argv[16] = {bin};
 		for (int k = 0; cases[i][k]; k++)
 			argv[k + 1] = cases[i][k];
 		pid_t p = fork();
@@ -646,6 +709,7 @@ int main(void)
 	}
 	test_args();
 	test_no_welcome();
+	test_refused();
 	test_lifecycle();
 	test_controller_closes();
 	static const char bad_json[] = "{\"type\":\"start\",\n";

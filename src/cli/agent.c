@@ -7,6 +7,7 @@
 
 #include "base/err.h"
 #include "base/status.h"
+#include "comm/net.h"
 #include "elastic/agent.h"
 #include "elastic/proto.h"
 
@@ -14,6 +15,7 @@ static const char agent_usage[] =
 	"usage: slicetrain agent --controller HOST:PORT --slice S --host H --hosts-per-slice N\n"
 	"                        --devices D [--threads-per-device T] [--grace SECONDS]\n"
 	"                        [--connect-timeout SECONDS] [--welcome-timeout SECONDS] [--quiet]\n"
+	"                        [--addr ADDRESS] [--port-range LO-HI]\n"
 	"\n"
 	"The elastic agent of one host (docs/elastic.md): connects to the controller,\n"
 	"says it is host H of slice S with D devices, then starts, stops and reports\n"
@@ -26,6 +28,15 @@ static const char agent_usage[] =
 	"                           save and exit before SIGKILL (default 30)\n"
 	"  --connect-timeout S      keep trying to reach the controller this long (default 10)\n"
 	"  --welcome-timeout S      the controller must answer hello within (default 10)\n"
+	"  --addr ADDRESS           this host's address, which its workers bind and the\n"
+	"                           others reach it at (default: the address this host\n"
+	"                           reaches the controller from); not loopback needs the token\n"
+	"  --port-range LO-HI       the ports this host's workers listen on (firewalls;\n"
+	"                           default: any the kernel gives)\n"
+	"\n"
+	"The controller sends the run's resolved config: a host needs only this binary,\n"
+	"the same build as the controller's (slicetrain version), and the run directory\n"
+	"on shared storage (docs/hosts.md); a host without either is refused (exit 2).\n"
 	"\n"
 	"The run's token (docs/security.md) comes from SLICETRAIN_TOKEN_FILE or\n"
 	"SLICETRAIN_TOKEN, and passes to the workers the same way. Workers run this\n"
@@ -38,7 +49,8 @@ static const char agent_usage[] =
 
 int st_cmd_agent(int argc, char **argv)
 {
-	const char *controller = NULL;
+	const char *controller = NULL, *addr = NULL, *range = NULL;
+	int port_lo = 0, port_hi = 0;
 	int slice = -1, host = -1, hps = 0, devices = 0, threads = 1, grace = 30, cto = 10, wto = 10, quiet = 0;
 	const st_cli_opt opts[] = {
 		{.name = "--slice", .kind = ST_CLI_INT, .value = &slice, .min = 0, .max = 1 << 20},
@@ -58,17 +70,19 @@ int st_cmd_agent(int argc, char **argv)
 			fputs(agent_usage, stdout);
 			return 0;
 		}
-		if (!strcmp(a, "--controller")) {
+		if (!strcmp(a, "--controller") || !strcmp(a, "--addr") || !strcmp(a, "--port-range")) {
 			if (i + 1 >= argc) {
-				fprintf(stderr, "slicetrain: error: --controller needs HOST:PORT\n");
+				fprintf(stderr, "slicetrain: error: %s needs %s\n", a,
+					a[2] == 'c' ? "HOST:PORT" : a[2] == 'a' ? "an address" : "LO-HI");
 				return 2;
 			}
-			controller = argv[++i];
+			*(a[2] == 'c' ? &controller : a[2] == 'a' ? &addr : &range) = argv[++i];
 			continue;
 		}
 		int rc = st_cli_option(opts, argc, argv, &i);
 		if (rc == 0 && a[0] == '-')
-			st_cli_unknown_option("agent", opts, (const char *const[]){"--controller", NULL}, a);
+			st_cli_unknown_option("agent", opts,
+					      (const char *const[]){"--controller", "--addr", "--port-range", NULL}, a);
 		else if (rc == 0)
 			st_fail(ST_EINVAL, "'%s' is not an option of slicetrain agent (see slicetrain agent --help)", a);
 		if (rc <= 0) {
@@ -85,6 +99,10 @@ int st_cmd_agent(int argc, char **argv)
 	int port;
 	if (st_proto_parse_addr(controller, h, sizeof(h), &port) < 0) {
 		fprintf(stderr, "slicetrain agent: --controller: %s\n", st_errmsg());
+		return 2;
+	}
+	if (range && st_port_range_parse(range, &port_lo, &port_hi) < 0) {
+		fprintf(stderr, "slicetrain: error: --port-range '%s' is not LO-HI (ports 1-65535, LO <= HI)\n", range);
 		return 2;
 	}
 	if (host >= hps) {
@@ -106,6 +124,7 @@ int st_cmd_agent(int argc, char **argv)
 		.controller = controller, .slice = slice, .host = host, .hosts_per_slice = hps,
 		.devices = devices, .threads_per_device = threads, .grace_s = grace,
 		.connect_timeout_s = cto, .welcome_timeout_s = wto, .quiet = quiet,
+		.addr = addr, .port_lo = port_lo, .port_hi = port_hi,
 	};
 	int rc = st_agent_run(&o);
 	if (rc == 0)

@@ -60,7 +60,8 @@ static int has_suffix(const char *s, const char *suf)
 
 static int is_config_file(const char *arg)
 {
-	return has_suffix(arg, ".yml") || has_suffix(arg, ".yaml");
+	return has_suffix(arg, ".yml") || has_suffix(arg, ".yaml") || has_suffix(arg, ".json") ||
+	       !strncmp(arg, "/dev/fd/", 8) || !strncmp(arg, "/proc/self/fd/", 14);
 }
 
 /* "5GB", "200MB", "1000": bytes (powers of 1000, as transformers' max_shard_size). */

@@ -40,6 +40,10 @@ int st_cmd_plan(int argc, char **argv);
  * (PR_SET_PDEATHSIG): no orphans.
  */
 int st_cmd_launch(int argc, char **argv);
+/* slicetrain controller --listen ADDRESS:PORT [launch's elastic options] --
+ * [CONFIG.yml] [key=value ...]: the elastic controller alone, for agents on
+ * other hosts (docs/hosts.md): launch.c. */
+int st_cmd_controller(int argc, char **argv);
 
 /*
  * slicetrain agent --controller HOST:PORT --slice S --host H --hosts-per-slice N

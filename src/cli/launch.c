@@ -24,6 +24,7 @@
 #include "base/status.h"
 #include "comm/auth.h"
 #include "elastic/controller.h"
+#include "elastic/proto.h"
 
 static const char launch_usage[] =
 	"usage: slicetrain launch --num-slices S --devices-per-slice D [--threads-per-device T]\n"
@@ -378,33 +379,42 @@ static void kill_leftovers(agent_proc *ap, int na, st_ctl *ctl)
 	}
 }
 
+/* The controller of co for the workers' config part argv (a keeps what co
+ * points into). 0, or the exit status after one error line. */
+static int make_ctl(st_ctl_opts *co, int argc, char **argv, st_cli_config_args *a, st_ctl **ctl)
+{
+	int rc = st_cli_config_args_parse(a, argc, argv, NULL, "launch", ST_CLI_LEADING);
+	if (rc == 0) {
+		co->config = a->config;
+		co->config_path = a->path;
+		co->nkv = a->nkv;
+		co->kv = a->kv;
+		rc = st_ctl_create(ctl, co);
+	}
+	if (rc < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		st_cli_config_args_release(a);
+		return st_exit_status(rc);
+	}
+	return 0;
+}
+
 static int launch_elastic(st_ctl_opts *co, int grace, int argc, char **argv)
 {
 	st_cli_config_args a;
-	int rc = st_cli_config_args_parse(&a, argc, argv, NULL, "launch", ST_CLI_LEADING);
-	if (rc < 0) {
-		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
-		st_cli_config_args_release(&a);
-		return st_exit_status(rc);
-	}
-	co->config = a.config;
-	co->config_path = a.path;
-	co->nkv = a.nkv;
-	co->kv = a.kv;
+	st_ctl *ctl;
+	int rc = make_ctl(co, argc, argv, &a, &ctl);
+	if (rc)
+		return rc;
 	char exe[PATH_MAX];
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	if (n <= 0) {
 		fprintf(stderr, "slicetrain launch: cannot find my own binary: %s\n", strerror(errno));
+		st_ctl_destroy(ctl);
 		st_cli_config_args_release(&a);
 		return 1;
 	}
 	exe[n] = 0;
-	st_ctl *ctl;
-	if ((rc = st_ctl_create(&ctl, co)) < 0) {
-		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
-		st_cli_config_args_release(&a);
-		return st_exit_status(rc);
-	}
 	/* workers whose agent died are re-parented here, to be reaped and, at
 	 * the end, killed: no orphan outlives the launcher */
 	prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -491,28 +501,37 @@ static int launch_run(st_ctl_opts *co, int grace, int slices, int dps, int threa
 		      char **argv);
 
 /* The options the loop below parses itself (for suggestions). */
-static const char *const launch_extra[] = {"--kill", "--preempt", "--help", NULL};
+static const char *const launch_extra[] = {"--kill", "--preempt", "--listen", "--help", NULL};
 
-int st_cmd_launch(int argc, char **argv)
-{
-	int slices = 0, dps = 0, threads = 1, port = 0, i;
-	int min_slices = 0, hps = 1, max_failures = 3, repair = 10, elastic = 0, hb_ms = 1000, grace = 30;
-	int wait_timeout = 600, restart_only = 0;
+/* The command line of launch and controller, before "--". */
+typedef struct eargs {
+	int slices, dps, threads, port;
+	int min_slices, hps, max_failures, repair, elastic, hb_ms, grace, wait_timeout, restart_only;
+	const char *listen; /* controller: --listen ADDR:PORT */
 	st_ctl_fault faults[64];
-	int nfaults = 0;
+	int nfaults;
+} eargs;
+
+/* Parse cmd's options up to "--" (*next: the first argument after it).
+ * 0, 1 after printing usage (--help), or 2 after one error line. */
+static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage, eargs *e, int *next)
+{
+	*e = (eargs){.threads = 1, .hps = 1, .max_failures = 3, .repair = 10, .hb_ms = 1000, .grace = 30,
+		     .wait_timeout = 600};
+	int ctl = !strcmp(cmd, "controller"), i;
 	const st_cli_opt opts[] = {
-		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &slices, .min = 1, .max = ST_CLI_MAX_SLICES},
-		{.name = "--devices-per-slice", .kind = ST_CLI_INT, .value = &dps, .min = 1, .max = ST_CLI_MAX_DEVICES},
-		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &threads, .min = 1, .max = ST_CLI_MAX_THREADS},
-		{.name = "--port", .kind = ST_CLI_INT, .value = &port, .min = 1, .max = 65535},
-		{.name = "--min-slices", .kind = ST_CLI_INT, .value = &min_slices, .min = 1, .max = ST_CLI_MAX_SLICES},
-		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &hps, .min = 1, .max = ST_CLI_MAX_HOSTS},
-		{.name = "--max-failures", .kind = ST_CLI_INT, .value = &max_failures, .min = -1, .max = 1 << 20},
-		{.name = "--repair-delay", .kind = ST_CLI_INT, .value = &repair, .min = 0, .max = 86400},
-		{.name = "--preemption-grace", .kind = ST_CLI_INT, .value = &grace, .min = 1, .max = 86400},
-		{.name = "--heartbeat-timeout-ms", .kind = ST_CLI_INT, .value = &hb_ms, .min = 100, .max = 600000},
-		{.name = "--wait-timeout", .kind = ST_CLI_INT, .value = &wait_timeout, .min = -1, .max = 1 << 20},
-		{.name = "--restart-from-checkpoint", .kind = ST_CLI_FLAG, .value = &restart_only},
+		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &e->slices, .min = 1, .max = ST_CLI_MAX_SLICES},
+		{.name = "--devices-per-slice", .kind = ST_CLI_INT, .value = &e->dps, .min = 1, .max = ST_CLI_MAX_DEVICES},
+		{.name = "--threads-per-device", .kind = ST_CLI_INT, .value = &e->threads, .min = 1, .max = ST_CLI_MAX_THREADS},
+		{.name = "--port", .kind = ST_CLI_INT, .value = &e->port, .min = 1, .max = 65535},
+		{.name = "--min-slices", .kind = ST_CLI_INT, .value = &e->min_slices, .min = 1, .max = ST_CLI_MAX_SLICES},
+		{.name = "--hosts-per-slice", .kind = ST_CLI_INT, .value = &e->hps, .min = 1, .max = ST_CLI_MAX_HOSTS},
+		{.name = "--max-failures", .kind = ST_CLI_INT, .value = &e->max_failures, .min = -1, .max = 1 << 20},
+		{.name = "--repair-delay", .kind = ST_CLI_INT, .value = &e->repair, .min = 0, .max = 86400},
+		{.name = "--preemption-grace", .kind = ST_CLI_INT, .value = &e->grace, .min = 1, .max = 86400},
+		{.name = "--heartbeat-timeout-ms", .kind = ST_CLI_INT, .value = &e->hb_ms, .min = 100, .max = 600000},
+		{.name = "--wait-timeout", .kind = ST_CLI_INT, .value = &e->wait_timeout, .min = -1, .max = 1 << 20},
+		{.name = "--restart-from-checkpoint", .kind = ST_CLI_FLAG, .value = &e->restart_only},
 		{0},
 	};
 	/* the config part after "--" goes to the workers as is (plus the run's
@@ -524,52 +543,82 @@ int st_cmd_launch(int argc, char **argv)
 			break;
 		}
 		if (st_cli_is_help(a)) {
-			fputs(launch_usage, stdout);
-			return 0;
+			fputs(usage, stdout);
+			return 1;
 		}
 		if (!strcmp(a, "--kill") || !strcmp(a, "--preempt")) {
-			if (i + 1 >= argc || nfaults == 64 || parse_fault(argv[i + 1], &faults[nfaults]) < 0)
+			if (i + 1 >= argc || e->nfaults == 64 || parse_fault(argv[i + 1], &e->faults[e->nfaults]) < 0)
 				return arg_error("%s needs SLICE@STEP[:DOWN_S] (at most 64 faults)", a);
-			faults[nfaults++].kind = a[2] == 'k' ? ST_FAULT_KILL : ST_FAULT_PREEMPT;
+			e->faults[e->nfaults++].kind = a[2] == 'k' ? ST_FAULT_KILL : ST_FAULT_PREEMPT;
 			i++;
-			elastic = 1;
+			e->elastic = 1;
+			continue;
+		}
+		if (ctl && !strcmp(a, "--listen")) {
+			if (i + 1 >= argc)
+				return arg_error("--listen needs ADDRESS:PORT");
+			e->listen = argv[++i];
 			continue;
 		}
 		if (!strncmp(a, "--min-slices", 12) || !strncmp(a, "--max-failures", 14))
-			elastic = 1;
+			e->elastic = 1;
 		int rc = st_cli_option(opts, argc, argv, &i);
 		if (rc == 0 && a[0] != '-')
-			return arg_error("'%s' is not an option of slicetrain launch: the workers' CONFIG.yml and "
-					 "key=value overrides come after '--' (slicetrain launch [options] -- [CONFIG.yml] "
-					 "[key=value ...])", a);
+			return arg_error("'%s' is not an option of slicetrain %s: the workers' CONFIG.yml and "
+					 "key=value overrides come after '--' (slicetrain %s [options] -- [CONFIG.yml] "
+					 "[key=value ...])", a, cmd, cmd);
 		if (rc == 0) {
-			st_cli_unknown_option("launch", opts, launch_extra, a);
+			st_cli_unknown_option(cmd, opts, launch_extra, a);
 			return arg_error("%s", st_errmsg());
 		}
 		if (rc < 0)
 			return arg_error("%s", st_errmsg());
 	}
-	if (slices < 1 || dps < 1)
-		return arg_error("launch needs --num-slices S and --devices-per-slice D (see slicetrain launch --help)");
-	if (wait_timeout == 0)
+	*next = i;
+	if (e->slices < 1 || e->dps < 1)
+		return arg_error("%s needs --num-slices S and --devices-per-slice D (see slicetrain %s --help)", cmd, cmd);
+	if (e->wait_timeout == 0)
 		return arg_error("--wait-timeout is -1 (forever) or at least 1 second");
-	for (int f = 0; f < nfaults; f++)
-		if (faults[f].slice >= slices)
-			return arg_error("a fault names slice %d; the run has %d", faults[f].slice, slices);
-	/* the config part: loaded once here, its data checked, the run's name
-	 * fixed for every worker (before anything is started or written) */
-	st_cli_run run;
-	int prc = st_cli_launch_prepare(argc - i, argv + i, &run);
-	if (prc < 0) {
+	for (int f = 0; f < e->nfaults; f++)
+		if (e->faults[f].slice >= e->slices)
+			return arg_error("a fault names slice %d; the run has %d", e->faults[f].slice, e->slices);
+	return 0;
+}
+
+static st_ctl_opts ctl_opts(const eargs *e)
+{
+	return (st_ctl_opts){.port = e->port, .num_slices = e->slices,
+			     .min_slices = e->min_slices ? e->min_slices : e->slices, .hosts_per_slice = e->hps,
+			     .devices_per_slice = e->dps, .threads = e->threads, .max_failures = e->max_failures,
+			     .repair_delay = e->repair, .in_place = !e->restart_only,
+			     .heartbeat_timeout_s = e->hb_ms / 1000.0, .stop_grace_s = e->grace,
+			     .wait_timeout_s = e->wait_timeout, .faults = e->faults, .nfaults = e->nfaults};
+}
+
+/* The config part: loaded once here, its data checked, the run's name
+ * fixed for every worker (before anything is started or written). 0, or
+ * the exit status after one error line. */
+static int prepare_run(int argc, char **argv, st_cli_run *run)
+{
+	int rc = st_cli_launch_prepare(argc, argv, run);
+	if (rc < 0) {
 		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
-		return st_exit_status(prc);
+		return st_exit_status(rc);
 	}
-	st_ctl_opts co = {.port = port, .num_slices = slices, .min_slices = min_slices ? min_slices : slices,
-			  .hosts_per_slice = hps, .devices_per_slice = dps, .threads = threads,
-			  .max_failures = max_failures, .repair_delay = repair, .in_place = !restart_only,
-			  .heartbeat_timeout_s = hb_ms / 1000.0, .stop_grace_s = grace,
-			  .wait_timeout_s = wait_timeout, .faults = faults, .nfaults = nfaults};
-	int rc = launch_run(elastic ? &co : NULL, grace, slices, dps, threads, port, run.argc, run.argv);
+	return 0;
+}
+
+int st_cmd_launch(int argc, char **argv)
+{
+	eargs e;
+	int i = 0, rc = parse_eargs(argc, argv, "launch", launch_usage, &e, &i);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	st_cli_run run;
+	if ((rc = prepare_run(argc - i, argv + i, &run)) != 0)
+		return rc;
+	st_ctl_opts co = ctl_opts(&e);
+	rc = launch_run(e.elastic ? &co : NULL, e.grace, e.slices, e.dps, e.threads, e.port, run.argc, run.argv);
 	st_cli_run_release(&run);
 	return rc;
 }
@@ -721,4 +770,94 @@ static int launch_static(int slices, int dps, int threads, int port, int argc, c
 			}
 	free(w);
 	return rc;
+}
+
+/* ---- slicetrain controller: the controller alone, for agents on other hosts ---- */
+
+static const char controller_usage[] =
+	"usage: slicetrain controller --listen ADDRESS:PORT --num-slices S --devices-per-slice D\n"
+	"                             [--min-slices M] [--hosts-per-slice H] [--max-failures N]\n"
+	"                             [--repair-delay S] [--kill SLICE@STEP[:DOWN_S]] [--preempt ...]\n"
+	"                             [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
+	"                             [--restart-from-checkpoint] [--threads-per-device T]\n"
+	"                             -- [CONFIG.yml] [key=value ...]\n"
+	"\n"
+	"The elastic controller of a run on many hosts (docs/hosts.md), without agents of\n"
+	"its own: each host runs `slicetrain agent --controller ADDRESS:PORT --slice S\n"
+	"--host H --hosts-per-slice H --devices D/H`, started by systemd, Kubernetes, Slurm\n"
+	"or by hand, before or after the controller. The options are launch's elastic ones\n"
+	"(slicetrain launch --help). The config part is loaded and checked here; the\n"
+	"resolved config goes to every host with each start, so a host needs only this\n"
+	"binary (the same build: a host with another is refused) and the run directory,\n"
+	"base_output_directory/run_name, on storage every host sees (one that does not\n"
+	"see it is refused). PORT 0: any free port (printed).\n"
+	"\n"
+	"The run token (SLICETRAIN_TOKEN_FILE or SLICETRAIN_TOKEN; never an argument) is\n"
+	"required to listen on anything but loopback; every agent, worker and\n"
+	"`slicetrain nodes` proves it. Exit status as launch's: 0 the run finished, 2 bad\n"
+	"input, 3 too many failures or too few slices for --wait-timeout, 128+N signal N.\n";
+
+int st_cmd_controller(int argc, char **argv)
+{
+	eargs e;
+	int i = 0, rc = parse_eargs(argc, argv, "controller", controller_usage, &e, &i);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	char host[256];
+	int port;
+	if (!e.listen)
+		return arg_error("controller needs --listen ADDRESS:PORT (the address agents reach it at)");
+	size_t ln = strlen(e.listen);
+	if (ln > 2 && !strcmp(e.listen + ln - 2, ":0")) { /* any port */
+		snprintf(host, sizeof(host), "%.*s", (int)ln - 2, e.listen);
+		port = 0;
+	} else if (st_proto_parse_addr(e.listen, host, sizeof(host), &port) < 0) {
+		return arg_error("--listen: %s", st_errmsg());
+	}
+	if (e.port)
+		return arg_error("controller takes its port in --listen ADDRESS:PORT, not --port");
+	st_token tok;
+	if (st_token_load(&tok) < 0) {
+		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+		return 2;
+	}
+	st_cli_run run;
+	if ((rc = prepare_run(argc - i, argv + i, &run)) != 0)
+		return rc;
+	st_ctl_opts co = ctl_opts(&e);
+	co.listen_host = host;
+	co.port = port;
+	co.token = tok.set ? &tok : NULL;
+	st_cli_config_args a;
+	st_ctl *ctl;
+	if ((rc = make_ctl(&co, run.argc, run.argv, &a, &ctl)) != 0) {
+		st_cli_run_release(&run);
+		return rc;
+	}
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	fprintf(stderr, "slicetrain controller: listening on %s (slicetrain agent --controller %s ...; slicetrain "
+		"nodes --controller %s)\n", st_ctl_address(ctl), st_ctl_address(ctl), st_ctl_address(ctl));
+	int status = 1;
+	double end_by = 0;
+	for (;;) {
+		if (got_signal && !st_ctl_done(ctl, NULL))
+			st_ctl_interrupt(ctl, got_signal);
+		if (st_ctl_poll(ctl, 100) < 0)
+			fprintf(stderr, "slicetrain controller: %s\n", st_errmsg());
+		if (!st_ctl_done(ctl, &status))
+			continue;
+		/* the run ended: the agents were told to shut down; let them go */
+		if (end_by == 0)
+			end_by = st_mono_s() + 5;
+		if (st_ctl_agents(ctl) == 0 || st_mono_s() > end_by)
+			break;
+	}
+	st_ctl_destroy(ctl);
+	st_cli_config_args_release(&a);
+	st_cli_run_release(&run);
+	return status;
 }

@@ -11,8 +11,9 @@
 
 #include "cli/cli.h"
 #include "config/config.h" /* st_edit_distance */
+#include "base/err.h"
+#include "base/version.h"
 
-#define SLICETRAIN_VERSION "0.1.0"
 
 static const char usage[] =
 	"usage: slicetrain <command> [args]\n"
@@ -28,6 +29,9 @@ static const char usage[] =
 	"                                       the elastic agent of one host (docs/elastic.md)\n"
 	"  launch --num-slices S --min-slices M --devices-per-slice D [--max-failures N] -- ...\n"
 	"                                       an elastic run: controller and agents (docs/elastic.md)\n"
+	"  controller --listen ADDRESS:PORT --num-slices S --devices-per-slice D ... -- ...\n"
+	"                                       the elastic controller alone, for agents on many hosts\n"
+	"                                       (docs/hosts.md)\n"
 	"  nodes --controller HOST:PORT --token-file PATH\n"
 	"                                       the live picture of an elastic run (slices, hosts, workers)\n"
 	"  export CHECKPOINT_DIR|RUN_DIR OUT_DIR\n"
@@ -40,7 +44,7 @@ static const char usage[] =
 	"  generate MODEL_DIR [key=value ...] --prompt TEXT\n"
 	"                                       text from a checkpoint or Hugging Face model (docs/generate.md)\n"
 	"  help [command]                       this text, or a command's help\n"
-	"  version                              print the version\n"
+	"  version                              print the version and the build (a digest of this binary)\n"
 	"\n"
 	"environment:\n"
 	"  OMP_NUM_THREADS        threads per device (default: all cores)\n"
@@ -58,6 +62,7 @@ static const struct {
 	{"launch", st_cmd_launch},
 	{"nodes", st_cmd_nodes},
 	{"agent", st_cmd_agent},
+	{"controller", st_cmd_controller},
 	{"export", st_cmd_export},
 	{"ckpt", st_cmd_ckpt},
 	{"plan", st_cmd_plan},
@@ -83,7 +88,12 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-		printf("slicetrain %s\n", SLICETRAIN_VERSION);
+		char id[ST_BUILD_ID_LEN + 1];
+		if (st_build_id(NULL, id) < 0) {
+			fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
+			return 1;
+		}
+		printf("slicetrain %s (build %s)\n", ST_VERSION, id);
 		return 0;
 	}
 	/* one line, with the nearest command when one is near (as options' and keys') */

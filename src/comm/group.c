@@ -1132,7 +1132,8 @@ static void count_host_cpus(st_group *g, const uint8_t *all)
 
 /* The TCP listener the peers connect to, on SLICETRAIN_ADDR or else the
  * address this process reaches the store from (with a loopback coordinator:
- * loopback). Its address goes into the endpoint (me_addr). */
+ * loopback), on a port of SLICETRAIN_PORT_RANGE when set (firewalls). Its
+ * address goes into the endpoint (me_addr). */
 static int listen_transport(st_group *g, st_store *s, char *me_addr, size_t cap)
 {
 	const char *adv = getenv("SLICETRAIN_ADDR");
@@ -1144,9 +1145,15 @@ static int listen_transport(st_group *g, st_store *s, char *me_addr, size_t cap)
 	if ((r = st_auth_check_bind(&g->tok, me_addr)) < 0) {
 		return st_wrap(r, "worker group");
 	}
-	if ((r = st_tcp_listen(me_addr, 0, 4096, &g->tcp_lfd, &lport)) < 0)
-		return st_fail(r == -EADDRNOTAVAIL ? ST_EINVAL : ST_EIO, "worker group: cannot listen on %s%s: %s",
-			       me_addr, adv && *adv ? " (SLICETRAIN_ADDR)" : "", strerror(-r));
+	const char *range = getenv("SLICETRAIN_PORT_RANGE");
+	int lo = 0, hi = 0;
+	if (range && *range && st_port_range_parse(range, &lo, &hi) < 0)
+		return st_fail(ST_EINVAL, "worker group: SLICETRAIN_PORT_RANGE '%.40s' is not LO-HI (ports 1-65535)",
+			       range);
+	if ((r = st_tcp_listen_range(me_addr, lo, hi, 4096, &g->tcp_lfd, &lport)) < 0)
+		return st_fail(r == -EADDRNOTAVAIL ? ST_EINVAL : ST_EIO, "worker group: cannot listen on %s%s%s%s: %s",
+			       me_addr, adv && *adv ? " (SLICETRAIN_ADDR)" : "", lo ? " in SLICETRAIN_PORT_RANGE " : "",
+			       lo ? range : "", strerror(-r));
 	st_set_nonblock(g->tcp_lfd, 1);
 	g->peers[g->rank].port = lport;
 	return 0;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -151,6 +152,35 @@ int st_tcp_listen(const char *host, int port, int backlog, int *fdp, int *bound)
 	*bound = r;
 	*fdp = fd;
 	return 0;
+}
+
+int st_port_range_parse(const char *s, int *lo, int *hi)
+{
+	const char *dash = s ? strchr(s, '-') : NULL;
+	char a[8];
+	long l, h;
+	if (!dash || dash - s < 1 || dash - s >= (long)sizeof(a))
+		return -1;
+	snprintf(a, sizeof(a), "%.*s", (int)(dash - s), s);
+	if (st_parse_long(a, 1, 65535, &l) < 0 || st_parse_long(dash + 1, 1, 65535, &h) < 0 || l > h)
+		return -1;
+	*lo = (int)l;
+	*hi = (int)h;
+	return 0;
+}
+
+int st_tcp_listen_range(const char *host, int lo, int hi, int backlog, int *fd, int *bound)
+{
+	if (lo <= 0)
+		return st_tcp_listen(host, 0, backlog, fd, bound);
+	int n = hi - lo + 1, r = -EADDRINUSE;
+	int start = (int)((unsigned)getpid() * 2654435761u % (unsigned)n);
+	for (int i = 0; i < n; i++) {
+		r = st_tcp_listen(host, lo + (start + i) % n, backlog, fd, bound);
+		if (r != -EADDRINUSE && r != -EACCES)
+			return r;
+	}
+	return -EADDRINUSE;
 }
 
 /* "a.b.c.d:port", "[v6]:port", or for a unix socket "local pid P uid U". */

@@ -20,6 +20,13 @@ int st_parse_long(const char *s, long lo, long hi, long *out);
  * st_auth_check_bind (comm/auth.h). 0, or -errno (-EADDRNOTAVAIL for a host
  * that does not resolve). */
 int st_tcp_listen(const char *host, int port, int backlog, int *fd, int *bound_port);
+/* "LO-HI" (1 <= LO <= HI <= 65535) -> lo, hi. 0 or -1 (no message). */
+int st_port_range_parse(const char *s, int *lo, int *hi);
+/* st_tcp_listen on the first port of lo..hi that binds, trying them from
+ * an offset that differs between processes (pid), so that processes of one
+ * host starting together mostly find a free port at the first try; lo 0:
+ * any port. 0, or -errno (-EADDRINUSE when every port of the range is taken). */
+int st_tcp_listen_range(const char *host, int lo, int hi, int backlog, int *fd, int *bound_port);
 /* The local port of a socket, or -errno. */
 int st_sock_port(int fd);
 /* The peer of a connected socket for log lines: "a.b.c.d:port", "[v6]:port",

@@ -133,6 +133,11 @@ typedef struct st_config {
  * one line each): MaxText keys kept at their file value, dropout ignored,
  * base_output_directory derived. (dtype bfloat16 on a CPU without
  * AVX512_BF16 is warned about by the trainer, which then runs fp32.) Keys and rules: docs/config.md.
+ * A path ending in .json, or a file descriptor's (/dev/fd/N,
+ * /proc/self/fd/N) whose text opens with '{', is a resolved config as
+ * st_config_to_json writes it (what the elastic controller sends its hosts'
+ * agents, which pass it to their workers as a memfd), loaded as is: no
+ * overrides, no files besides it.
  */
 int st_config_load(st_config *c, const char *path, int noverrides, char **overrides);
 

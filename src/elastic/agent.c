@@ -4,6 +4,7 @@
  */
 #include "elastic/agent.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -22,7 +24,10 @@
 #include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/file.h"
 #include "base/status.h"
+#include "base/version.h"
+#include "comm/auth.h"
 #include "comm/net.h"
 #include "elastic/proto.h"
 
@@ -64,6 +69,11 @@ typedef struct agent {
 	size_t nw, wcap;
 	char exe[PATH_MAX];
 	pid_t self;
+	char addr[64];       /* this host's address: its workers bind it */
+	char range[16];      /* SLICETRAIN_PORT_RANGE for the workers, "" none */
+	int cfg_fd;          /* a memfd: the config the controller sent (-1 until the first "start") */
+	char cfg[64];        /* /proc/self/fd/N: the workers' CONFIG (the fd is kept across exec) */
+	char build[ST_BUILD_ID_LEN + 1];
 } agent;
 
 static volatile sig_atomic_t got_term, got_int;
@@ -296,6 +306,9 @@ static void exec_worker(const agent *a, int rank, int threads, int pin, const js
 	json_t *v;
 	json_object_foreach((json_t *)env, k, v)
 		setenv(k, json_string_value(v), 1);
+	setenv("SLICETRAIN_ADDR", a->addr, 1);
+	if (a->range[0])
+		setenv("SLICETRAIN_PORT_RANGE", a->range, 1);
 	setenv_int("SLICETRAIN_RANK", rank);
 	setenv_int("OMP_NUM_THREADS", threads);
 	if (pin) { /* the machine has a core for every thread of every rank up to this one */
@@ -305,14 +318,16 @@ static void exec_worker(const agent *a, int rank, int threads, int pin, const js
 			CPU_SET(rank * threads + t, &set);
 		sched_setaffinity(0, sizeof(set), &set);
 	}
-	size_t na = json_array_size(args);
-	char **argv = calloc(na + 3, sizeof(char *));
+	size_t na = json_array_size(args), j = 2;
+	char **argv = calloc(na + 4, sizeof(char *));
 	if (!argv)
 		_exit(127);
 	argv[0] = (char *)"slicetrain";
 	argv[1] = (char *)"train";
+	if (a->cfg_fd >= 0 && fcntl(a->cfg_fd, F_SETFD, 0) == 0)
+		argv[j++] = (char *)a->cfg;
 	for (size_t i = 0; i < na; i++)
-		argv[i + 2] = (char *)json_string_value(json_array_get(args, i));
+		argv[j++] = (char *)json_string_value(json_array_get(args, i));
 	execv(a->exe, argv);
 	fprintf(stderr, "slicetrain agent: cannot run %s: %s\n", a->exe, strerror(errno));
 	_exit(127);
@@ -491,12 +506,45 @@ static int check_start(agent *a, const json_t *m, long long *gen, long long *thr
 	return 0;
 }
 
+/* A start's "config" (the resolved config, JSON text): kept in a memfd
+ * whose path /proc/self/fd/N each worker opens as its CONFIG (no file on
+ * disk: nothing is left behind when the agent is killed). */
+static int take_config(agent *a, const json_t *m)
+{
+	const json_t *cfg = json_object_get(m, "config");
+	if (!cfg)
+		return 0;
+	if (!json_is_string(cfg) || json_string_length(cfg) > (1 << 20))
+		return st_fail(ST_EPROTO, "protocol: \"config\" is not a string of at most 1 MiB");
+	if (a->cfg_fd >= 0)
+		return 0;
+	int fd = memfd_create("slicetrain-config.json", MFD_CLOEXEC);
+	if (fd < 0)
+		return st_fail(ST_EIO, "agent: memfd_create: %s", strerror(errno));
+	const char *text = json_string_value(cfg);
+	size_t n = json_string_length(cfg), done = 0;
+	while (done < n) {
+		ssize_t w = write(fd, text + done, n - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			int e = errno;
+			close(fd);
+			return st_fail(ST_EIO, "agent: cannot keep the config: %s", strerror(e));
+		}
+		done += (size_t)w;
+	}
+	a->cfg_fd = fd;
+	snprintf(a->cfg, sizeof(a->cfg), "/proc/self/fd/%d", fd);
+	return 0;
+}
+
 static int on_start(agent *a, const json_t *m, int draining)
 {
 	long long gen, threads;
 	const json_t *ranks = NULL, *env = NULL, *args = NULL;
 	int rc = check_start(a, m, &gen, &threads, &ranks, &env, &args);
-	if (rc < 0)
+	if (rc < 0 || (rc = take_config(a, m)) < 0)
 		return rc;
 	json_t *empty = json_object();
 	if (!empty)
@@ -603,6 +651,43 @@ static int on_reform(agent *a, const json_t *m)
 	return 0;
 }
 
+/* The welcome names the run directory and a probe file the controller
+ * wrote there: this host must read the same nonce back ("ready"), else it
+ * cannot see the run's storage ("unfit", and the agent stops: ST_EINVAL). */
+static int check_run_dir(agent *a, const json_t *m)
+{
+	const char *dir, *probe, *nonce;
+	int rc;
+	if ((rc = st_proto_get_str(m, "run_dir", &dir)) < 0 || (rc = st_proto_get_str(m, "probe", &probe)) < 0 ||
+	    (rc = st_proto_get_str(m, "nonce", &nonce)) < 0)
+		return rc;
+	char *got = NULL, why[900];
+	size_t n = 0;
+	rc = st_read_file(probe, 64, &got, &n);
+	if (rc == 0 && n == strlen(nonce) && !memcmp(got, nonce, n)) {
+		free(got);
+		report(a, json_pack("{s:s}", "type", "ready"));
+		return 0;
+	}
+	snprintf(why, sizeof(why), "this host (%s) cannot see the run directory %.300s: %.300s", a->addr, dir,
+		 rc < 0 ? st_errmsg() : "its probe file holds another run's nonce");
+	free(got);
+	report(a, json_pack("{s:s,s:s}", "type", "unfit", "why", why));
+	return st_fail(ST_EINVAL, "%s; every host must see the same run directory (shared storage: docs/hosts.md)",
+		       why);
+}
+
+/* A port free right now on this host's address (in the port range): the
+ * coordinator's when this host holds rank 0. 0 when none is. */
+static int free_port(const agent *a)
+{
+	int fd, port = 0;
+	if (st_tcp_listen_range(a->addr, a->o->port_lo, a->o->port_hi, 1, &fd, &port) < 0)
+		return 0;
+	close(fd);
+	return port;
+}
+
 /* 1: shutdown; 0: go on; <0: a protocol error. */
 static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 {
@@ -610,6 +695,10 @@ static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 	long long gen, v;
 	int rc;
 	if (!*welcomed) {
+		if (!strcmp(type, "refused")) {
+			const char *why = json_string_value(json_object_get(m, "why"));
+			return st_fail(ST_EINVAL, "the controller refused this host: %.500s", why ? why : "(no reason)");
+		}
 		if (strcmp(type, "welcome"))
 			return st_fail(ST_EPROTO, "protocol: \"%s\" before \"welcome\"", type);
 		if ((rc = st_proto_get_int(m, "version", 0, INT_MAX, &v)) < 0)
@@ -617,6 +706,8 @@ static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 		if (v != ST_PROTO_VERSION)
 			return st_fail(ST_EPROTO, "protocol: the controller speaks version %lld, not %d", v,
 				       ST_PROTO_VERSION);
+		if ((rc = check_run_dir(a, m)) < 0)
+			return rc;
 		*welcomed = 1;
 		return 0;
 	}
@@ -720,7 +811,11 @@ static int serve(agent *a, int wake)
 			break;
 		}
 		if (now >= next_hb) {
-			report(a, json_pack("{s:s}", "type", "heartbeat"));
+			int port = free_port(a);
+			if (port > 0)
+				report(a, json_pack("{s:s,s:i}", "type", "heartbeat", "port", port));
+			else
+				report(a, json_pack("{s:s}", "type", "heartbeat"));
 			next_hb = now + hb_ns;
 			continue;
 		}
@@ -788,8 +883,9 @@ static int serve(agent *a, int wake)
 				break;
 			}
 			if (r < 0) {
-				rc = st_wrap(r, "agent: the controller at %s %s", o->controller,
-					     r == ST_EPEER ? "is gone" : "broke the protocol");
+				rc = r == ST_EINVAL ? st_wrap(r, "agent: controller %s", o->controller)
+						    : st_wrap(r, "agent: the controller at %s %s", o->controller,
+							      r == ST_EPEER ? "is gone" : "broke the protocol");
 				break;
 			}
 		}
@@ -799,12 +895,36 @@ static int serve(agent *a, int wake)
 	return rc;
 }
 
+/* This host's address: --addr (checked to be one of this host's: it must
+ * bind), else the one the connection to the controller leaves from. */
+static int host_addr(agent *a, int fd)
+{
+	if (a->o->addr) {
+		int lfd, port;
+		int r = st_tcp_listen(a->o->addr, 0, 1, &lfd, &port);
+		if (r < 0)
+			return st_fail(ST_EINVAL, "agent: --addr %s is not an address of this host: %s", a->o->addr,
+				       strerror(-r));
+		close(lfd);
+		snprintf(a->addr, sizeof(a->addr), "%s", a->o->addr);
+		return 0;
+	}
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0 ||
+	    !inet_ntop(ss.ss_family, ss.ss_family == AF_INET6 ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+								: (void *)&((struct sockaddr_in *)&ss)->sin_addr,
+		       a->addr, sizeof(a->addr)))
+		return st_fail(ST_EIO, "agent: cannot tell this host's address: %s", strerror(errno));
+	return 0;
+}
+
 int st_agent_run(const st_agent_opts *o)
 {
 	int rc = check_opts(o);
 	if (rc < 0)
 		return rc;
-	agent a = {.o = o, .c = ST_PROTO_CONN_INIT, .self = getpid()};
+	agent a = {.o = o, .c = ST_PROTO_CONN_INIT, .self = getpid(), .cfg_fd = -1};
 	if (o->exe) {
 		snprintf(a.exe, sizeof(a.exe), "%s", o->exe);
 	} else {
@@ -813,6 +933,10 @@ int st_agent_run(const st_agent_opts *o)
 			return st_fail(ST_EIO, "agent: cannot find my own binary: %s", strerror(errno));
 		a.exe[n] = 0;
 	}
+	if ((rc = st_build_id(a.exe, a.build)) < 0)
+		return rc;
+	if (o->port_lo > 0)
+		snprintf(a.range, sizeof(a.range), "%d-%d", o->port_lo, o->port_hi);
 	int fd;
 	st_token none = {0};
 	if ((rc = st_proto_connect(o->controller, o->token ? o->token : &none,
@@ -820,11 +944,19 @@ int st_agent_run(const st_agent_opts *o)
 		return rc;
 	if ((rc = st_proto_conn_init(&a.c, fd)) < 0)
 		return rc;
-	int wp[2];
-	if (pipe2(wp, O_CLOEXEC | O_NONBLOCK) < 0) {
-		rc = st_fail(ST_EIO, "agent: pipe: %s", strerror(errno));
+	int wp[2] = {-1, -1}, port = 0;
+	if ((rc = host_addr(&a, fd)) < 0 || (rc = st_auth_check_bind(o->token ? o->token : &none, a.addr)) < 0) {
 		st_proto_conn_release(&a.c);
 		return rc;
+	}
+	if ((port = free_port(&a)) <= 0) {
+		rc = st_fail(ST_EINVAL, "agent: no port free on %s%s%s", a.addr, a.range[0] ? " in --port-range " : "",
+			     a.range);
+		goto early;
+	}
+	if (pipe2(wp, O_CLOEXEC | O_NONBLOCK) < 0) {
+		rc = st_fail(ST_EIO, "agent: pipe: %s", strerror(errno));
+		goto early;
 	}
 	got_term = got_int = 0;
 	wake_fd = wp[1];
@@ -837,10 +969,12 @@ int st_agent_run(const st_agent_opts *o)
 	sigaction(SIGCHLD, &sa, &old_chld);
 	sigaction(SIGPIPE, &ign, &old_pipe);
 
-	report(&a, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i}", "type", "hello", "version", ST_PROTO_VERSION,
-			     "slice", o->slice, "host", o->host, "hosts_per_slice", o->hosts_per_slice,
-			     "devices", o->devices, "pid", (int)a.self));
-	say(&a, 0, "%d device%s, connected to %s", o->devices, o->devices == 1 ? "" : "s", o->controller);
+	report(&a, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:i,s:s,s:s}", "type", "hello", "version",
+			     ST_PROTO_VERSION, "slice", o->slice, "host", o->host, "hosts_per_slice", o->hosts_per_slice,
+			     "devices", o->devices, "pid", (int)a.self, "addr", a.addr, "port", port, "build", a.build,
+			     "release", ST_VERSION));
+	say(&a, 0, "%d device%s at %s, connected to %s", o->devices, o->devices == 1 ? "" : "s", a.addr,
+	    o->controller);
 	rc = serve(&a, wp[0]);
 	char msg[512];
 	snprintf(msg, sizeof(msg), "%s", st_errmsg());
@@ -862,5 +996,12 @@ int st_agent_run(const st_agent_opts *o)
 	wake_fd = -1;
 	close(wp[0]);
 	close(wp[1]);
+	if (a.cfg_fd >= 0)
+		close(a.cfg_fd);
 	return rc < 0 ? st_fail(rc, "%s", msg) : 0;
+early:
+	st_proto_conn_release(&a.c);
+	if (a.cfg_fd >= 0)
+		close(a.cfg_fd);
+	return rc;
 }

@@ -31,9 +31,17 @@ typedef struct st_agent_opts {
 	const char *exe;          /* the binary workers run as `EXE train ARGS`; NULL: /proc/self/exe */
 	int quiet;                /* do not print the workers' lines locally (they are still
 	                             forwarded to the controller) */
+	const char *addr;         /* the address this host's processes bind (numeric); NULL:
+	                             the one this host reaches the controller from */
+	int port_lo, port_hi;     /* the ports they listen on (firewalls); 0: any */
 } st_agent_opts;
 
 /*
+ * On connecting it says hello with its address, a port free there (again
+ * in each heartbeat: the coordinator's when this host holds rank 0) and
+ * its workers' build; the controller refuses a host whose build differs,
+ * and one that cannot read back the probe file the welcome names in the
+ * run directory (ST_EINVAL, the reason in the message).
  * Run the agent until the controller says "shutdown" (0), the agent got
  * SIGTERM and its workers have exited or were killed after the grace period
  * (0), or it stops on an error after killing and reaping its workers:

@@ -26,6 +26,8 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/status.h"
+#include "base/file.h"
+#include "base/version.h"
 #include "comm/mesh.h"
 #include "config/config.h"
 #include "elastic/proto.h"
@@ -33,7 +35,7 @@
 enum { S_INITIALIZING, S_SCHEDULING, S_RUNNING, S_RESTARTING, S_RESIZING, S_FINISHED, S_ERRORED };
 static const char *const state_names[] = {"INITIALIZING", "SCHEDULING", "RUNNING", "RESTARTING",
 					  "RESIZING", "FINISHED", "ERRORED"};
-enum { C_FREE, C_NEW, C_AGENT, C_STATUS };
+enum { C_FREE, C_NEW, C_PENDING, C_AGENT, C_STATUS };
 enum { STOP_NONE, STOP_RESIZE, STOP_NOTICE, STOP_KILL };
 static const char *const stop_names[] = {"", "resize", "notice", "kill"};
 
@@ -49,11 +51,16 @@ typedef struct conn {
 	int kind, slice, host;
 	double opened;
 	int close_after_flush;
+	long pid;          /* C_PENDING: the agent's hello, kept until it says ready */
+	char addr[64];
+	int port;
 } conn;
 
 typedef struct host {
 	int conn; /* index into conns, -1 */
 	long pid;
+	char addr[64]; /* the address its processes bind (its hello) */
+	int port;      /* a port free there (its last heartbeat): the coordinator's when it holds rank 0 */
 	double last_hb, last_hb_wall, connected_wall;
 	int noticed; /* sent a preemption notice: its going away is no failure */
 } host;
@@ -79,6 +86,7 @@ typedef struct worker {
 
 typedef struct gen {
 	int id, k, world, port;
+	char coord_host[64];
 	int from;          /* re-formed in place from generation `from` (0: started afresh) */
 	int reform_wanted; /* a failure: tick() tries to re-form in place */
 	int *slices;
@@ -116,8 +124,6 @@ struct st_ctl {
 	int prev_world; /* whose lines still come until each worker re-formed */
 	int gen_active; /* workers of g may be running */
 	int next_gen;
-	char **args;    /* the workers' arguments */
-	int nargs;
 	/* accounting */
 	int failures, preemptions, resizes;
 	int64_t steps_lost, hi;  /* hi: completed steps of the kept timeline */
@@ -130,6 +136,10 @@ struct st_ctl {
 	int last_k;
 	double last_round; /* the end of the last st_ctl_poll (mono) */
 	st_token tok;      /* the run token every connection proves */
+	char build[ST_BUILD_ID_LEN + 1]; /* the workers' binary: every host must run the same */
+	char *config_json; /* the resolved config the workers load (st_config_to_json) */
+	char run_dir[ST_PATH_MAX], probe[ST_PATH_MAX + 64]; /* a file every host must see */
+	char nonce[33];
 	st_drop_log drops; /* connections dropped before their hello */
 };
 
@@ -532,10 +542,15 @@ static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
 	int rc = mesh_for(c, k, &g->mesh);
 	if (rc < 0)
 		return rc;
-	if ((g->port = free_port(c->listen_host)) < 0)
+	/* the coordinator (rank 0's store) on rank 0's host: its address, and
+	 * the port its agent last found free there */
+	const host *h0 = &c->sl[slices[0]].h[0];
+	g->port = h0->port;
+	snprintf(g->coord_host, sizeof(g->coord_host), "%s", h0->addr);
+	if (!strcmp(h0->addr, c->listen_host) && (g->port = free_port(c->listen_host)) < 0)
 		return st_fail(ST_EIO, "cannot find a free port for the coordinator: %s", strerror(errno));
 	char coord[96], v[32];
-	snprintf(coord, sizeof(coord), "%s:%d", c->listen_host, g->port);
+	snprintf(coord, sizeof(coord), strchr(g->coord_host, ':') ? "[%s]:%d" : "%s:%d", g->coord_host, g->port);
 	json_t *e = json_object();
 	if (!e)
 		return st_fail(ST_ENOMEM, "out of memory");
@@ -562,16 +577,15 @@ static void gen_send_starts(st_ctl *c, int i0, json_t *env)
 {
 	gen *g = &c->g;
 	json_t *args = json_array();
-	for (int i = 0; i < c->nargs; i++)
-		json_array_append_new(args, json_string(c->args[i]));
 	int per_host = c->o.devices_per_slice / c->o.hosts_per_slice;
 	for (int i = i0; i < g->k; i++)
 		for (int h = 0; h < c->o.hosts_per_slice; h++) {
 			json_t *ranks = json_array();
 			for (int d = 0; d < per_host; d++)
 				json_array_append_new(ranks, json_integer(i * c->o.devices_per_slice + h * per_host + d));
-			json_t *m = json_pack("{s:s, s:i, s:o, s:O, s:O, s:i}", "type", "start", "gen", g->id, "ranks",
-					      ranks, "env", env, "args", args, "threads", c->o.threads);
+			json_t *m = json_pack("{s:s, s:i, s:o, s:O, s:O, s:i, s:s}", "type", "start", "gen", g->id, "ranks",
+					      ranks, "env", env, "args", args, "threads", c->o.threads, "config",
+					      c->config_json);
 			send_agent(c, g->slices[i], h, m);
 		}
 	json_decref(args);
@@ -585,7 +599,7 @@ static void gen_log(st_ctl *c, const char *how)
 	for (int i = 0, len = 0; i < g->k && len < 200; i++)
 		len += snprintf(list + len, sizeof(list) - (size_t)len, "%s%d", i ? "," : "", g->slices[i]);
 	logf_("generation %d: %d worker%s on slice%s %s, coordinator %s:%d; mesh %s%s", g->id, g->world,
-	      g->world == 1 ? "" : "s", g->k == 1 ? "" : "s", list, c->listen_host, g->port, mesh, how);
+	      g->world == 1 ? "" : "s", g->k == 1 ? "" : "s", list, g->coord_host, g->port, mesh, how);
 }
 
 static int start_gen(st_ctl *c, int k, const int *slices)
@@ -1088,41 +1102,108 @@ static json_t *status_json(st_ctl *c)
 			 (json_int_t)c->steps_lost, "slices", sl);
 }
 
+/* Refuse the connection i with a reason the agent prints (it exits 2): the
+ * reply is flushed, then the connection closed. */
+static int refuse(st_ctl *c, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int refuse(st_ctl *c, int i, const char *fmt, ...)
+{
+	char why[600];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	logf_("refusing %s: %s", c->conns[i].peer, why);
+	c->conns[i].kind = C_STATUS; /* nothing more is read from it */
+	if (send_to(c, i, json_pack("{s:s, s:s}", "type", "refused", "why", why)) == 0)
+		c->conns[i].close_after_flush = 1;
+	return 0;
+}
+
+static int valid_addr(const char *a)
+{
+	unsigned char buf[16];
+	return inet_pton(AF_INET, a, buf) == 1 || inet_pton(AF_INET6, a, buf) == 1;
+}
+
+/* hello: checked, then the host is pending until it says it sees the run
+ * directory ("ready", after the welcome that names the probe file). */
 static int hello(st_ctl *c, int i, const json_t *m)
 {
-	long long ver, s, h, hps, dev, pid;
+	long long ver, s, h, hps, dev, pid, port;
+	const char *addr, *build, *release;
 	int rc;
-	if ((rc = st_proto_get_int(m, "version", 0, 1 << 30, &ver)) < 0 ||
-	    (rc = st_proto_get_int(m, "slice", 0, (1 << 30), &s)) < 0 ||
+	if ((rc = st_proto_get_int(m, "version", 0, 1 << 30, &ver)) < 0)
+		return rc;
+	if (ver != ST_PROTO_VERSION)
+		return refuse(c, i, "it speaks protocol version %lld, the controller %d: run the same slicetrain "
+				    "build on every host", ver, ST_PROTO_VERSION);
+	if ((rc = st_proto_get_int(m, "slice", 0, (1 << 30), &s)) < 0 ||
 	    (rc = st_proto_get_int(m, "host", 0, (1 << 30), &h)) < 0 ||
 	    (rc = st_proto_get_int(m, "hosts_per_slice", 1, 1 << 30, &hps)) < 0 ||
 	    (rc = st_proto_get_int(m, "devices", 1, 1 << 30, &dev)) < 0 ||
-	    (rc = st_proto_get_int(m, "pid", 1, 1LL << 40, &pid)) < 0)
+	    (rc = st_proto_get_int(m, "pid", 1, 1LL << 40, &pid)) < 0 ||
+	    (rc = st_proto_get_int(m, "port", 1, 65535, &port)) < 0 ||
+	    (rc = st_proto_get_str(m, "addr", &addr)) < 0 || (rc = st_proto_get_str(m, "build", &build)) < 0 ||
+	    (rc = st_proto_get_str(m, "release", &release)) < 0)
 		return rc;
-	if (ver != ST_PROTO_VERSION)
-		return st_fail(ST_EPROTO, "hello: version %lld, the controller speaks %d", ver, ST_PROTO_VERSION);
+	if (strlen(addr) >= sizeof(c->conns[i].addr) || !valid_addr(addr))
+		return st_fail(ST_EPROTO, "hello: \"addr\" '%.60s' is not a numeric IP address", addr);
 	if (s >= c->o.num_slices)
-		return st_fail(ST_EPROTO, "hello: slice %lld out of range (the run has %d slices)", s, c->o.num_slices);
+		return refuse(c, i, "slice %lld is out of range: the run has %d slices", s, c->o.num_slices);
 	if (h >= c->o.hosts_per_slice || hps != c->o.hosts_per_slice)
-		return st_fail(ST_EPROTO, "hello: host %lld of %lld hosts per slice; the run has %d", h, hps,
-			       c->o.hosts_per_slice);
+		return refuse(c, i, "host %lld of %lld hosts per slice; the run has %d", h, hps, c->o.hosts_per_slice);
 	if (dev * c->o.hosts_per_slice != c->o.devices_per_slice)
-		return st_fail(ST_EPROTO, "hello: %lld devices per host; the run needs %d", dev,
-			       c->o.devices_per_slice / c->o.hosts_per_slice);
+		return refuse(c, i, "%lld devices per host; the run needs %d", dev,
+			      c->o.devices_per_slice / c->o.hosts_per_slice);
+	if (strcmp(build, c->build))
+		return refuse(c, i, "the agent of slice %lld host %lld at %s runs slicetrain %.20s build %.20s; the "
+				    "controller's workers run %s build %s: install the same binary on every host "
+				    "(slicetrain version prints it)", s, h, addr, release, build, ST_VERSION, c->build);
 	host *x = &c->sl[s].h[h];
 	if (x->conn >= 0)
-		return st_fail(ST_EPROTO, "hello: slice %lld host %lld already has an agent (pid %ld)", s, h, x->pid);
+		return refuse(c, i, "slice %lld host %lld already has an agent (pid %ld at %s)", s, h, x->pid, x->addr);
 	conn *cn = &c->conns[i];
-	cn->kind = C_AGENT;
+	cn->kind = C_PENDING;
 	cn->slice = (int)s;
 	cn->host = (int)h;
+	cn->pid = (long)pid;
+	cn->port = (int)port;
+	snprintf(cn->addr, sizeof(cn->addr), "%s", addr);
+	return send_to(c, i, json_pack("{s:s, s:i, s:s, s:s, s:s}", "type", "welcome", "version", ST_PROTO_VERSION,
+				       "run_dir", c->run_dir, "probe", c->probe, "nonce", c->nonce)) < 0 ? 0 : 0;
+}
+
+/* A pending agent's answer to the welcome: "ready" (it sees the run
+ * directory: the host joins), or "unfit" with why (refused). */
+static int pending_msg(st_ctl *c, int i, const json_t *m, const char *type)
+{
+	conn *cn = &c->conns[i];
+	if (!strcmp(type, "heartbeat"))
+		return 0;
+	if (!strcmp(type, "unfit")) {
+		const char *why = json_string_value(json_object_get(m, "why"));
+		logf_("refusing the agent of slice %d host %d at %s: %.400s", cn->slice, cn->host, cn->addr,
+		      why ? why : "(no reason given)");
+		cn->kind = C_STATUS;
+		cn->close_after_flush = 1;
+		return 0;
+	}
+	if (strcmp(type, "ready"))
+		return st_fail(ST_EPROTO, "\"%.40s\" before \"ready\"", type);
+	host *x = &c->sl[cn->slice].h[cn->host];
+	if (x->conn >= 0)
+		return refuse(c, i, "slice %d host %d already has an agent (pid %ld at %s)", cn->slice, cn->host,
+			      x->pid, x->addr);
+	cn->kind = C_AGENT;
 	x->conn = i;
-	x->pid = (long)pid;
+	x->pid = cn->pid;
+	x->port = cn->port;
+	snprintf(x->addr, sizeof(x->addr), "%s", cn->addr);
 	x->noticed = 0;
 	x->last_hb = st_mono_s();
 	x->last_hb_wall = x->connected_wall = wall_s();
-	logf_("agent of slice %lld host %lld connected (pid %lld)", s, h, pid);
-	return send_to(c, i, json_pack("{s:s, s:i}", "type", "welcome", "version", ST_PROTO_VERSION)) < 0 ? 0 : 0;
+	logf_("agent of slice %d host %d connected (pid %ld, %s)", cn->slice, cn->host, x->pid, x->addr);
+	return 0;
 }
 
 /* A worker rank of the running generation held by the agent of (s, h). */
@@ -1153,8 +1234,14 @@ static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 	host *x = &c->sl[s].h[h];
 	x->last_hb = st_mono_s();
 	x->last_hb_wall = wall_s();
-	if (!strcmp(type, "heartbeat"))
+	if (!strcmp(type, "heartbeat")) { /* "port": one free on its host now (none: keep the last) */
+		long long port;
+		if (json_object_get(m, "port") && (rc = st_proto_get_int(m, "port", 1, 65535, &port)) < 0)
+			return rc;
+		if (json_object_get(m, "port"))
+			x->port = (int)port;
 		return 0;
+	}
 	if (!strcmp(type, "output")) {
 		const char *stream, *text;
 		if ((rc = own_rank(c, m, s, h, &r)) <= 0)
@@ -1237,6 +1324,8 @@ static void handle(st_ctl *c, int i, json_t *m)
 			return;
 		} else if (cn->kind == C_NEW) {
 			rc = st_fail(ST_EPROTO, "first message of type '%.40s' (want hello or status)", type);
+		} else if (cn->kind == C_PENDING) {
+			rc = pending_msg(c, i, m, type);
 		} else if (cn->kind == C_AGENT) {
 			rc = agent_msg(c, i, m, type);
 		} else {
@@ -1447,7 +1536,7 @@ static void tick(st_ctl *c)
 			char why[80];
 			snprintf(why, sizeof(why), "no heartbeat for %.1f s", now - c->sl[x->slice].h[x->host].last_hb);
 			conn_drop(c, i, why);
-		} else if (x->kind == C_NEW && now - x->opened > HELLO_TIMEOUT_S) {
+		} else if ((x->kind == C_NEW || x->kind == C_PENDING) && now - x->opened > HELLO_TIMEOUT_S) {
 			conn_drop(c, i, x->pc.auth ? "no token proof in time" : "no hello in time");
 		} else if (x->kind == C_STATUS && x->close_after_flush && x->pc.wlen == 0) {
 			conn_drop(c, i, "status sent");
@@ -1488,6 +1577,36 @@ static void tick(st_ctl *c)
 
 /* ---- API ---- */
 
+/* The run directory (base_output_directory/run_name, made here when it is
+ * not there) and in it a probe file holding a fresh nonce: each host's
+ * agent must read it back before it joins, which proves that the host sees
+ * the same run directory (checkpoints and metrics go there). */
+static int make_probe(st_ctl *c)
+{
+	unsigned char r[16];
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, r, sizeof(r)) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (n != (ssize_t)sizeof(r))
+		return st_fail(ST_EIO, "cannot read /dev/urandom");
+	for (int i = 0; i < 16; i++)
+		snprintf(c->nonce + 2 * i, 3, "%02x", r[i]);
+	if ((size_t)snprintf(c->run_dir, sizeof(c->run_dir), "%s/%s", c->cfg->base_output_directory,
+			     c->cfg->run_name) >= sizeof(c->run_dir))
+		return st_fail(ST_EINVAL, "the run directory %s/%s is too long", c->cfg->base_output_directory,
+			       c->cfg->run_name);
+	int rc = st_mkdir_p(c->run_dir);
+	if (rc < 0)
+		return st_wrap(rc, "the run directory");
+	snprintf(c->probe, sizeof(c->probe), "%s/.controller-%d.probe", c->run_dir, (int)getpid());
+	if ((rc = st_write_file_atomic(c->probe, c->nonce, strlen(c->nonce))) < 0) {
+		c->probe[0] = 0;
+		return st_wrap(rc, "the run directory's probe file");
+	}
+	return 0;
+}
+
 int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 {
 	*out = NULL;
@@ -1517,8 +1636,7 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	c->cfg = calloc(1, sizeof(st_config));
 	c->sl = calloc((size_t)o->num_slices, sizeof(slice));
 	c->faults = calloc((size_t)o->nfaults + 1, sizeof(st_ctl_fault));
-	c->args = calloc((size_t)o->nkv + 3, sizeof(char *));
-	if (!c->events || !c->recovery || !c->cfg || !c->sl || !c->faults || !c->args)
+	if (!c->events || !c->recovery || !c->cfg || !c->sl || !c->faults)
 		goto out;
 	if (o->nfaults)
 		memcpy(c->faults, o->faults, (size_t)o->nfaults * sizeof(st_ctl_fault));
@@ -1531,9 +1649,7 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 			c->sl[s].h[h].conn = -1;
 	}
 	/* the config, loaded as the workers will load it */
-	st_log_quiet(1);
 	rc = st_config_load(c->cfg, o->config_path, o->nkv, o->kv);
-	st_log_quiet(0);
 	if (rc < 0)
 		goto out;
 	if (!c->cfg->enable_checkpointing) {
@@ -1554,26 +1670,19 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	rc = ST_ENOMEM;
 	if (!(c->kept = calloc((size_t)c->steps + 1, sizeof(double))))
 		goto out;
-	/* the workers' arguments: as given, with the resolved run_name pinned so
-	 * that every generation resumes the same run */
-	int has_run_name = 0;
-	if (o->config)
-		c->args[c->nargs++] = strdup(o->config);
-	for (int i = 0; i < o->nkv; i++) {
-		c->args[c->nargs++] = strdup(o->kv[i]);
-		has_run_name |= !strncmp(o->kv[i], "run_name=", 9);
-	}
-	if (!has_run_name) {
-		char b[ST_NAME_MAX + 16];
-		snprintf(b, sizeof(b), "run_name=%s", c->cfg->run_name);
-		c->args[c->nargs++] = strdup(b);
-	}
-	for (int i = 0; i < c->nargs; i++)
-		if (!c->args[i])
-			goto out;
+	/* the workers load the config resolved here (JSON, sent with each
+	 * "start"): a host needs only the binary, and every generation resumes
+	 * the same run (the run_name is pinned) */
+	c->cfg->run_name_derived = 0;
+	if ((rc = st_config_to_json(c->cfg, &c->config_json)) < 0)
+		goto out;
+	const char *exe = getenv("SLICETRAIN_WORKER_EXE");
+	if ((rc = st_build_id(exe && *exe ? exe : NULL, c->build)) < 0)
+		goto out;
 	if (o->token)
 		c->tok = *o->token;
-	if ((rc = st_auth_check_bind(&c->tok, c->listen_host)) < 0 || (rc = listen_on(c, c->listen_host, o->port)) < 0)
+	if ((rc = st_auth_check_bind(&c->tok, c->listen_host)) < 0 || (rc = listen_on(c, c->listen_host, o->port)) < 0 ||
+	    (rc = make_probe(c)) < 0)
 		goto out;
 	c->state = S_INITIALIZING;
 	c->start_mono = log_t0 = st_mono_s();
@@ -1604,9 +1713,9 @@ void st_ctl_destroy(st_ctl *c)
 	for (int s = 0; c->sl && s < c->o.num_slices; s++)
 		free(c->sl[s].h);
 	free(c->sl);
-	for (int i = 0; c->args && i < c->nargs; i++)
-		free(c->args[i]);
-	free(c->args);
+	if (c->probe[0])
+		unlink(c->probe);
+	free(c->config_json);
 	free(c->faults);
 	free(c->kept);
 	free(c->cfg);
@@ -1616,6 +1725,14 @@ void st_ctl_destroy(st_ctl *c)
 }
 
 const char *st_ctl_address(const st_ctl *c) { return c->addr; }
+
+int st_ctl_agents(const st_ctl *c)
+{
+	int n = 0;
+	for (int i = 0; i < MAX_CONNS; i++)
+		n += c->conns[i].kind == C_AGENT || c->conns[i].kind == C_PENDING;
+	return n;
+}
 
 int st_ctl_poll(st_ctl *c, int timeout_ms)
 {

@@ -67,6 +67,9 @@ typedef struct st_ctl_opts {
 
 typedef struct st_ctl st_ctl;
 
+/* Agents connected now (those that said hello, ready or not). */
+int st_ctl_agents(const st_ctl *c);
+
 /* Load the config as the workers will, check that the mesh resolves for
  * --num-slices, listen. ST_EINVAL (bad input), ST_EIO (cannot listen). */
 int st_ctl_create(st_ctl **out, const st_ctl_opts *o);
