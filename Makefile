@@ -206,6 +206,12 @@ tokenizer-parity: $(BUILD)/slicetrain $(BUILD)/tests/test_tokenizer
 # clusters (deploy/ray/local-cluster.sh: a head and 2 one-CPU nodes in a
 # network namespace of their own) and deploy/k8s's manifests validated
 # offline; they need .venv-ray (scripts/install-deps.sh --ray); ~10 minutes.
+# the longer scenarios on test hosts (network namespaces; root): tests/hosts/
+test-hosts: $(BUILD)/slicetrain
+	ST_SH_DIRS=tests/hosts BUILDS=$(BUILD) tests/run.sh
+
+.PHONY: test-hosts
+
 test-ray: $(BUILD)/slicetrain
 	BUILD=$(BUILD) tests/ray/run.sh
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: C test programs (<build>/tests/test_*) and shell tests
-# (tests/cli/*.sh, which drive <build>/slicetrain), for each build directory
+# (tests/cli/*.sh, which drive <build>/slicetrain; ST_SH_DIRS: other
+# directories of shell tests instead, and no C tests, e.g. tests/hosts
+# for `make test-hosts`), for each build directory
 # in $BUILDS (default: build; `make check` passes "build build-san
 # build-noavx512:test_,cli/mesh_,..."). An entry DIR:PATTERN,PATTERN... runs
 # on DIR only the tests whose name (test_kernels, cli/mesh_uneven) contains
@@ -211,14 +213,17 @@ for entry in $BUILDS; do
 	grep -qa __asan_init "$b/slicetrain" && b_scale[$b]=$((${ST_SAN_TIMEOUT_SCALE:-3} * cpu_scale)) b_san[$b]=1
 	b_first[$b]=$first
 	for t in "$b"/tests/test_*; do
+		[ -z "${ST_SH_DIRS:-}" ] || break # shell tests of other directories only
 		case "$t" in *.o|*.d) continue;; esac
 		[ -x "$t" ] || continue
 		n=$(basename "$t")
 		add "$b/$n" "tests/$n.c" c "$b" "$t"
 	done
-	for t in tests/cli/*.sh; do
-		[ -e "$t" ] || continue
-		add "$b/cli/$(basename "$t" .sh)" "$t" sh "$b" bash
+	for d in ${ST_SH_DIRS:-tests/cli}; do
+		for t in "$d"/*.sh; do
+			[ -e "$t" ] || continue
+			add "$b/$(basename "$d")/$(basename "$t" .sh)" "$t" sh "$b" bash
+		done
 	done
 	first=0
 done

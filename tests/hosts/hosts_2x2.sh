@@ -1,0 +1,42 @@
+# 2 slices x 2 hosts x 1 device on test hosts (tests/hosts_lib.sh), the
+# trunk between the slices' switches shaped to 1 Gbit/s (the slower
+# network between slices), FSDP inside a slice (ici_fsdp 2: the two hosts
+# of a slice exchange shards over TCP), data parallelism across slices: 60
+# steps with `slicetrain controller` and 4 agents; the final weights are
+# bit-identical to the same run with `slicetrain launch` on one machine (2
+# slices x 2 devices), the coordinator is on slice 0 host 0, and nothing is
+# left behind. make test-hosts.
+# builds: first
+# timeout: 300
+. "$(dirname "$0")/../cli_lib.sh"
+. "$ST_ROOT/tests/hosts_lib.sh"
+. "$ST_ROOT/tests/hosts_run_lib.sh"
+steps=60
+keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
+	checkpoint_period=20 ici_fsdp_parallelism=2 dcn_data_parallelism=2 learning_rate=1e-3
+	base_output_directory="$TMP/o" steps=$steps)
+
+OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 2 -- "${keys[@]}" run_name=ref \
+	>"$TMP/ref.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref.out")"
+
+hr_up 2 2 1gbit || { fail "cannot make the test hosts"; finish; }
+hr_controller run --num-slices 2 --devices-per-slice 2 --hosts-per-slice 2 -- "${keys[@]}" run_name=hosts
+for s in 0 1; do for h in 0 1; do hr_agent $s $h; done; done
+hr_wait run 240
+status_is "2x2 hosts run" "$hr_rc" 0 "$TMP/run.out"
+grep -E 'generation|State Transition' "$TMP/run.out" | sed 's/^/    /'
+grep -qE 'coordinator 10\.213\.1\.10:' "$TMP/run.out" || fail "the coordinator is not on slice 0 host 0"
+echo "step times (s), launch on one machine vs 2x2 hosts:" \
+	"$(grep -o 'seconds: [0-9.]*' "$TMP/ref.out" | tail -20 | awk '{s+=$2} END {printf "%.4f", s/NR}')" \
+	"$(grep -o 'seconds: [0-9.]*' "$TMP/run.out" | tail -20 | awk '{s+=$2} END {printf "%.4f", s/NR}')"
+for r in ref hosts; do
+	"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$steps" "$TMP/hf-$r" >/dev/null 2>"$TMP/$r.export.err" ||
+		fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
+done
+cmp -s "$TMP/hf-ref/model.safetensors" "$TMP/hf-hosts/model.safetensors" &&
+	echo "the final weights are bit-identical to launch's on one machine" ||
+	fail "the final weights differ from launch's on one machine"
+th_down
+left=$(th_leftovers)
+[ -z "$left" ] || fail "left behind: $left"
+finish
