@@ -9,7 +9,8 @@
 # - the real agent joins and the group grows to 2 slices.
 # While both slices train, every listening TCP port of every host (from
 # each namespace's /proc/net/tcp and tcp6) listens on that host's address
-# or loopback only, and answers neither a client without the token (a
+# or loopback only, in its agent's --port-range (the workers' listeners and
+# rank 0's coordinator), and answers neither a client without the token (a
 # status request: no answer, the connection closed) nor one with a wrong
 # token (`slicetrain nodes` with another token: refused); with the run's
 # token, `slicetrain nodes` from a worker host shows the run. SIGTERM to
@@ -26,7 +27,7 @@ keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4
 hr_up 2 1 || { fail "cannot make the test hosts"; finish; }
 export SLICETRAIN_MIN_STEP_SECONDS=0.1
 hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 -- "${keys[@]}"
-hr_agent 0 0
+hr_agent 0 0 --port-range 23000-23009
 hr_wait_steps run 2 30 || fail "slice 0 did not train: $(tail -3 "$TMP/run.out")"
 
 # another build
@@ -45,11 +46,13 @@ unshare -m sh -c 'mount -t tmpfs none "$1" && shift && exec "$@"' sh "$TMP/o" \
 status_is "no run directory" $? 2 "$TMP/blind.out" &&
 	grep -E "cannot see the run directory $TMP/o/refuse" "$TMP/blind.out" ||
 	fail "no run directory: not refused naming it: $(tail -2 "$TMP/blind.out")"
-grep -E 'refusing' "$TMP/run.out" | sed 's/^/    /'
+grep -E 'refusing|coordinator' "$TMP/run.out" | sed 's/^/    /'
 [ "$(grep -c 'refusing' "$TMP/run.out")" -ge 2 ] || fail "the controller logged fewer than 2 refusals"
 
-hr_agent 1 0
+hr_agent 1 0 --port-range 23010-23019
 hr_wait_line run 'growing in place from 1 to 2' 30 || fail "slice 1's agent did not join"
+grep -oE 'coordinator [0-9.]+:[0-9]+' "$TMP/run.out" | grep -vE 'coordinator 10\.213\.1\.10:2300[0-9]$' &&
+	fail "a coordinator not on slice 0's host in its --port-range 23000-23009"
 n=$(hr_steps run)
 hr_wait_steps run $((n + 3)) 30 || fail "no steps on 2 slices"
 
@@ -75,6 +78,10 @@ for line in sys.stdin:
 		ports=$((ports + 1))
 		[ "$la" = "$addr" ] || [ "$la" = 127.0.0.1 ] || fail "$h: port $lp listens on $la, not $addr or loopback"
 		[ "$la" = 127.0.0.1 ] && continue
+		case $h in
+		s0h0) [ "$lp" -ge 23000 ] && [ "$lp" -le 23009 ] || fail "$h: port $lp is not in its --port-range 23000-23009" ;;
+		s1h0) [ "$lp" -ge 23010 ] && [ "$lp" -le 23019 ] || fail "$h: port $lp is not in its --port-range 23010-23019" ;;
+		esac
 		# no token: a status request gets no answer (the connection closed, or never served)
 		( th_exec s0h0 /usr/bin/python3 - "$la" "$lp" <<'PY' || fail "$h: $la:$lp answered a client without the token"
 import socket, sys
