@@ -87,6 +87,14 @@ static void walk_fields(const json_t *m)
 		int_field(m, "hosts_per_slice", 1, 1 << 30);
 		int_field(m, "devices", 1, 1 << 30);
 		int_field(m, "pid", 1, 1LL << 40);
+		int_field(m, "port", 1, 65535);
+		str_field(m, "addr");
+		str_field(m, "build");
+		str_field(m, "release");
+	} else if (!strcmp(type, "heartbeat")) {
+		int_field(m, "port", 1, 65535);
+	} else if (!strcmp(type, "refused") || !strcmp(type, "unfit")) {
+		str_field(m, "why");
 	} else if (!strcmp(type, "started")) {
 		int_field(m, "gen", 0, 1LL << 40);
 		const json_t *ws = json_object_get(m, "workers"), *w;
@@ -116,12 +124,22 @@ static void walk_fields(const json_t *m)
 		json_array_foreach(a, i, v) FUZZ_ASSERT(v);
 		const char *k;
 		json_object_foreach((json_t *)json_object_get(m, "env"), k, v) str_field(json_object_get(m, "env"), k);
+		str_field(m, "config");
 	} else if (!strcmp(type, "stop") || !strcmp(type, "kill")) {
 		int_field(m, "gen", 0, 1LL << 53);
 		int_field(m, "rank", 0, 1 << 30);
 		str_field(m, "how");
 	} else if (!strcmp(type, "welcome")) {
 		int_field(m, "version", 0, 1 << 30);
+		str_field(m, "run_dir");
+		str_field(m, "probe");
+		str_field(m, "nonce");
+	} else if (!strcmp(type, "reform")) {
+		const json_t *env = NULL;
+		if (st_proto_get_env(m, 64, &env) == 0)
+			FUZZ_ASSERT(json_is_object(env) && json_object_size(env) <= 64);
+		else
+			FUZZ_ASSERT(!env);
 	}
 }
 
