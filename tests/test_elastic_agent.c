@@ -386,7 +386,7 @@ static void test_lifecycle(void)
 	json_t *h = take(&t, "hello", 10);
 	CHECK(h != NULL);
 	long long v;
-	CHECK(st_proto_get_int(h, "version", 1, 1, &v) == 0);
+	CHECK(st_proto_get_int(h, "version", ST_PROTO_VERSION, ST_PROTO_VERSION, &v) == 0);
 	CHECK(st_proto_get_int(h, "slice", 0, 0, &v) == 0);
 	CHECK(st_proto_get_int(h, "host", 0, 0, &v) == 0);
 	CHECK(st_proto_get_int(h, "hosts_per_slice", 1, 1, &v) == 0);

@@ -817,7 +817,7 @@ int st_cmd_controller(int argc, char **argv)
 	if (e.port)
 		return arg_error("controller takes its port in --listen ADDRESS:PORT, not --port");
 	st_token tok;
-	if (st_token_load(&tok) < 0) {
+	if (st_token_load(&tok) < 0 || st_auth_check_bind(&tok, host) < 0) {
 		fprintf(stderr, "slicetrain: error: %s\n", st_errmsg());
 		return 2;
 	}

@@ -183,6 +183,46 @@ int st_tcp_listen_range(const char *host, int lo, int hi, int backlog, int *fd, 
 	return -EADDRINUSE;
 }
 
+int st_tcp_free_port(const char *host, int lo, int hi)
+{
+	struct sockaddr_storage ss;
+	memset(&ss, 0, sizeof(ss));
+	struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+	socklen_t sl;
+	if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+		a4->sin_family = AF_INET;
+		sl = sizeof(*a4);
+	} else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+		a6->sin6_family = AF_INET6;
+		sl = sizeof(*a6);
+	} else {
+		return -EADDRNOTAVAIL;
+	}
+	int n = lo > 0 ? hi - lo + 1 : 1;
+	int start = lo > 0 ? (int)((unsigned)getpid() * 2654435761u % (unsigned)n) : 0, r = -EADDRINUSE;
+	for (int i = 0; i < n; i++) {
+		uint16_t port = lo > 0 ? (uint16_t)(lo + (start + i) % n) : 0;
+		if (ss.ss_family == AF_INET)
+			a4->sin_port = htons(port);
+		else
+			a6->sin6_port = htons(port);
+		int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		if (bind(fd, (struct sockaddr *)&ss, sl) == 0) {
+			r = st_sock_port(fd);
+			close(fd);
+			return r;
+		}
+		r = -errno;
+		close(fd);
+		if (r != -EADDRINUSE && r != -EACCES)
+			return r;
+	}
+	return -EADDRINUSE;
+}
+
 /* "a.b.c.d:port", "[v6]:port", or for a unix socket "local pid P uid U". */
 int st_sock_peer_name(int fd, char *buf, size_t cap)
 {

@@ -27,6 +27,10 @@ int st_port_range_parse(const char *s, int *lo, int *hi);
  * host starting together mostly find a free port at the first try; lo 0:
  * any port. 0, or -errno (-EADDRINUSE when every port of the range is taken). */
 int st_tcp_listen_range(const char *host, int lo, int hi, int backlog, int *fd, int *bound_port);
+/* A TCP port of lo..hi (lo 0: any) free right now on the numeric address
+ * host: bound and released at once, never listening (a port scan never
+ * sees it). The port, or -errno. */
+int st_tcp_free_port(const char *host, int lo, int hi);
 /* The local port of a socket, or -errno. */
 int st_sock_port(int fd);
 /* The peer of a connected socket for log lines: "a.b.c.d:port", "[v6]:port",

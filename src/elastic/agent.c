@@ -681,11 +681,8 @@ static int check_run_dir(agent *a, const json_t *m)
  * coordinator's when this host holds rank 0. 0 when none is. */
 static int free_port(const agent *a)
 {
-	int fd, port = 0;
-	if (st_tcp_listen_range(a->addr, a->o->port_lo, a->o->port_hi, 1, &fd, &port) < 0)
-		return 0;
-	close(fd);
-	return port;
+	int port = st_tcp_free_port(a->addr, a->o->port_lo, a->o->port_hi);
+	return port > 0 ? port : 0;
 }
 
 /* 1: shutdown; 0: go on; <0: a protocol error. */
@@ -901,6 +898,9 @@ static int host_addr(agent *a, int fd)
 {
 	if (a->o->addr) {
 		int lfd, port;
+		unsigned char bin[16];
+		if (inet_pton(AF_INET, a->o->addr, bin) != 1 && inet_pton(AF_INET6, a->o->addr, bin) != 1)
+			return st_fail(ST_EINVAL, "agent: --addr %s is not a numeric IP address", a->o->addr);
 		int r = st_tcp_listen(a->o->addr, 0, 1, &lfd, &port);
 		if (r < 0)
 			return st_fail(ST_EINVAL, "agent: --addr %s is not an address of this host: %s", a->o->addr,

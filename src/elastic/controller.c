@@ -41,6 +41,7 @@ static const char *const stop_names[] = {"", "resize", "notice", "kill"};
 
 #define MAX_CONNS 128
 #define HELLO_TIMEOUT_S 5.0
+#define READY_TIMEOUT_S 60.0 /* hello to ready: reading the probe on slow shared storage */
 #define INIT_WAIT_S 10.0    /* INITIALIZING waits this long for every slice */
 #define BACKOFF_WINDOW_S 30.0 /* a slice failing within this of its return backs off */
 #define BACKOFF_MAX 64.0
@@ -199,23 +200,6 @@ static int listen_on(st_ctl *c, const char *host, int port)
 	c->lfd = fd;
 	snprintf(c->addr, sizeof(c->addr), "%s:%d", host, ntohs(a.sin_port));
 	return 0;
-}
-
-/* A port free right now on the coordinator's address (the kernel picks it). */
-static int free_port(const char *host)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET};
-	if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -1;
-	socklen_t len = sizeof(a);
-	int port = -1;
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-		port = ntohs(a.sin_port);
-	close(fd);
-	return port;
 }
 
 static void conn_drop(st_ctl *c, int i, const char *why);
@@ -547,8 +531,6 @@ static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
 	const host *h0 = &c->sl[slices[0]].h[0];
 	g->port = h0->port;
 	snprintf(g->coord_host, sizeof(g->coord_host), "%s", h0->addr);
-	if (!strcmp(h0->addr, c->listen_host) && (g->port = free_port(c->listen_host)) < 0)
-		return st_fail(ST_EIO, "cannot find a free port for the coordinator: %s", strerror(errno));
 	char coord[96], v[32];
 	snprintf(coord, sizeof(coord), strchr(g->coord_host, ':') ? "[%s]:%d" : "%s:%d", g->coord_host, g->port);
 	json_t *e = json_object();
@@ -1536,7 +1518,8 @@ static void tick(st_ctl *c)
 			char why[80];
 			snprintf(why, sizeof(why), "no heartbeat for %.1f s", now - c->sl[x->slice].h[x->host].last_hb);
 			conn_drop(c, i, why);
-		} else if ((x->kind == C_NEW || x->kind == C_PENDING) && now - x->opened > HELLO_TIMEOUT_S) {
+		} else if ((x->kind == C_NEW && now - x->opened > HELLO_TIMEOUT_S) ||
+			   (x->kind == C_PENDING && now - x->opened > READY_TIMEOUT_S)) {
 			conn_drop(c, i, x->pc.auth ? "no token proof in time" : "no hello in time");
 		} else if (x->kind == C_STATUS && x->close_after_flush && x->pc.wlen == 0) {
 			conn_drop(c, i, "status sent");
@@ -1576,6 +1559,27 @@ static void tick(st_ctl *c)
 }
 
 /* ---- API ---- */
+
+/* The config's paths made absolute against this process's directory: every
+ * host's workers read them as the controller meant them (on one machine,
+ * the same files; on many, the same paths of storage every host mounts). */
+static int absolute_paths(st_config *cfg)
+{
+	char *paths[] = {cfg->base_output_directory, cfg->metrics_file, cfg->grain_eval_files, cfg->dataset_path,
+			 cfg->tokenizer_path, cfg->load_parameters_path, cfg->load_full_state_path};
+	char cwd[ST_PATH_MAX];
+	if (!getcwd(cwd, sizeof(cwd)))
+		return st_fail(ST_EIO, "cannot tell the current directory: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof(paths) / sizeof(*paths); i++) {
+		char *p = paths[i], abs[ST_PATH_MAX];
+		if (!p[0] || p[0] == '/' || strstr(p, "://"))
+			continue;
+		if ((size_t)snprintf(abs, sizeof(abs), "%s/%s", cwd, p) >= sizeof(abs))
+			return st_fail(ST_EINVAL, "the path %s/%s is too long", cwd, p);
+		memcpy(p, abs, strlen(abs) + 1);
+	}
+	return 0;
+}
 
 /* The run directory (base_output_directory/run_name, made here when it is
  * not there) and in it a probe file holding a fresh nonce: each host's
@@ -1674,7 +1678,7 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	 * "start"): a host needs only the binary, and every generation resumes
 	 * the same run (the run_name is pinned) */
 	c->cfg->run_name_derived = 0;
-	if ((rc = st_config_to_json(c->cfg, &c->config_json)) < 0)
+	if ((rc = absolute_paths(c->cfg)) < 0 || (rc = st_config_to_json(c->cfg, &c->config_json)) < 0)
 		goto out;
 	const char *exe = getenv("SLICETRAIN_WORKER_EXE");
 	if ((rc = st_build_id(exe && *exe ? exe : NULL, c->build)) < 0)
@@ -1798,7 +1802,7 @@ void st_ctl_interrupt(st_ctl *c, int sig)
 		return;
 	c->interrupted = sig;
 	char why[80];
-	snprintf(why, sizeof(why), "the launcher got signal %d: stopping everything", sig);
+	snprintf(why, sizeof(why), "the controller got signal %d: stopping everything", sig);
 	finish(c, S_ERRORED, st_exit_signal(sig), why);
 }
 

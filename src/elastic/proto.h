@@ -23,9 +23,16 @@
  * answer is wrong.
  *
  * agent -> controller
- *   {"type":"hello","version":1,"slice":S,"host":H,"hosts_per_slice":N,
- *    "devices":D,"pid":P}                  first message; D devices on this host
- *   {"type":"heartbeat"}                     every ST_PROTO_HEARTBEAT_MS
+ *   {"type":"hello","version":2,"slice":S,"host":H,"hosts_per_slice":N,
+ *    "devices":D,"pid":P,"addr":"A","port":Q,"build":"B","release":"V"}
+ *                                            first message; D devices on this host, whose
+ *                                            processes bind address A; Q a port free there
+ *                                            (the coordinator's when the host holds rank 0);
+ *                                            B the workers' build id (base/version.h)
+ *   {"type":"ready"} / {"type":"unfit","why":"..."}
+ *                                            after the welcome: the probe file was read back
+ *                                            (the host joins) / it was not (the agent stops)
+ *   {"type":"heartbeat"[,"port":Q]}          every ST_PROTO_HEARTBEAT_MS; Q as in hello
  *   {"type":"started","gen":G,"workers":[{"rank":R,"pid":P},...]}
  *   {"type":"exit","gen":G,"rank":R,"pid":P,"status":X,"signal":N}
  *                                            a worker of generation G ended: exit
@@ -41,12 +48,17 @@
  *                                            notice on to its workers
  *
  * controller -> agent
- *   {"type":"welcome","version":1}
+ *   {"type":"welcome","version":2,"run_dir":"D","probe":"F","nonce":"N"}
+ *                                            F, a file in the run directory D, must hold N
+ *   {"type":"refused","why":"..."}           instead of the welcome: another build, a slice
+ *                                            or host out of range, a host already taken
  *   {"type":"start","gen":G,"ranks":[R,...],"env":{"NAME":"VALUE",...},
- *    "args":["CONFIG.yml","key=value",...],"threads":T}
+ *    "args":[...],"threads":T,"config":"{...}"}
  *                                            start one worker per rank R (its devices in
- *                                            order), each as `slicetrain train ARGS` with
- *                                            ENV added and SLICETRAIN_RANK=R, OMP_NUM_THREADS=T;
+ *                                            order), each as `slicetrain train CONFIG ARGS`
+ *                                            (CONFIG: the resolved config, JSON, in a memfd)
+ *                                            with ENV added and SLICETRAIN_RANK=R,
+ *                                            SLICETRAIN_ADDR=A, OMP_NUM_THREADS=T;
  *                                            1 to D distinct ranks not running in G; "env"
  *                                            may be left out (none), "threads" too (the
  *                                            agent's --threads-per-device)
@@ -87,7 +99,7 @@
 
 #include "comm/auth.h"
 
-#define ST_PROTO_VERSION 1
+#define ST_PROTO_VERSION 2
 #define ST_PROTO_MAX_LINE (64 << 10)
 #define ST_PROTO_HEARTBEAT_MS 200
 #define ST_PROTO_MAX_QUEUE (16 << 20)
