@@ -7,7 +7,9 @@
 # proof (comm/auth.h). Then the handshake itself: a connection without the
 # proof (a hello line at once), with a wrong token's proof, replaying a proof
 # captured from an accepted connection, and one that stops in the middle of
-# its proof. Each is dropped and logged; the run goes on and finishes with 0
+# its proof. Each is dropped and logged (the three hellos that make sense
+# but cannot join are refused with their reason: a "refused" answer, then
+# the connection closed); the run goes on and finishes with 0
 # failures; no process left behind. The run's 60 paced steps (12 s) outlast
 # the fake agents (about 6 s: the silent one waits out the controller's 5 s
 # handshake timeout).
@@ -50,7 +52,8 @@ def connect(auth=True):
         if not hmac.compare_digest(a, hmac.new(key, b"s" + h[4:] + p[4:36], hashlib.sha256).digest()):
             sys.exit("the controller's answer to our proof is wrong")
     return s
-hello = {"type": "hello", "version": 1, "slice": 0, "host": 0, "hosts_per_slice": 1, "devices": 1, "pid": 1}
+hello = {"type": "hello", "version": 2, "slice": 0, "host": 0, "hosts_per_slice": 1, "devices": 1, "pid": 1,
+         "addr": "127.0.0.1", "port": 9, "build": "0" * 16, "release": "0"}
 cases = [
     ("invalid JSON", b'{"type": "hello", \n'),
     ("a non-object", b'[1, 2, 3]\n'),
@@ -149,8 +152,10 @@ PY
 el_wait host 90
 status_is "the run under hostile input" "$el_rc" 0 "$TMP/host.err"
 grep -E 'connection dropped from|dropping' "$TMP/host.err" | sed 's/^/    /'
-n=$(grep -cE 'controller: connection dropped from' "$TMP/host.err")
-[ "$n" -ge 17 ] || fail "$n drops logged, want 17 (11 bad inputs, a silent connection, 5 failed proofs)"
+grep -E 'refusing' "$TMP/host.err" | sed 's/^/    /'
+n=$(grep -cE 'controller: connection dropped from|controller: \[ *[0-9.]+\] refusing' "$TMP/host.err")
+[ "$n" -ge 17 ] || fail "$n drops and refusals logged, want 17 (11 bad inputs: 3 of them, a slice out of range, a duplicate host and a wrong version, refused with a reason; a silent connection, 5 failed proofs)"
+[ "$(grep -cE 'refusing' "$TMP/host.err")" -ge 3 ] || fail "fewer than 3 hellos refused with a reason"
 [ "$(grep -c 'connection dropped from .*token' "$TMP/host.err")" -ge 4 ] ||
 	fail "the failed proofs were not logged as such"
 grep -q "$(head -c 40 "$TMP/token" | tr -d '\n')" "$TMP/host.err" "$TMP/host.out" && fail "the token appears in the output"
