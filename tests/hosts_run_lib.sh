@@ -23,6 +23,7 @@
 # hr_wait NAME SECONDS: until the controller exits (SIGKILL after SECONDS,
 #   a failure); its status in $hr_rc.
 # hr_summary NAME: the summary line's KEY=VALUE lines.
+# hr_reference, hr_same_weights, hr_clean: below.
 hr_port=7400 hr_devices=1 hr_hps=1 hr_ctl= hr_rc= hr_worker_exe=
 declare -gA hr_apid=()
 
@@ -109,4 +110,34 @@ hr_summary() {
 import json, sys
 for k, v in json.loads(sys.stdin.read() or "{}").items():
     print(f"{k}={v}")'
+}
+
+# hr_reference DEVICES_PER_SLICE KEYS...: the fault-free reference, run_name
+#   ref: `slicetrain launch` of 2 slices on this machine (its output in
+#   $TMP/ref.out).
+hr_reference() {
+	local dps=$1; shift
+	OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice "$dps" -- "$@" run_name=ref \
+		>"$TMP/ref.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref.out")"
+}
+
+# hr_same_weights RUN STEPS: the final checkpoint of run_name RUN (under
+#   $TMP/o) exports to the same bytes as the reference's.
+hr_same_weights() {
+	local r
+	for r in ref "$1"; do
+		"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$2" "$TMP/hf-$r" >/dev/null 2>"$TMP/$r.export.err" ||
+			fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
+	done
+	cmp -s "$TMP/hf-ref/model.safetensors" "$TMP/hf-$1/model.safetensors" &&
+		echo "the final weights are bit-identical to launch's fault-free run on one machine" ||
+		fail "the final weights differ from launch's fault-free run on one machine"
+}
+
+# hr_clean: stop everything of the test hosts; nothing may be left.
+hr_clean() {
+	th_down
+	local left
+	left=$(th_leftovers)
+	[ -z "$left" ] || fail "left behind: $left"
 }

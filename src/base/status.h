@@ -27,6 +27,9 @@ enum {
 #define ST_SIG_NOTICE SIGTERM
 /* The elastic controller's resize request to a worker: the same, for a re-formation by restart. */
 #define ST_SIG_RESIZE SIGUSR1
+/* The agent's abort (sigqueue, value: the generation): a peer was lost and the group re-forms;
+ * the worker gives up the collectives in flight of that generation (st_group_abort_gen). */
+#define ST_SIG_ABORT SIGUSR2
 
 /* The exit status of a process stopped by signal sig (after its save). */
 static inline int st_exit_signal(int sig) { return ST_EXIT_SIGNAL_BASE + sig; }

@@ -33,7 +33,7 @@ static const char launch_usage[] =
 	"                         [--hosts-per-slice H] [--max-failures N] [--repair-delay S]\n"
 	"                         [--kill SLICE@STEP[:DOWN_S]] [--preempt SLICE@STEP[:DOWN_S]]\n"
 	"                         [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
-	"                         [--restart-from-checkpoint]\n"
+	"                         [--restart-from-checkpoint] [--backoff-window S]\n"
 	"                         [--threads-per-device T] [--port P] -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"Starts S x D training processes on this machine (one per device, slice-major\n"
@@ -58,8 +58,9 @@ static const char launch_usage[] =
 	"preemption notice, workers get --preemption-grace seconds (default 30) to save\n"
 	"and exit before SIGKILL. Fewer than M healthy slices for --wait-timeout seconds\n"
 	"(default 600, -1 forever) ends the run with status 3. A slice that fails again\n"
-	"soon after returning is kept out longer each time (back-off), unless the group\n"
-	"needs it to reach M. Ends with the summary line {\"event\":\"summary\",...}\n"
+	"within --backoff-window seconds (default 30; 0: never) of returning is kept\n"
+	"out twice as long each time (back-off, up to 64x), unless the group needs it to\n"
+	"reach M. Ends with the summary line {\"event\":\"summary\",...}\n"
 	"on stdout.\n"
 	"\n"
 	"The config part (after \"--\") is loaded here first: bad input, or missing\n"
@@ -506,7 +507,7 @@ static const char *const launch_extra[] = {"--kill", "--preempt", "--listen", "-
 /* The command line of launch and controller, before "--". */
 typedef struct eargs {
 	int slices, dps, threads, port;
-	int min_slices, hps, max_failures, repair, elastic, hb_ms, grace, wait_timeout, restart_only;
+	int min_slices, hps, max_failures, repair, elastic, hb_ms, grace, wait_timeout, restart_only, backoff;
 	const char *listen; /* controller: --listen ADDR:PORT */
 	st_ctl_fault faults[64];
 	int nfaults;
@@ -517,7 +518,7 @@ typedef struct eargs {
 static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage, eargs *e, int *next)
 {
 	*e = (eargs){.threads = 1, .hps = 1, .max_failures = 3, .repair = 10, .hb_ms = 1000, .grace = 30,
-		     .wait_timeout = 600};
+		     .wait_timeout = 600, .backoff = 30};
 	int ctl = !strcmp(cmd, "controller"), i;
 	const st_cli_opt opts[] = {
 		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &e->slices, .min = 1, .max = ST_CLI_MAX_SLICES},
@@ -532,6 +533,7 @@ static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage
 		{.name = "--heartbeat-timeout-ms", .kind = ST_CLI_INT, .value = &e->hb_ms, .min = 100, .max = 600000},
 		{.name = "--wait-timeout", .kind = ST_CLI_INT, .value = &e->wait_timeout, .min = -1, .max = 1 << 20},
 		{.name = "--restart-from-checkpoint", .kind = ST_CLI_FLAG, .value = &e->restart_only},
+		{.name = "--backoff-window", .kind = ST_CLI_INT, .value = &e->backoff, .min = 0, .max = 86400},
 		{0},
 	};
 	/* the config part after "--" goes to the workers as is (plus the run's
@@ -592,7 +594,8 @@ static st_ctl_opts ctl_opts(const eargs *e)
 			     .devices_per_slice = e->dps, .threads = e->threads, .max_failures = e->max_failures,
 			     .repair_delay = e->repair, .in_place = !e->restart_only,
 			     .heartbeat_timeout_s = e->hb_ms / 1000.0, .stop_grace_s = e->grace,
-			     .wait_timeout_s = e->wait_timeout, .faults = e->faults, .nfaults = e->nfaults};
+			     .wait_timeout_s = e->wait_timeout, .faults = e->faults, .nfaults = e->nfaults,
+			     .backoff_window_s = e->backoff ? e->backoff : -1};
 }
 
 /* The config part: loaded once here, its data checked, the run's name
@@ -779,7 +782,8 @@ static const char controller_usage[] =
 	"                             [--min-slices M] [--hosts-per-slice H] [--max-failures N]\n"
 	"                             [--repair-delay S] [--kill SLICE@STEP[:DOWN_S]] [--preempt ...]\n"
 	"                             [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
-	"                             [--restart-from-checkpoint] [--threads-per-device T]\n"
+	"                             [--restart-from-checkpoint] [--backoff-window S]\n"
+	"                             [--threads-per-device T]\n"
 	"                             -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"The elastic controller of a run on many hosts (docs/hosts.md), without agents of\n"

@@ -79,6 +79,7 @@ typedef struct st_group_opts {
 	int use_shm;      /* 1 (default when 0 is not forced by -1): shared memory inside a host and slice */
 	const st_group_env *env; /* NULL: st_group_env_read(); only read during st_group_join */
 	int join_timeout_ms; /* how long join waits for the others; 0 = SLICETRAIN_JOIN_TIMEOUT_MS, else 300000 */
+	long long generation; /* the elastic generation (st_group_abort_gen); 0: none */
 } st_group_opts;
 
 int st_group_join(st_group **out, const st_group_opts *opts);
@@ -97,6 +98,18 @@ int st_group_status(const st_group *g);
  * once, and tell the peers (theirs return ST_EPEER). Async-signal-safe:
  * may be called from a signal handler or another thread. */
 void st_group_abort(st_group *g);
+/*
+ * The elastic controller's abort (docs/hosts.md, "Failure detection"): the
+ * group of generation gen or older, in this process, gives up the
+ * collectives in flight at once (they return ST_EPEER: "the controller
+ * re-forms the group"), so that a worker blocked on a silent or hung peer
+ * re-forms without waiting out a timeout. Async-signal-safe (a handler of
+ * the agent's ST_SIG_ABORT calls it with the signal's value); a group of a
+ * newer generation is not touched. st_group_abort_init makes the eventfd it
+ * writes (once per process; 0 or ST_EIO).
+ */
+int st_group_abort_init(void);
+void st_group_abort_gen(long long gen);
 
 /* A communicator over members ranks[0..n-1] (distinct global ranks; every
  * member calls with the same list). The caller's position in the list is its

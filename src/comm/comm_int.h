@@ -41,6 +41,7 @@ enum {
 	R_LEFT,   /* called st_group_leave */
 	R_ABORT,  /* called st_group_abort */
 	R_JOIN,   /* did not join in time */
+	R_CTL,    /* the elastic controller re-forms the group (st_group_abort_gen) */
 };
 
 /* ---- the group ---- */
@@ -84,6 +85,7 @@ typedef struct st_ckey {      /* how often a member list was made a communicator
 
 struct st_group {
 	int rank, size, num_slices, per_slice;
+	long long generation; /* the elastic generation (st_group_env), -1 none */
 	int timeout_ms, hb_ms, dead_ms, join_timeout_ms, use_shm;
 	int64_t window_bytes;
 	uint64_t nonce;

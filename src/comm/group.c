@@ -116,6 +116,9 @@ int st_group_check(st_group *g)
 	case R_LEFT: snprintf(what, sizeof(what), "left the group"); break;
 	case R_ABORT: snprintf(what, sizeof(what), "aborted its collectives"); break;
 	case R_JOIN: snprintf(what, sizeof(what), "did not join within %d ms", g->join_timeout_ms); break;
+	case R_CTL:
+		return st_fail(ST_EPEER, "worker group: the elastic controller re-forms the group of generation %lld "
+				       "(a peer was lost)", g->generation);
 	default: snprintf(what, sizeof(what), "failed"); break;
 	}
 	if (reporter == g->rank || reporter == failed || reporter < 0)
@@ -136,6 +139,35 @@ void st_group_abort(st_group *g)
 {
 	if (g)
 		st_group_fail(g, R_ABORT, g->rank, g->rank);
+}
+
+/* The controller's aborts: the newest generation aborted, and an eventfd
+ * that wakes every group's monitor (which compares). */
+static int abort_efd = -1;
+static _Atomic long long aborted_gen = -1;
+
+int st_group_abort_init(void)
+{
+	if (abort_efd >= 0)
+		return 0;
+	abort_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	return abort_efd < 0 ? st_fail(ST_EIO, "eventfd: %s", strerror(errno)) : 0;
+}
+
+void st_group_abort_gen(long long gen)
+{
+	long long old = atomic_load(&aborted_gen);
+	while (gen > old && !atomic_compare_exchange_weak(&aborted_gen, &old, gen)) {
+	}
+	if (abort_efd >= 0)
+		poke(abort_efd);
+}
+
+/* Fail g when the controller aborted its generation (or a newer one). */
+static void check_abort(st_group *g)
+{
+	if (g->generation >= 0 && atomic_load(&aborted_gen) >= g->generation)
+		st_group_fail(g, R_CTL, -1, g->rank);
 }
 
 /* ---- frames ---- */
@@ -629,6 +661,7 @@ static void heartbeat(st_group *g, int64_t now)
 /* What a slot of the monitor's poll set watches. */
 enum slot_kind {
 	SLOT_WAKE,        /* g->mon_fd: a failure, a new control connection, or stop */
+	SLOT_ABORT,       /* abort_efd: the controller aborted a generation (st_group_abort_gen) */
 	SLOT_TCP_LISTEN,  /* g->tcp_lfd: connections from other hosts and slices */
 	SLOT_UNIX_LISTEN, /* g->unix_lfd: control connections from this host */
 	SLOT_PENDING,     /* an accepted connection waiting for its hello */
@@ -671,7 +704,7 @@ static void poll_set_add(poll_set *ps, int fd, short events, enum slot_kind kind
 /* Room for every slot poll_set_fill may add. 0, or -1 when out of memory. */
 static int poll_set_fit(const st_group *g, poll_set *ps)
 {
-	int need = 3 + g->size;
+	int need = 4 + g->size;
 	for (const st_pending *pc = g->pend; pc; pc = pc->next)
 		need++;
 	return need > ps->cap ? poll_set_reserve(ps, 2 * need) : 0;
@@ -685,6 +718,7 @@ static int64_t poll_set_fill(st_group *g, poll_set *ps, int64_t next_hb)
 	int64_t wake = next_hb;
 	ps->n = 0;
 	poll_set_add(ps, g->mon_fd, POLLIN, SLOT_WAKE, -1, NULL);
+	poll_set_add(ps, abort_efd, POLLIN, SLOT_ABORT, -1, NULL);
 	int paused = g->accept_pause_until > st_mono_ns();
 	poll_set_add(ps, paused ? -1 : g->tcp_lfd, POLLIN, SLOT_TCP_LISTEN, -1, NULL);
 	poll_set_add(ps, paused ? -1 : g->unix_lfd, POLLIN, SLOT_UNIX_LISTEN, -1, NULL);
@@ -726,6 +760,11 @@ static void serve_slot(st_group *g, const poll_slot *s, short revents)
 		/* only wakes the loop, which checks stop and fail */
 		if (read(g->mon_fd, &v, sizeof(v)) < 0) {
 		}
+		break;
+	case SLOT_ABORT: /* consumed: a group formed later compares at its start */
+		if (read(abort_efd, &v, sizeof(v)) < 0) {
+		}
+		check_abort(g);
 		break;
 	case SLOT_TCP_LISTEN:
 		accept_on(g, g->tcp_lfd, 0);
@@ -1214,6 +1253,7 @@ static int group_new(st_group **out, const st_group_env *e, const st_group_opts 
 	if (!g)
 		return st_fail(ST_ENOMEM, "worker group: out of memory");
 	g->rank = e->rank;
+	g->generation = opts && opts->generation > 0 ? opts->generation : -1;
 	g->size = e->world_size;
 	g->num_slices = e->num_slices;
 	g->per_slice = e->world_size / e->num_slices;
@@ -1362,6 +1402,7 @@ static int connect_group(st_group *g, const st_group_env *e)
 	if ((r = open_listeners(g, e, host, port)) < 0 || (r = meet_through_store(g, e, host, port, deadline)) < 0 ||
 	    (r = start_monitor(g)) < 0)
 		return r;
+	check_abort(g); /* an abort of this generation that came before its monitor */
 	for (int p = 0; p < g->rank; p++)
 		if ((r = connect_ctrl(g, p, deadline)) < 0)
 			return r;

@@ -36,6 +36,10 @@
 #define MAX_RANK (1 << 20)
 #define REAP_S 10.0            /* how long SIGKILLed workers may take to be reaped */
 #define FINAL_FLUSH_S 1.0      /* the last reports' time to leave */
+/* A worker stopped (SIGSTOP, a debugger) this long is killed and reported
+ * hung: its slice is replaced and its peers re-form without it, rather than
+ * wait out the group's heartbeat timeout (docs/hosts.md, "Failure detection"). */
+#define STOPPED_LIMIT_NS ((int64_t)1000 * 1000000)
 /* Past this many queued bytes, output lines are dropped (and counted) rather
  * than queued: a controller slow to read loses log lines, not the run. */
 #define OUTPUT_QUEUE_MAX (ST_PROTO_MAX_QUEUE / 4)
@@ -56,6 +60,8 @@ typedef struct worker {
 	int next_rank;
 	char cbuf[256];     /* its control channel's partial line */
 	size_t clen;
+	int64_t stopped_since; /* mono ns since its state is T (stopped), 0: running */
+	const char *why;       /* why the agent killed it (its "exit" says), NULL: it did not */
 } worker;
 
 typedef struct agent {
@@ -405,6 +411,35 @@ static void signal_gen(agent *a, long long gen, int sig)
 			kill(a->w[i].pid, sig);
 }
 
+/* Workers stopped (state T or t in /proc/PID/stat) for STOPPED_LIMIT_NS:
+ * SIGKILL, reported hung (the "why" of their exit). */
+static void check_stopped(agent *a, int64_t now)
+{
+	for (size_t i = 0; i < a->nw; i++) {
+		worker *w = &a->w[i];
+		char path[64], buf[512];
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)w->pid);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+		if (fd >= 0)
+			close(fd);
+		if (n <= 0 || w->why)
+			continue;
+		buf[n] = 0;
+		const char *rp = strrchr(buf, ')');
+		int stopped = rp && (rp[2] == 'T' || rp[2] == 't');
+		if (!stopped) {
+			w->stopped_since = 0;
+		} else if (!w->stopped_since) {
+			w->stopped_since = now;
+		} else if (now - w->stopped_since >= STOPPED_LIMIT_NS) {
+			w->why = "hung: stopped (SIGSTOP or a debugger) for 1 s";
+			say(a, 1, "rank %d (pid %d, generation %lld) %s: killed", w->rank, (int)w->pid, w->gen, w->why);
+			kill(w->pid, SIGKILL);
+		}
+	}
+}
+
 /* Reap every worker that ended: its last output, then its "exit". */
 static void reap(agent *a)
 {
@@ -427,8 +462,11 @@ static void reap(agent *a)
 					w->rank, (int)pid, w->gen, status);
 			if (w->next_gen) /* told to re-form: it belongs to the new generation */
 				take_reformed(a, w);
-			report(a, json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)w->gen,
-					    "rank", w->rank, "pid", (int)pid, "status", status, "signal", sig));
+			json_t *ex = json_pack("{s:s,s:I,s:i,s:i,s:i,s:i}", "type", "exit", "gen", (json_int_t)w->gen,
+					       "rank", w->rank, "pid", (int)pid, "status", status, "signal", sig);
+			if (ex && w->why)
+				json_object_set_new(ex, "why", json_string(w->why));
+			report(a, ex);
 			if (w->ctl >= 0)
 				close(w->ctl);
 			a->w[i] = a->w[--a->nw];
@@ -601,6 +639,9 @@ static int on_reform(agent *a, const json_t *m)
 		return st_fail(ST_EPROTO, "protocol: reform: \"workers\" is not an array of 1 to %d", a->o->devices);
 	if ((rc = st_proto_get_env(m, MAX_ARGS, &env)) < 0)
 		return st_wrap(rc, "protocol: reform");
+	const json_t *ab = json_object_get(m, "abort");
+	if (ab && !json_is_boolean(ab))
+		return st_fail(ST_EPROTO, "protocol: reform: \"abort\" is not true or false");
 	size_t i;
 	json_t *x;
 	long long olds[64], news[64];
@@ -642,6 +683,8 @@ static int on_reform(agent *a, const json_t *m)
 					    "rank", (int)news[j], "pid", 0, "status", 127, "signal", 0));
 			continue;
 		}
+		if (json_is_true(ab)) /* a failure: give up the collectives in flight of generation from */
+			sigqueue(w->pid, ST_SIG_ABORT, (union sigval){.sival_int = (int)from});
 		w->next_gen = gen; /* its lines keep the old generation until it says "reformed" */
 		w->next_rank = (int)news[j];
 		json_array_append_new(list, json_pack("{s:i,s:i}", "rank", w->next_rank, "pid", (int)w->pid));
@@ -808,6 +851,7 @@ static int serve(agent *a, int wake)
 			break;
 		}
 		if (now >= next_hb) {
+			check_stopped(a, now);
 			int port = free_port(a);
 			if (port > 0)
 				report(a, json_pack("{s:s,s:i}", "type", "heartbeat", "port", port));

@@ -43,7 +43,6 @@ static const char *const stop_names[] = {"", "resize", "notice", "kill"};
 #define HELLO_TIMEOUT_S 5.0
 #define READY_TIMEOUT_S 60.0 /* hello to ready: reading the probe on slow shared storage */
 #define INIT_WAIT_S 10.0    /* INITIALIZING waits this long for every slice */
-#define BACKOFF_WINDOW_S 30.0 /* a slice failing within this of its return backs off */
 #define BACKOFF_MAX 64.0
 
 typedef struct conn {
@@ -289,7 +288,7 @@ static void mark_down(st_ctl *c, int s, double down_s, int counts_backoff, const
 {
 	slice *x = &c->sl[s];
 	double now = st_mono_s();
-	if (counts_backoff && x->was_down && x->up_mono > 0 && now - x->up_mono < BACKOFF_WINDOW_S) {
+	if (counts_backoff && x->was_down && x->up_mono > 0 && now - x->up_mono < c->o.backoff_window_s) {
 		x->backoff = x->backoff < BACKOFF_MAX ? x->backoff * 2 : BACKOFF_MAX;
 		logf_("slice %d failed again %.1f s after returning: back-off x%g", s, now - x->up_mono, x->backoff);
 	} else if (counts_backoff) {
@@ -636,8 +635,9 @@ static int reform_gen(st_ctl *c, int k, const int *slices, int nkeep)
 				g->w[r].pid = old.w[o].pid;
 				json_array_append_new(ws, json_pack("{s:i, s:i}", "old", o, "rank", r));
 			}
-			send_agent(c, slices[i], h, json_pack("{s:s, s:i, s:i, s:o, s:O}", "type", "reform", "gen", g->id,
-							      "from", old.id, "workers", ws, "env", env));
+			send_agent(c, slices[i], h, json_pack("{s:s, s:i, s:i, s:o, s:O, s:b}", "type", "reform", "gen",
+							      g->id, "from", old.id, "workers", ws, "env", env, "abort",
+							      nkeep == k));
 		}
 	}
 	if (rc == 0 && nkeep < k) {
@@ -725,7 +725,7 @@ static void notice_unsaved(st_ctl *c, int r, const char *how)
 /* Worker r of the running generation ended with code (exit status, or
  * 128+signal; -1: lost with its agent); signal: the signal that killed it,
  * 0 if it exited (a trainer stopped by a notice exits with status 143). */
-static void worker_exited(st_ctl *c, int r, int code, int signal)
+static void worker_exited(st_ctl *c, int r, int code, int signal, const char *why)
 {
 	gen *g = &c->g;
 	worker *w = &g->w[r];
@@ -769,6 +769,8 @@ static void worker_exited(st_ctl *c, int r, int code, int signal)
 		gen_failure(c, -1, "worker rank %d of slice %d exited with status 3 (a peer failed)", r, w->slice);
 	else if (code == -1)
 		gen_failure(c, w->slice, "worker rank %d of slice %d was lost with its agent", r, w->slice);
+	else if (why)
+		gen_failure(c, w->slice, "worker rank %d of slice %d was %.100s", r, w->slice, why);
 	else if (signal)
 		gen_failure(c, w->slice, "worker rank %d of slice %d was killed by signal %d", r, w->slice, signal);
 	else
@@ -1019,12 +1021,12 @@ static void conn_drop(st_ctl *c, int i, const char *why)
 			for (int r = 0; r < g->world; r++)
 				if (g->w[r].slice == s && g->w[r].host == h && !g->w[r].exited) {
 					if (was_noticed && !g->w[r].pid) {
-						worker_exited(c, r, 143, 0);
+						worker_exited(c, r, 143, 0, NULL);
 						notice_unsaved(c, r, "was never started by its agent");
 					} else if (was_noticed || g->stop_how == STOP_KILL)
-						worker_exited(c, r, was_noticed ? 143 : -1, 0);
+						worker_exited(c, r, was_noticed ? 143 : -1, 0, NULL);
 					else
-						worker_exited(c, r, -1, 0);
+						worker_exited(c, r, -1, 0, NULL);
 				}
 		} else if (c->gen_active) {
 			gen *g = &c->g;
@@ -1245,7 +1247,7 @@ static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 		int code = st >= 0 ? (int)st : st_exit_signal((int)sig);
 		if (st < 0 && !sig)
 			code = -1;
-		worker_exited(c, r, code, st < 0 ? (int)sig : 0);
+		worker_exited(c, r, code, st < 0 ? (int)sig : 0, json_string_value(json_object_get(m, "why")));
 		return 0;
 	}
 	if (!strcmp(type, "started")) {
@@ -1629,6 +1631,8 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 		c->o.stop_grace_s = 30;
 	if (c->o.heartbeat_timeout_s <= 0)
 		c->o.heartbeat_timeout_s = 1;
+	if (c->o.backoff_window_s == 0)
+		c->o.backoff_window_s = 30;
 	if (c->o.wait_timeout_s == 0)
 		c->o.wait_timeout_s = 600;
 	snprintf(c->listen_host, sizeof(c->listen_host), "%s", o->listen_host ? o->listen_host : "127.0.0.1");

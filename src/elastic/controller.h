@@ -49,6 +49,8 @@ typedef struct st_ctl_opts {
 	int num_slices, min_slices, hosts_per_slice, devices_per_slice, threads;
 	int max_failures;        /* -1: unlimited */
 	double repair_delay;     /* s */
+	double backoff_window_s; /* a slice failing within this of its return is kept out
+	                            twice as long each time (up to 64x); 0: 30, < 0: never */
 	int in_place;            /* re-form in place where the mesh allows (worker.h); 0: always
 	                            restart the group from the newest checkpoint */
 	double grace_s;          /* stop how=kill this long after a failure (default 5) */

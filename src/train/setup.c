@@ -87,9 +87,9 @@ static int elastic_accum(const st_config *c, int world, int64_t max_devices, int
 int group_setup(trainer *t, const st_group_env *env)
 {
 	const st_config *c = t->c;
-	st_group_opts go = {.env = env};
+	st_group_opts go = {.env = env, .generation = t->generation};
 	int rc;
-	if ((rc = st_group_join(&t->group, env ? &go : NULL)) < 0)
+	if ((rc = st_group_join(&t->group, &go)) < 0)
 		return rc;
 	if ((rc = st_par_init(&t->par, c, t->group)) < 0)
 		return rc;

@@ -31,6 +31,15 @@ static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig) { stop_signal = sig; }
 
+/* The agent's abort (ST_SIG_ABORT, sigqueue'd with the generation): the
+ * group of that generation gives up its collectives in flight. */
+static void on_abort(int sig, siginfo_t *si, void *ctx)
+{
+	(void)sig;
+	(void)ctx;
+	st_group_abort_gen(si->si_code == SI_QUEUE ? si->si_value.sival_int : 0);
+}
+
 static const int stop_sigs[3] = {SIGINT, ST_SIG_NOTICE, ST_SIG_RESIZE};
 typedef struct stop_handlers {
 	int installed;
@@ -267,7 +276,15 @@ int st_train(const st_config *c, st_train_result *res)
 	trainer t = {.c = c, .out = ST_METRICS_INIT, .ckpt = ST_RUN_CKPT_INIT, .generation = -1};
 	stop_handlers h = {0};
 	memset(res, 0, sizeof(*res));
-	int rc = trainer_setup(&t);
+	/* the agent's abort may come from the first join on (SA_ONSTACK: the
+	 * alternate stack is set up with the stop handlers; before it, the
+	 * thread's own) */
+	struct sigaction ab = {.sa_sigaction = on_abort, .sa_flags = SA_ONSTACK | SA_SIGINFO | SA_RESTART}, old_ab;
+	sigemptyset(&ab.sa_mask);
+	int rc = st_group_abort_init();
+	sigaction(ST_SIG_ABORT, &ab, &old_ab);
+	if (rc == 0)
+		rc = trainer_setup(&t);
 	if (rc == 0) {
 		stop_handlers_install(&h);
 		rc = run_steps(&t, res);
@@ -283,5 +300,6 @@ int st_train(const st_config *c, st_train_result *res)
 	/* the handlers stay until the group is left: a launcher's SIGTERM to the
 	 * last ranks of a stopping group must not kill them on the way out */
 	stop_handlers_restore(&h);
+	sigaction(ST_SIG_ABORT, &old_ab, NULL);
 	return rc;
 }

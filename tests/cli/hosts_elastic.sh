@@ -22,8 +22,7 @@ keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4
 	checkpoint_period=20 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o" steps=$steps)
 
 # the reference: the same 2 slices with launch, on this machine, straight through
-OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref \
-	>"$TMP/ref.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref.out")"
+hr_reference 1 "${keys[@]}"
 
 hr_up 2 1 || { fail "cannot make the test hosts"; finish; }
 export SLICETRAIN_MIN_STEP_SECONDS=0.1 TMPDIR=$TMP
@@ -59,16 +58,8 @@ grep -q 'received from rank 0, no checkpoint read' "$TMP/run.out" ||
 grep -E 'coordinator 10\.213\.0\.1:' "$TMP/run.out" && fail "a coordinator on the controller's host"
 grep -qE 'coordinator 10\.213\.1\.10:' "$TMP/run.out" || fail "no coordinator on slice 0's host"
 
-for r in ref hosts; do
-	"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$steps" "$TMP/hf-$r" >/dev/null 2>"$TMP/$r.export.err" ||
-		fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
-done
-cmp -s "$TMP/hf-ref/model.safetensors" "$TMP/hf-hosts/model.safetensors" &&
-	echo "the final weights are bit-identical to launch's on one machine" ||
-	fail "the final weights differ from launch's on one machine"
+hr_same_weights hosts $steps
 
 ls -a "$TMP/o/hosts" | grep -q probe && fail "the controller's probe file is left in the run directory"
-th_down
-left=$(th_leftovers)
-[ -z "$left" ] || fail "left behind: $left"
+hr_clean
 finish

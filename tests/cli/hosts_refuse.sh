@@ -115,7 +115,5 @@ grep -qE '^1 +in group' "$TMP/nodes.out" || fail "nodes: slice 1 not in the grou
 kill -TERM "$hr_ctl"
 hr_wait run 30
 status_is "the run, stopped by SIGTERM" "$hr_rc" 143 "$TMP/run.out"
-th_down
-left=$(th_leftovers)
-[ -z "$left" ] || fail "left behind: $left"
+hr_clean
 finish

@@ -16,8 +16,7 @@ keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4
 	checkpoint_period=20 ici_fsdp_parallelism=2 dcn_data_parallelism=2 learning_rate=1e-3
 	base_output_directory="$TMP/o" steps=$steps)
 
-OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 2 -- "${keys[@]}" run_name=ref \
-	>"$TMP/ref.out" 2>&1 || fail "reference run failed: $(tail -3 "$TMP/ref.out")"
+hr_reference 2 "${keys[@]}"
 
 hr_up 2 2 1gbit || { fail "cannot make the test hosts"; finish; }
 hr_controller run --num-slices 2 --devices-per-slice 2 --hosts-per-slice 2 -- "${keys[@]}" run_name=hosts
@@ -29,14 +28,6 @@ grep -qE 'coordinator 10\.213\.1\.10:' "$TMP/run.out" || fail "the coordinator i
 echo "step times (s), launch on one machine vs 2x2 hosts:" \
 	"$(grep -o 'seconds: [0-9.]*' "$TMP/ref.out" | tail -20 | awk '{s+=$2} END {printf "%.4f", s/NR}')" \
 	"$(grep -o 'seconds: [0-9.]*' "$TMP/run.out" | tail -20 | awk '{s+=$2} END {printf "%.4f", s/NR}')"
-for r in ref hosts; do
-	"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$steps" "$TMP/hf-$r" >/dev/null 2>"$TMP/$r.export.err" ||
-		fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
-done
-cmp -s "$TMP/hf-ref/model.safetensors" "$TMP/hf-hosts/model.safetensors" &&
-	echo "the final weights are bit-identical to launch's on one machine" ||
-	fail "the final weights differ from launch's on one machine"
-th_down
-left=$(th_leftovers)
-[ -z "$left" ] || fail "left behind: $left"
+hr_same_weights hosts $steps
+hr_clean
 finish

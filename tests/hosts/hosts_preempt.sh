@@ -58,7 +58,5 @@ done
 hr_wait mf 60
 status_is "--max-failures 1, 2 failures" "$hr_rc" 3 "$TMP/mf.out"
 grep -E 'State Transition' "$TMP/mf.out" | tail -2 | sed 's/^/    /'
-th_down
-left=$(th_leftovers)
-[ -z "$left" ] || fail "left behind: $left"
+hr_clean
 finish
