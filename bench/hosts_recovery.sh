@@ -1,34 +1,40 @@
 #!/usr/bin/env bash
 # Recovery across test hosts (network namespaces: tests/hosts_lib.sh): one
 # `slicetrain controller` on a host of its own and one `slicetrain agent` on
-# each of 2 slices x 1 host (x 1 device), steps paced to PACE s (llama3-test,
-# 4 x 128 tokens a device), --repair-delay 1. KILLS times each, one after
-# the other, once the group is back on 2 slices:
+# each of 2 slices x 1 host (x 1 device, 1 thread), steps paced to PACE s
+# (llama3-test, 4 x 128 tokens a device), --repair-delay 1, --backoff-window
+# BACKOFF. For each fault kind of KINDS, KILLS times, one after the other,
+# once the group is back on 2 slices:
 #   worker: kill -9 of slice 1's worker;
 #   agent:  kill -9 of slice 1's agent (its worker dies with it), started
-#           again AGENT_DOWN s later, as systemd's Restart= would.
+#           again AGENT_DOWN s later, as systemd's Restart= would;
+#   stop:   SIGSTOP of slice 1's worker (hung; its agent kills it);
+#   cut:    slice 1's link down (a silent host), up again once the group
+#           re-formed; the host's old agent stops, and starts again
+#           AGENT_DOWN s later.
 # Measured from outside, by the time a line appears in the controller's
-# output (polled every 5 ms): recovery, the kill to the first step of the
-# group re-formed on 1 slice; growth, the agent's start again (agent) or the
-# end of the repair delay (worker) to the first step on 2 slices. Then the
+# output (polled every 5 ms): detection, the fault to the controller's
+# "RUNNING -> RESTARTING"; then to the first step of the group re-formed on
+# 1 slice (the sum: recovery); growth, the agent's start again (agent, cut)
+# or the end of the repair delay (worker, stop) to the first step on 2
+# slices. A failure blamed on slice 0 is a failure of the bench. Then the
 # run finishes its STEPS; the summary's failures and steps lost, and the
-# final weights against the same run with `slicetrain launch` on one
-# machine without faults (cmp of the exported safetensors). Prints the
-# medians and maxima; the raw times too. Needs root. Nothing is left behind
-# (th_down, then th_leftovers is checked).
+# final weights against the same run with `slicetrain launch` on one machine
+# without faults (cmp of the exported safetensors). Prints the medians and
+# maxima, and each fault's times. Needs root. Nothing is left behind.
 #
 # Usage: bench/hosts_recovery.sh [> bench/results/hosts-recovery-CPU-DATE.txt]
-#   KILLS (default 10), STEPS (default: the kills and gaps fit in them, 15400),
-#   PACE (default 0.05), AGENT_DOWN (default 3), GAP (default 31: seconds
-#   from a growth to the next kill; a slice that fails within 30 s of its
-#   return is kept out longer, the controller's back-off for flapping
-#   slices, which this bench does not measure), SLICETRAIN (default
-#   build/slicetrain)
+#   KINDS (default "worker agent"), KILLS (default 10), PACE (default 0.05),
+#   AGENT_DOWN (default 3), GAP (default 1: seconds from a growth to the next
+#   fault), BACKOFF (--backoff-window, default 0: none, so that faults close
+#   together each cost what one costs), STEPS (default: enough for the
+#   faults), SLICETRAIN (default build/slicetrain)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SLICETRAIN=${SLICETRAIN:-$ROOT/build/slicetrain}
-KILLS=${KILLS:-10} PACE=${PACE:-0.05} AGENT_DOWN=${AGENT_DOWN:-3} GAP=${GAP:-31}
-STEPS=${STEPS:-$(awk -v k="$KILLS" -v g="$GAP" -v p="$PACE" 'BEGIN {printf "%d", (2 * k * (g + 7) + 60) / p}')}
+KINDS=${KINDS:-worker agent} KILLS=${KILLS:-10} PACE=${PACE:-0.05} AGENT_DOWN=${AGENT_DOWN:-3} GAP=${GAP:-1} BACKOFF=${BACKOFF:-0}
+STEPS=${STEPS:-$(awk -v n="$(echo $KINDS | wc -w)" -v k="$KILLS" -v g="$GAP" -v p="$PACE" \
+	'BEGIN {printf "%d", (n * k * (g + 8 + 40 * p) + 60) / p}')}
 [ -x "$SLICETRAIN" ] || { echo "no slicetrain at $SLICETRAIN (make first)" >&2; exit 2; }
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/hosts-recovery.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
@@ -37,7 +43,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 . "$ROOT/tests/hosts_lib.sh"
 . "$ROOT/tests/hosts_run_lib.sh"
 
-echo "bench/hosts_recovery.sh: KILLS=$KILLS STEPS=$STEPS PACE=$PACE AGENT_DOWN=$AGENT_DOWN GAP=$GAP"
+echo "bench/hosts_recovery.sh: KINDS='$KINDS' KILLS=$KILLS STEPS=$STEPS PACE=$PACE AGENT_DOWN=$AGENT_DOWN GAP=$GAP"
 "$ROOT/bench/cpu.sh"
 echo "date: $(date -u +%F' '%T) UTC, commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)"
 
@@ -77,47 +83,57 @@ OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "
 
 hr_up 2 1 || { echo "cannot make the test hosts"; exit 1; }
 export SLICETRAIN_MIN_STEP_SECONDS=$PACE
-hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 -- \
+hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 \
+	--backoff-window "$BACKOFF" -- \
 	"${keys[@]}" run_name=hosts
 hr_agent 0 0
 hr_agent 1 0
 hr_wait_steps run 20 60 || { fail "the run did not start: $(tail -3 "$TMP/run.out")"; }
 
 step='completed step'
-declare -a rec_worker=() grow_worker=() rec_agent=() grow_agent=()
-for kind in worker agent; do
+declare -A det=() cont=() rec=() grow=()
+for kind in $KINDS; do
 	for k in $(seq 1 "$KILLS"); do
+		hr_wait_steps run $(($(hr_steps run) + 3)) 60 || { fail "$kind $k: no steps before the fault"; break 2; }
 		off=$(size)
-		hr_wait_steps run $(($(hr_steps run) + 3)) 30 || { fail "$kind $k: no steps before the kill"; break 2; }
-		off=$(size)
-		if [ $kind = worker ]; then
-			pid=$(hr_worker 1 0)
-			[ -n "$pid" ] || { fail "$kind $k: no worker on slice 1"; break 2; }
-		else
-			pid=${hr_apid[1.0]}
-		fi
+		pid=$(hr_worker 1 0)
+		[ $kind = agent ] && pid=${hr_apid[1.0]}
+		[ -n "$pid" ] || { fail "$kind $k: no process on slice 1"; break 2; }
+		old=${hr_apid[1.0]}
 		t0=$(now)
-		kill -9 "$pid"
-		r=$(after "$off" 're-formed in place on 1 slice' 30) || { fail "$kind $k: no re-formation"; break 2; }
+		case $kind in
+		worker | agent) kill -9 "$pid" ;;
+		stop) kill -STOP "$pid" ;;
+		cut) th_cut s1h0 ;;
+		esac
+		d=$(after "$off" 'RUNNING -> RESTARTING' 60) || { fail "$kind $k: no failure declared"; break 2; }
+		r=$(after "${d#* }" 're-formed in place on 1 slice' 30) || { fail "$kind $k: no re-formation"; break 2; }
 		r=$(after "${r#* }" "$step" 30) || { fail "$kind $k: no step after the re-formation"; break 2; }
-		rec=$(echo "${r% *} - $t0" | bc)
-		if [ $kind = agent ]; then
-			wait "$pid" 2>/dev/null
+		grep -qE 'RUNNING -> RESTARTING.*slice 0' <(tail -c +$((off + 1)) "$TMP/run.out") &&
+			fail "$kind $k: slice 0 blamed"
+		case $kind in
+		agent | cut)
+			[ $kind = cut ] && th_mend s1h0
+			for i in $(seq 600); do kill -0 "$old" 2>/dev/null || break; sleep 0.05; done
+			wait "$old" 2>/dev/null
 			sleep "$AGENT_DOWN"
 			t1=$(now)
-			hr_agent 1 0
-		else
-			t1=$(echo "$t0 + 1" | bc) # the end of the repair delay
-		fi
-		g=$(after "${r#* }" 're-formed in place on 2 slices' 30) || { fail "$kind $k: no growth back"; break 2; }
+			hr_agent 1 0 ;;
+		*) t1=$(echo "${d% *} + 1" | bc) ;; # the end of the repair delay
+		esac
+		g=$(after "${r#* }" 're-formed in place on 2 slices' 60) || { fail "$kind $k: no growth back"; break 2; }
 		g=$(after "${g#* }" "$step" 30) || { fail "$kind $k: no step after the growth"; break 2; }
-		grow=$(echo "${g% *} - $t1" | bc)
-		printf '%-6s kill %2d: recovery %.3f s, growth %.3f s\n' $kind "$k" "$rec" "$grow"
-		if [ $kind = worker ]; then rec_worker+=("$rec") grow_worker+=("$grow"); else rec_agent+=("$rec") grow_agent+=("$grow"); fi
+		det[$kind]+=" $(echo "${d% *} - $t0" | bc)"
+		cont[$kind]+=" $(echo "${r% *} - ${d% *}" | bc)"
+		rec[$kind]+=" $(echo "${r% *} - $t0" | bc)"
+		grow[$kind]+=" $(echo "${g% *} - $t1" | bc)"
+		printf '%-6s %2d: detection %.3f s, then the first step on 1 slice %.3f s (recovery %.3f s); growth %.3f s\n' \
+			$kind "$k" "$(echo "${d% *} - $t0" | bc)" "$(echo "${r% *} - ${d% *}" | bc)" \
+			"$(echo "${r% *} - $t0" | bc)" "$(echo "${g% *} - $t1" | bc)"
 		sleep "$GAP"
 	done
 done
-echo "the kills are done at step $(hr_steps run) of $STEPS"
+echo "the faults are done at step $(hr_steps run) of $STEPS"
 hr_wait run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 120}')
 [ "$hr_rc" = 0 ] || fail "the controller's exit status $hr_rc"
 sum=$(hr_summary run)
@@ -136,10 +152,12 @@ stats() { # NAME VALUES...: median and maximum
 	printf '%s\n' "$@" | sort -g | awk -v n="$name" '{v[NR]=$1} END {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2;
 		printf "%-40s median %.3f s, max %.3f s (%d)\n", n, m, v[NR], NR}'
 }
-stats "worker kill -9: recovery" "${rec_worker[@]}"
-stats "worker kill -9: growth after the repair" "${grow_worker[@]}"
-stats "agent kill -9: recovery" "${rec_agent[@]}"
-stats "agent kill -9: growth after the agent's start" "${grow_agent[@]}"
+for kind in $KINDS; do
+	stats "$kind: detection" ${det[$kind]:-}
+	stats "$kind: detection to the first step" ${cont[$kind]:-}
+	stats "$kind: recovery (fault to first step)" ${rec[$kind]:-}
+	stats "$kind: growth" ${grow[$kind]:-}
+done
 th_down
 left=$(th_leftovers)
 [ -z "$left" ] || fail "left behind: $left"
