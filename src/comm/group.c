@@ -621,6 +621,8 @@ static void accept_on(st_group *g, int lfd, int is_unix)
 			continue;
 		}
 		uint8_t hello[ST_AUTH_HELLO];
+		if (!is_unix)
+			st_sock_nodelay(fd);
 		pc->fd = fd;
 		pc->is_unix = is_unix;
 		pc->deadline = st_mono_ns() + PENDING_TIMEOUT_NS;

@@ -73,10 +73,17 @@ int st_set_nonblock(int fd, int on)
 	return fcntl(fd, F_SETFL, fl) < 0 ? -errno : 0;
 }
 
+void st_sock_nodelay(int fd)
+{
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &one, sizeof(one));
+}
+
 void st_sock_tune(int fd)
 {
-	int one = 1, big = 8 << 20;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	int big = 8 << 20;
+	st_sock_nodelay(fd);
 	/* Past net.core.[rw]mem_max only with CAP_NET_ADMIN; otherwise keep the
 	 * kernel's autotuning (an explicit small SO_SNDBUF would disable it). */
 	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big)) == 0)
@@ -306,9 +313,8 @@ int st_tcp_connect(const char *host, int port, int64_t deadline, int *fdp)
 			r = -errno;
 		}
 		if (r == 0) {
-			int one = 1;
 			st_set_nonblock(fd, 0);
-			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			st_sock_nodelay(fd);
 			freeaddrinfo(res);
 			*fdp = fd;
 			return 0;

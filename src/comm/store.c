@@ -442,8 +442,7 @@ static conn *conn_open(st_store_server *s, int fd)
 	c->deadline = c->since + (int64_t)s->lim.auth_timeout_ms * 1000000;
 	s->npend++;
 	if (fd >= 0) {
-		int one = 1;
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		st_sock_nodelay(fd);
 		st_sock_peer_name(fd, c->peer, sizeof(c->peer));
 	}
 	return c;

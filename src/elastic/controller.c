@@ -29,6 +29,7 @@
 #include "base/file.h"
 #include "base/version.h"
 #include "comm/mesh.h"
+#include "comm/net.h"
 #include "config/config.h"
 #include "elastic/proto.h"
 
@@ -1385,8 +1386,7 @@ static void accept_all(st_ctl *c)
 			close(fd);
 			continue;
 		}
-		int one = 1;
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		st_sock_nodelay(fd);
 		peer_name(fd, c->conns[i].peer, sizeof(c->conns[i].peer));
 		if (st_proto_conn_init_server(&c->conns[i].pc, fd, &c->tok) < 0) {
 			st_auth_log_drop(&c->drops, "controller", c->conns[i].peer, st_errmsg());

@@ -364,8 +364,7 @@ int st_proto_accept(int lfd, int *fd)
 	for (;;) {
 		int s = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
 		if (s >= 0) {
-			int one = 1;
-			setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			st_sock_nodelay(s);
 			*fd = s;
 			return 1;
 		}
