@@ -813,7 +813,8 @@ int st_cmd_controller(int argc, char **argv)
 		return arg_error("controller needs --listen ADDRESS:PORT (the address agents reach it at)");
 	size_t ln = strlen(e.listen);
 	if (ln > 2 && !strcmp(e.listen + ln - 2, ":0")) { /* any port */
-		snprintf(host, sizeof(host), "%.*s", (int)ln - 2, e.listen);
+		int b = e.listen[0] == '[' && e.listen[ln - 3] == ']'; /* [v6]:0 */
+		snprintf(host, sizeof(host), "%.*s", (int)ln - 2 - 2 * b, e.listen + b);
 		port = 0;
 	} else if (st_proto_parse_addr(e.listen, host, sizeof(host), &port) < 0) {
 		return arg_error("--listen: %s", st_errmsg());
