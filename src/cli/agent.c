@@ -11,11 +11,13 @@
 #include "elastic/agent.h"
 #include "elastic/proto.h"
 
+#define STOPPED_CLI_DEFAULT 1000
+
 static const char agent_usage[] =
 	"usage: slicetrain agent --controller HOST:PORT --slice S --host H --hosts-per-slice N\n"
 	"                        --devices D [--threads-per-device T] [--grace SECONDS]\n"
 	"                        [--connect-timeout SECONDS] [--welcome-timeout SECONDS] [--quiet]\n"
-	"                        [--addr ADDRESS] [--port-range LO-HI]\n"
+	"                        [--addr ADDRESS] [--port-range LO-HI] [--stopped-timeout-ms N]\n"
 	"\n"
 	"The elastic agent of one host (docs/elastic.md): connects to the controller,\n"
 	"says it is host H of slice S with D devices, then starts, stops and reports\n"
@@ -33,6 +35,9 @@ static const char agent_usage[] =
 	"                           reaches the controller from); not loopback needs the token\n"
 	"  --port-range LO-HI       the ports this host's workers listen on (firewalls;\n"
 	"                           default: any the kernel gives)\n"
+	"  --stopped-timeout-ms N   a worker stopped this long (SIGSTOP, a debugger) is killed\n"
+	"                           and reported hung: its slice is replaced (default 1000;\n"
+	"                           0: never, e.g. to debug a worker)\n"
 	"\n"
 	"The controller sends the run's resolved config: a host needs only this binary,\n"
 	"the same build as the controller's (slicetrain version), and the run directory\n"
@@ -50,7 +55,7 @@ static const char agent_usage[] =
 int st_cmd_agent(int argc, char **argv)
 {
 	const char *controller = NULL, *addr = NULL, *range = NULL;
-	int port_lo = 0, port_hi = 0;
+	int port_lo = 0, port_hi = 0, stopped_ms = STOPPED_CLI_DEFAULT;
 	int slice = -1, host = -1, hps = 0, devices = 0, threads = 1, grace = 30, cto = 10, wto = 10, quiet = 0;
 	const st_cli_opt opts[] = {
 		{.name = "--slice", .kind = ST_CLI_INT, .value = &slice, .min = 0, .max = 1 << 20},
@@ -62,6 +67,7 @@ int st_cmd_agent(int argc, char **argv)
 		{.name = "--connect-timeout", .kind = ST_CLI_INT, .value = &cto, .min = 1, .max = 86400},
 		{.name = "--welcome-timeout", .kind = ST_CLI_INT, .value = &wto, .min = 1, .max = 86400},
 		{.name = "--quiet", .kind = ST_CLI_FLAG, .value = &quiet},
+		{.name = "--stopped-timeout-ms", .kind = ST_CLI_INT, .value = &stopped_ms, .min = 0, .max = 86400000},
 		{0},
 	};
 	for (int i = 0; i < argc; i++) {
@@ -124,7 +130,7 @@ int st_cmd_agent(int argc, char **argv)
 		.controller = controller, .slice = slice, .host = host, .hosts_per_slice = hps,
 		.devices = devices, .threads_per_device = threads, .grace_s = grace,
 		.connect_timeout_s = cto, .welcome_timeout_s = wto, .quiet = quiet,
-		.addr = addr, .port_lo = port_lo, .port_hi = port_hi,
+		.addr = addr, .port_lo = port_lo, .port_hi = port_hi, .stopped_ms = stopped_ms ? stopped_ms : -1,
 	};
 	int rc = st_agent_run(&o);
 	if (rc == 0)

@@ -36,10 +36,11 @@
 #define MAX_RANK (1 << 20)
 #define REAP_S 10.0            /* how long SIGKILLed workers may take to be reaped */
 #define FINAL_FLUSH_S 1.0      /* the last reports' time to leave */
-/* A worker stopped (SIGSTOP, a debugger) this long is killed and reported
- * hung: its slice is replaced and its peers re-form without it, rather than
- * wait out the group's heartbeat timeout (docs/hosts.md, "Failure detection"). */
-#define STOPPED_LIMIT_NS ((int64_t)1000 * 1000000)
+/* A worker stopped (SIGSTOP, a debugger) for --stopped-timeout-ms (default
+ * 1000) is killed and reported hung: its slice is replaced and its peers
+ * re-form without it, rather than wait out the group's heartbeat timeout
+ * (docs/failures.md). */
+#define STOPPED_DEFAULT_MS 1000
 /* Past this many queued bytes, output lines are dropped (and counted) rather
  * than queued: a controller slow to read loses log lines, not the run. */
 #define OUTPUT_QUEUE_MAX (ST_PROTO_MAX_QUEUE / 4)
@@ -411,10 +412,13 @@ static void signal_gen(agent *a, long long gen, int sig)
 			kill(a->w[i].pid, sig);
 }
 
-/* Workers stopped (state T or t in /proc/PID/stat) for STOPPED_LIMIT_NS:
- * SIGKILL, reported hung (the "why" of their exit). */
+/* Workers stopped (state T or t in /proc/PID/stat) for the agent's
+ * stopped_ms: SIGKILL, reported hung (the "why" of their exit). */
 static void check_stopped(agent *a, int64_t now)
 {
+	int ms = a->o->stopped_ms ? a->o->stopped_ms : STOPPED_DEFAULT_MS;
+	if (ms < 0)
+		return;
 	for (size_t i = 0; i < a->nw; i++) {
 		worker *w = &a->w[i];
 		char path[64], buf[512];
@@ -432,8 +436,8 @@ static void check_stopped(agent *a, int64_t now)
 			w->stopped_since = 0;
 		} else if (!w->stopped_since) {
 			w->stopped_since = now;
-		} else if (now - w->stopped_since >= STOPPED_LIMIT_NS) {
-			w->why = "hung: stopped (SIGSTOP or a debugger) for 1 s";
+		} else if (now - w->stopped_since >= (int64_t)ms * 1000000) {
+			w->why = "hung: stopped (SIGSTOP or a debugger) past --stopped-timeout-ms";
 			say(a, 1, "rank %d (pid %d, generation %lld) %s: killed", w->rank, (int)w->pid, w->gen, w->why);
 			kill(w->pid, SIGKILL);
 		}

@@ -34,6 +34,8 @@ typedef struct st_agent_opts {
 	const char *addr;         /* the address this host's processes bind (numeric); NULL:
 	                             the one this host reaches the controller from */
 	int port_lo, port_hi;     /* the ports they listen on (firewalls); 0: any */
+	int stopped_ms;           /* a worker stopped (SIGSTOP, a debugger) this long is killed
+	                             and reported hung; 0: 1000, < 0: never */
 } st_agent_opts;
 
 /*
