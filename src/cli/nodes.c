@@ -76,8 +76,8 @@ static void print_status(const json_t *st)
 	       (long long)num(st, "failures"), (long long)num(st, "preemptions"),
 	       (long long)num(st, "resizes"), (long long)num(st, "steps_lost"));
 	printf("mesh: %s\n", mesh && *mesh ? mesh : "(no group running)");
-	printf("%-6s %-14s %-10s %-5s %-8s %-15s %s\n", "SLICE", "STATE", "SINCE", "HOST", "AGENT", "HEARTBEAT",
-	       "WORKERS (rank:pid)");
+	printf("%-6s %-14s %-10s %-5s %-15s %-8s %-15s %s\n", "SLICE", "STATE", "SINCE", "HOST", "ADDRESS", "AGENT",
+	       "HEARTBEAT", "WORKERS (rank:pid)");
 	size_t i, j, k;
 	json_t *s, *h, *w;
 	json_array_foreach(json_object_get(st, "slices"), i, s) {
@@ -100,9 +100,10 @@ static void print_status(const json_t *st)
 			char pid[24] = "-";
 			if (num(h, "pid") > 0)
 				snprintf(pid, sizeof(pid), "%lld", (long long)num(h, "pid"));
-			printf("%-6lld %-14s %-10s %-5lld %-8s %-15s %s\n", (long long)num(s, "slice"),
+			const char *addr = json_string_value(json_object_get(h, "addr"));
+			printf("%-6lld %-14s %-10s %-5lld %-15s %-8s %-15s %s\n", (long long)num(s, "slice"),
 			       j ? "" : json_string_value(json_object_get(s, "state")), j ? "" : since,
-			       (long long)num(h, "host"), pid, hb, ws);
+			       (long long)num(h, "host"), addr && *addr ? addr : "-", pid, hb, ws);
 		}
 		const char *why = json_string_value(json_object_get(s, "why"));
 		if (why)

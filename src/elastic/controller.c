@@ -1067,10 +1067,11 @@ static json_t *status_json(st_ctl *c)
 					json_array_append_new(ws, json_pack("{s:i, s:I, s:b}", "rank", r, "pid",
 									    (json_int_t)c->g.w[r].pid, "running",
 									    !c->g.w[r].exited));
-			json_array_append_new(hosts, json_pack("{s:i, s:I, s:b, s:f, s:o}", "host", h, "pid",
-							       (json_int_t)(x->conn >= 0 ? x->pid : 0), "connected",
-							       x->conn >= 0, "last_heartbeat",
-							       x->conn >= 0 ? wnow - (now - x->last_hb) : 0.0, "workers", ws));
+			json_array_append_new(hosts, json_pack("{s:i, s:I, s:s, s:b, s:f, s:o}", "host", h, "pid",
+							       (json_int_t)(x->conn >= 0 ? x->pid : 0), "addr",
+							       x->conn >= 0 ? x->addr : "", "connected", x->conn >= 0,
+							       "last_heartbeat", x->conn >= 0 ? wnow - (now - x->last_hb) : 0.0,
+							       "workers", ws));
 		}
 		json_t *o = json_pack("{s:i, s:s, s:f, s:o}", "slice", s, "state", slice_state(c, s, now), "since",
 				      c->sl[s].since_wall, "hosts", hosts);

@@ -110,7 +110,7 @@ wait "${probes[@]}"
 [ "$ports" -ge 3 ] || fail "found $ports listening ports, want the controller's and a worker's on each host"
 th_exec s1h0 "$SLICETRAIN" nodes --controller 10.213.0.1:$hr_port >"$TMP/nodes.out" 2>&1 ||
 	fail "nodes from a worker host failed: $(tail -2 "$TMP/nodes.out")"
-grep -qE '^1 +in group' "$TMP/nodes.out" || fail "nodes: slice 1 not in the group in: $(head -5 "$TMP/nodes.out")"
+grep -qE '^1 +in group +[0-9:]+ +0 +10\.213\.2\.10 ' "$TMP/nodes.out" || fail "nodes: slice 1 not in the group at 10.213.2.10 in: $(head -5 "$TMP/nodes.out")"
 
 kill -TERM "$hr_ctl"
 hr_wait run 30
