@@ -10,6 +10,7 @@
  * input, in pieces of a size the input chooses, with st_proto_recv drained
  * after each piece (the way the controller's poll loop reads).
  *
+ * Also: the input as a heartbeat datagram (st_proto_beat_parse).
  * Input: byte 0: bits 0-1 the handshake (0, 3: a correct proof; 1: the
  * input's first 68 bytes are the proof; 2: a correct proof with the byte
  * at byte 1 % 68 XORed with byte 2 | 1), bits 2-5 the piece size (0: all
@@ -196,6 +197,14 @@ static int drain(st_proto_conn *c, int peer, int *accepted, const uint8_t hello[
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+	/* the same bytes as a heartbeat datagram: only a 48-byte one with the
+	 * token's MAC parses, and it makes the same bytes again */
+	st_proto_beat b;
+	if (st_proto_beat_parse(data, size, &tok, &b) == 0) {
+		uint8_t again[ST_PROTO_BEAT_LEN];
+		st_proto_beat_make(again, &tok, &b);
+		FUZZ_ASSERT(size == ST_PROTO_BEAT_LEN && !memcmp(again, data, 32) && !memcmp(again + 32, data + 32, 16));
+	}
 	if (size < 3)
 		return 0;
 	int mode = data[0] & 3, piece = (data[0] >> 2) & 15, pad = data[0] & 64;

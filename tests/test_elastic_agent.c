@@ -272,8 +272,8 @@ static void send_welcome(ctl *t, const char *nonce, const char *want_nonce)
 	CHECK(f && fputs(nonce, f) >= 0);
 	if (f)
 		fclose(f);
-	send_msg(t, json_pack("{s:s,s:i,s:s,s:s,s:s}", "type", "welcome", "version", ST_PROTO_VERSION, "run_dir", tmp,
-			      "probe", probe, "nonce", want_nonce));
+	send_msg(t, json_pack("{s:s,s:i,s:s,s:s,s:s,s:s}", "type", "welcome", "version", ST_PROTO_VERSION, "run_dir",
+			      tmp, "probe", probe, "nonce", want_nonce, "beat", "00000000000000b1"));
 }
 
 static void welcome(ctl *t)

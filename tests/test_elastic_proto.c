@@ -222,6 +222,33 @@ static void test_getters(void)
 	json_decref(m);
 }
 
+/* Heartbeat datagrams: made and parsed back with the same token; refused
+ * with another token, any byte changed, another length or magic. */
+static void test_beats(void)
+{
+	st_token t = {.set = 1}, other = {.set = 1};
+	memset(t.key, 7, sizeof(t.key));
+	memset(other.key, 8, sizeof(other.key));
+	st_proto_beat b = {.slice = 3, .host = 70000, .session = 0x0123456789abcdefULL, .seq = 1ULL << 40}, got;
+	uint8_t d[ST_PROTO_BEAT_LEN + 1];
+	st_proto_beat_make(d, &t, &b);
+	CHECK(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN, &t, &got) == 0);
+	CHECK(got.slice == 3 && got.host == 70000 && got.session == b.session && got.seq == b.seq);
+	CHECK(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN, &other, &got) == -1);
+	CHECK(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN, NULL, &got) == -1);
+	CHECK(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN - 1, &t, &got) == -1);
+	CHECK(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN + 1, &t, &got) == -1);
+	CHECK(st_proto_beat_parse(d, 0, &t, &got) == -1);
+	for (int i = 0; i < ST_PROTO_BEAT_LEN; i++) {
+		d[i] ^= 0x20;
+		CHECK_MSG(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN, &t, &got) == -1, "byte %d changed: accepted", i);
+		d[i] ^= 0x20;
+	}
+	CHECK(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN, &t, &got) == 0);
+	st_proto_beat_make(d, NULL, &b); /* no token: a key of zeros, on loopback */
+	CHECK(st_proto_beat_parse(d, ST_PROTO_BEAT_LEN, NULL, &got) == 0 && st_proto_beat_parse(d, ST_PROTO_BEAT_LEN, &t, &got) == -1);
+}
+
 /* A reform's "env": names SLICETRAIN_ + 1..64 of A-Z 0-9 _, string values
  * without NUL, at most max entries; anything else is refused by name. */
 static void test_get_env(void)
@@ -528,6 +555,7 @@ int main(void)
 	test_bad_lines();
 	test_getters();
 	test_get_env();
+	test_beats();
 	test_handshake();
 	test_send_partial();
 	test_sockets();

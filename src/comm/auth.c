@@ -185,6 +185,14 @@ int st_auth_check_bind(const st_token *t, const char *host)
 		       ST_AUTH_MAX_TOKEN);
 }
 
+void st_auth_hmac(const st_token *t, const void *msg, size_t n, uint8_t out[ST_AUTH_MAC])
+{
+	static const uint8_t zeros[ST_AUTH_KEY];
+	unsigned int len = ST_AUTH_MAC;
+	if (!HMAC(EVP_sha256(), t && t->set ? t->key : zeros, ST_AUTH_KEY, msg, n, out, &len) || len != ST_AUTH_MAC)
+		ST_BUG("HMAC-SHA256 failed");
+}
+
 /* HMAC(key, tag | ns | nc); a missing token means a key of zeros. */
 static void proof_mac(const st_token *t, char tag, const uint8_t ns[ST_AUTH_NONCE], const uint8_t nc[ST_AUTH_NONCE],
 		      uint8_t out[ST_AUTH_MAC])

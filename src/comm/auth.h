@@ -73,6 +73,8 @@ void st_token_clear(st_token *t);
  * any address when the token is set. Else ST_EINVAL with a message naming
  * the address and saying why. host NULL, "" or "*" means every address. */
 int st_auth_check_bind(const st_token *t, const char *host);
+/* HMAC-SHA256(the token's key, msg); a missing token means a key of zeros. */
+void st_auth_hmac(const st_token *t, const void *msg, size_t n, uint8_t out[ST_AUTH_MAC]);
 /* 1 when host is a loopback address or a name of loopback addresses only. */
 int st_auth_host_is_loopback(const char *host);
 

@@ -81,6 +81,8 @@ typedef struct agent {
 	int cfg_fd;          /* a memfd: the config the controller sent (-1 until the first "start") */
 	char cfg[64];        /* /proc/self/fd/N: the workers' CONFIG (the fd is kept across exec) */
 	char build[ST_BUILD_ID_LEN + 1];
+	int ufd;             /* heartbeat datagrams to the controller, -1 until welcomed */
+	st_proto_beat beat;  /* their session and sequence */
 } agent;
 
 static volatile sig_atomic_t got_term, got_int;
@@ -724,6 +726,48 @@ static int check_run_dir(agent *a, const json_t *m)
 		       why);
 }
 
+/* The heartbeat datagrams (proto.h): a UDP socket connected to the
+ * controller's address and port, the session the welcome's "beat" gives. */
+static int open_beats(agent *a, const json_t *m)
+{
+	const char *hex;
+	int rc = st_proto_get_str(m, "beat", &hex);
+	if (rc < 0)
+		return rc;
+	char *end;
+	errno = 0;
+	unsigned long long s = strtoull(hex, &end, 16);
+	if (errno || end == hex || *end || strlen(hex) != 16)
+		return st_fail(ST_EPROTO, "protocol: welcome: \"beat\" is not 16 hex digits");
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (getpeername(a->c.fd, (struct sockaddr *)&ss, &sl) < 0)
+		return st_fail(ST_EPEER, "agent: the controller's address: %s", strerror(errno));
+	int fd = socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&ss, sl) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		return st_fail(ST_EIO, "agent: a UDP socket for the heartbeats: %s", strerror(e));
+	}
+	a->ufd = fd;
+	a->beat = (st_proto_beat){.slice = (uint32_t)a->o->slice, .host = (uint32_t)a->o->host, .session = s};
+	return 0;
+}
+
+static void send_beat(agent *a)
+{
+	uint8_t d[ST_PROTO_BEAT_LEN];
+	static const st_token none;
+	if (a->ufd < 0)
+		return;
+	a->beat.seq++;
+	st_proto_beat_make(d, a->o->token ? a->o->token : &none, &a->beat);
+	if (send(a->ufd, d, sizeof(d), MSG_DONTWAIT) < 0) {
+		/* lost like a dropped packet: the TCP heartbeats and the next datagram go on */
+	}
+}
+
 /* A port free right now on this host's address (in the port range): the
  * coordinator's when this host holds rank 0. 0 when none is. */
 static int free_port(const agent *a)
@@ -750,7 +794,7 @@ static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 		if (v != ST_PROTO_VERSION)
 			return st_fail(ST_EPROTO, "protocol: the controller speaks version %lld, not %d", v,
 				       ST_PROTO_VERSION);
-		if ((rc = check_run_dir(a, m)) < 0)
+		if ((rc = check_run_dir(a, m)) < 0 || (rc = open_beats(a, m)) < 0)
 			return rc;
 		*welcomed = 1;
 		return 0;
@@ -812,6 +856,7 @@ static int serve(agent *a, int wake)
 	int welcomed = 0, draining = 0, killed = 0;
 	int64_t welcome_by = after_s(or_default(o->welcome_timeout_s, 10));
 	int64_t hb_ns = (int64_t)ST_PROTO_HEARTBEAT_MS * 1000000, next_hb = st_mono_ns() + hb_ns;
+	int64_t beat_ns = (int64_t)ST_PROTO_BEAT_MS * 1000000, next_beat = st_mono_ns();
 	int64_t drain_by = 0;
 	struct pollfd *pfd = NULL;
 	size_t *who = NULL, pcap = 0;
@@ -854,6 +899,10 @@ static int serve(agent *a, int wake)
 				     o->controller, or_default(o->welcome_timeout_s, 10));
 			break;
 		}
+		if (now >= next_beat) {
+			send_beat(a);
+			next_beat = now + beat_ns;
+		}
 		if (now >= next_hb) {
 			check_stopped(a, now);
 			int port = free_port(a);
@@ -864,7 +913,7 @@ static int serve(agent *a, int wake)
 			next_hb = now + hb_ns;
 			continue;
 		}
-		int64_t until = next_hb;
+		int64_t until = next_hb < next_beat ? next_hb : next_beat;
 		if (!welcomed && welcome_by < until)
 			until = welcome_by;
 		if (draining && drain_by < until)
@@ -972,7 +1021,7 @@ int st_agent_run(const st_agent_opts *o)
 	int rc = check_opts(o);
 	if (rc < 0)
 		return rc;
-	agent a = {.o = o, .c = ST_PROTO_CONN_INIT, .self = getpid(), .cfg_fd = -1};
+	agent a = {.o = o, .c = ST_PROTO_CONN_INIT, .self = getpid(), .cfg_fd = -1, .ufd = -1};
 	if (o->exe) {
 		snprintf(a.exe, sizeof(a.exe), "%s", o->exe);
 	} else {
@@ -1046,10 +1095,14 @@ int st_agent_run(const st_agent_opts *o)
 	close(wp[1]);
 	if (a.cfg_fd >= 0)
 		close(a.cfg_fd);
+	if (a.ufd >= 0)
+		close(a.ufd);
 	return rc < 0 ? st_fail(rc, "%s", msg) : 0;
 early:
 	st_proto_conn_release(&a.c);
 	if (a.cfg_fd >= 0)
 		close(a.cfg_fd);
+	if (a.ufd >= 0)
+		close(a.ufd);
 	return rc;
 }

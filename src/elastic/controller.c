@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,6 +56,7 @@ typedef struct conn {
 	long pid;          /* C_PENDING: the agent's hello, kept until it says ready */
 	char addr[64];
 	int port;
+	uint64_t session;  /* its heartbeat datagrams' session (the welcome's "beat") */
 } conn;
 
 typedef struct host {
@@ -62,6 +64,7 @@ typedef struct host {
 	long pid;
 	char addr[64]; /* the address its processes bind (its hello) */
 	int port;      /* a port free there (its last heartbeat): the coordinator's when it holds rank 0 */
+	uint64_t session, beat_seq; /* its heartbeat datagrams: session, last sequence number */
 	double last_hb, last_hb_wall, connected_wall;
 	int noticed; /* sent a preemption notice: its going away is no failure */
 } host;
@@ -111,7 +114,7 @@ struct st_ctl {
 	st_ctl_opts o;
 	st_config *cfg;
 	int64_t steps;
-	int lfd;
+	int lfd, ufd; /* the agents' TCP listener; the heartbeat datagrams' socket (same port) */
 	char addr[96];
 	char listen_host[64];
 	conn conns[MAX_CONNS];
@@ -197,9 +200,30 @@ static int listen_on(st_ctl *c, const char *host, int port)
 		close(fd);
 		return st_fail(ST_EIO, "controller: cannot listen on %s:%d: %s", host, port, strerror(e));
 	}
+	/* the heartbeat datagrams: UDP on the same address and port */
+	int ufd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (ufd < 0 || bind(ufd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+		int e = errno;
+		if (ufd >= 0)
+			close(ufd);
+		close(fd);
+		st_fail(ST_EIO, "controller: cannot bind UDP %s:%d for the heartbeats: %s", host, ntohs(a.sin_port),
+			strerror(e));
+		return port ? ST_EIO : 1; /* any port: another try */
+	}
 	c->lfd = fd;
+	c->ufd = ufd;
 	snprintf(c->addr, sizeof(c->addr), "%s:%d", host, ntohs(a.sin_port));
 	return 0;
+}
+
+/* listen_on; with port 0, again while the kernel's TCP port is taken for UDP. */
+static int listen_any(st_ctl *c, const char *host, int port)
+{
+	int rc = 1;
+	for (int t = 0; t < 20 && rc == 1; t++)
+		rc = listen_on(c, host, port);
+	return rc == 1 ? ST_EIO : rc;
 }
 
 static void conn_drop(st_ctl *c, int i, const char *why);
@@ -1155,8 +1179,13 @@ static int hello(st_ctl *c, int i, const json_t *m)
 	cn->pid = (long)pid;
 	cn->port = (int)port;
 	snprintf(cn->addr, sizeof(cn->addr), "%s", addr);
-	return send_to(c, i, json_pack("{s:s, s:i, s:s, s:s, s:s}", "type", "welcome", "version", ST_PROTO_VERSION,
-				       "run_dir", c->run_dir, "probe", c->probe, "nonce", c->nonce)) < 0 ? 0 : 0;
+	if (getrandom(&cn->session, sizeof(cn->session), 0) != (ssize_t)sizeof(cn->session))
+		return st_fail(ST_EIO, "getrandom: %s", strerror(errno));
+	char beat[24];
+	snprintf(beat, sizeof(beat), "%016llx", (unsigned long long)cn->session);
+	return send_to(c, i, json_pack("{s:s, s:i, s:s, s:s, s:s, s:s}", "type", "welcome", "version",
+				       ST_PROTO_VERSION, "run_dir", c->run_dir, "probe", c->probe, "nonce", c->nonce,
+				       "beat", beat)) < 0 ? 0 : 0;
 }
 
 /* A pending agent's answer to the welcome: "ready" (it sees the run
@@ -1184,6 +1213,8 @@ static int pending_msg(st_ctl *c, int i, const json_t *m, const char *type)
 	x->conn = i;
 	x->pid = cn->pid;
 	x->port = cn->port;
+	x->session = cn->session;
+	x->beat_seq = 0;
 	snprintf(x->addr, sizeof(x->addr), "%s", cn->addr);
 	x->noticed = 0;
 	x->last_hb = st_mono_s();
@@ -1624,7 +1655,7 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	st_ctl *c = calloc(1, sizeof(*c));
 	if (!c)
 		return st_fail(ST_ENOMEM, "out of memory");
-	c->lfd = -1;
+	c->lfd = c->ufd = -1;
 	c->o = *o;
 	if (c->o.grace_s <= 0)
 		c->o.grace_s = 5;
@@ -1690,7 +1721,7 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 		goto out;
 	if (o->token)
 		c->tok = *o->token;
-	if ((rc = st_auth_check_bind(&c->tok, c->listen_host)) < 0 || (rc = listen_on(c, c->listen_host, o->port)) < 0 ||
+	if ((rc = st_auth_check_bind(&c->tok, c->listen_host)) < 0 || (rc = listen_any(c, c->listen_host, o->port)) < 0 ||
 	    (rc = make_probe(c)) < 0)
 		goto out;
 	c->state = S_INITIALIZING;
@@ -1717,6 +1748,8 @@ void st_ctl_destroy(st_ctl *c)
 		st_proto_conn_release(&c->conns[i].pc);
 	if (c->lfd >= 0)
 		close(c->lfd);
+	if (c->ufd >= 0)
+		close(c->ufd);
 	gen_release(&c->g);
 	free(c->prev_w);
 	for (int s = 0; c->sl && s < c->o.num_slices; s++)
@@ -1743,6 +1776,29 @@ int st_ctl_agents(const st_ctl *c)
 	return n;
 }
 
+/* Heartbeat datagrams: each one that proves the token, names a connected
+ * host with its session and a sequence number past the last counts as a
+ * heartbeat of that host; anything else is dropped. */
+static void read_beats(st_ctl *c)
+{
+	for (;;) {
+		uint8_t buf[ST_PROTO_BEAT_LEN + 1];
+		ssize_t n = recv(c->ufd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n < 0)
+			return;
+		st_proto_beat b;
+		if (st_proto_beat_parse(buf, (size_t)n, &c->tok, &b) < 0 || b.slice >= (uint32_t)c->o.num_slices ||
+		    b.host >= (uint32_t)c->o.hosts_per_slice)
+			continue;
+		host *x = &c->sl[b.slice].h[b.host];
+		if (x->conn < 0 || b.session != x->session || b.seq <= x->beat_seq)
+			continue;
+		x->beat_seq = b.seq;
+		x->last_hb = st_mono_s();
+		x->last_hb_wall = wall_s();
+	}
+}
+
 int st_ctl_poll(st_ctl *c, int timeout_ms)
 {
 	/* A controller that did not poll for a while (a blocked stdout, a
@@ -1755,10 +1811,12 @@ int st_ctl_poll(st_ctl *c, int timeout_ms)
 				if (c->sl[s].h[h].last_hb < now)
 					c->sl[s].h[h].last_hb += now - c->last_round;
 	}
-	struct pollfd pfd[MAX_CONNS + 1];
-	int idx[MAX_CONNS + 1], n = 0;
+	struct pollfd pfd[MAX_CONNS + 2];
+	int idx[MAX_CONNS + 2], n = 0;
 	pfd[n] = (struct pollfd){.fd = c->lfd, .events = POLLIN};
 	idx[n++] = -1;
+	pfd[n] = (struct pollfd){.fd = c->ufd, .events = POLLIN};
+	idx[n++] = -2;
 	for (int i = 0; i < MAX_CONNS; i++)
 		if (c->conns[i].kind != C_FREE) {
 			short ev = POLLIN;
@@ -1774,6 +1832,10 @@ int st_ctl_poll(st_ctl *c, int timeout_ms)
 		if (!pfd[j].revents)
 			continue;
 		int i = idx[j];
+		if (i == -2) {
+			read_beats(c);
+			continue;
+		}
 		if (i < 0) {
 			accept_all(c);
 			continue;

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+
+#include <openssl/crypto.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -282,6 +284,61 @@ int st_proto_get_env(const json_t *msg, size_t max, const json_t **env)
 				       "(NAME: 1 to %d of A-Z, 0-9, _)",
 				       k, ST_PROTO_ENV_NAME_MAX);
 	*env = e;
+	return 0;
+}
+
+/* ---- heartbeat datagrams ---- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+void st_proto_beat_make(uint8_t out[ST_PROTO_BEAT_LEN], const st_token *t, const st_proto_beat *b)
+{
+	uint8_t mac[ST_AUTH_MAC];
+	memcpy(out, "STB1", 4);
+	put32(out + 4, b->slice);
+	put32(out + 8, b->host);
+	put32(out + 12, 0);
+	put64(out + 16, b->session);
+	put64(out + 24, b->seq);
+	st_auth_hmac(t, out, 32, mac);
+	memcpy(out + 32, mac, 16);
+}
+
+int st_proto_beat_parse(const uint8_t *in, size_t n, const st_token *t, st_proto_beat *b)
+{
+	uint8_t mac[ST_AUTH_MAC];
+	if (n != ST_PROTO_BEAT_LEN || memcmp(in, "STB1", 4))
+		return -1;
+	st_auth_hmac(t, in, 32, mac);
+	if (CRYPTO_memcmp(mac, in + 32, 16))
+		return -1;
+	b->slice = get32(in + 4);
+	b->host = get32(in + 8);
+	b->session = get64(in + 16);
+	b->seq = get64(in + 24);
 	return 0;
 }
 

@@ -100,6 +100,26 @@
 #include "comm/auth.h"
 
 #define ST_PROTO_VERSION 2
+
+/*
+ * Heartbeats also go as UDP datagrams, every ST_PROTO_BEAT_MS, from each
+ * agent to the controller's port (the same number as its TCP listener):
+ * each datagram stands alone, so packet loss delays none of them the way a
+ * lost TCP segment holds back the ones behind it (docs/failures.md). 48
+ * bytes: "STB1" | slice (u32) | host (u32) | 0 (u32) | session (u64, from
+ * the welcome's "beat") | seq (u64, increasing) | the first 16 bytes of
+ * HMAC-SHA256(the token's key, the 32 bytes before), all little-endian.
+ */
+#define ST_PROTO_BEAT_MS 100
+#define ST_PROTO_BEAT_LEN 48
+typedef struct st_proto_beat {
+	uint32_t slice, host;
+	uint64_t session, seq;
+} st_proto_beat;
+void st_proto_beat_make(uint8_t out[ST_PROTO_BEAT_LEN], const st_token *t, const st_proto_beat *b);
+/* 0 and *b for a datagram of exactly ST_PROTO_BEAT_LEN bytes, the magic and
+ * a MAC made with t's key; -1 for anything else (dropped, no message). */
+int st_proto_beat_parse(const uint8_t *in, size_t n, const st_token *t, st_proto_beat *b);
 #define ST_PROTO_MAX_LINE (64 << 10)
 #define ST_PROTO_HEARTBEAT_MS 200
 #define ST_PROTO_MAX_QUEUE (16 << 20)
