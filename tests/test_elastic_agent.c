@@ -70,8 +70,10 @@ static int ctl_start(ctl *t, const char *name, const char *const *extra)
 	t->agent = fork();
 	if (t->agent == 0) {
 		int fd = open(t->agent_out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fd >= 0)
+		if (fd >= 0) {
 			dup2(fd, 1);
+			dup2(fd, 2);
+		}
 		execv(bin, (char **)argv);
 		_exit(127);
 	}
@@ -473,6 +475,20 @@ static void test_lifecycle(void)
 		      json_integer_value(json_object_get(m, "status")) == 127);
 		json_decref(m);
 		json_decref(take(&t, "started", 5));
+		/* stale messages, replayed: a start of generation 4 and a reform into 5
+		 * (this host is at 6) start nothing, answer nothing, and are logged */
+		char coord2[64];
+		snprintf(coord2, sizeof(coord2), "127.0.0.1:%d", free_port());
+		send_msg(&t, json_pack("{s:s,s:i,s:[i],s:{s:s,s:s,s:s},s:[s],s:i}", "type", "start", "gen", 4, "ranks", 0,
+				       "env", "SLICETRAIN_WORLD_SIZE", "1", "SLICETRAIN_NUM_SLICES", "1",
+				       "SLICETRAIN_COORDINATOR", coord2, "args", "steps=1", "threads", 1));
+		send_msg(&t, json_pack("{s:s,s:i,s:i,s:[{s:i,s:i}],s:{s:s}}", "type", "reform", "gen", 5, "from", 4,
+				       "workers", "old", 0, "rank", 0, "env", "SLICETRAIN_WORLD_SIZE", "1"));
+		m = take(&t, "started", 2);
+		CHECK_MSG(!m, "a stale start or reform was answered");
+		json_decref(m);
+		CHECK(file_has(t.agent_out, "refused: a start of generation 4, older than generation 6"));
+		CHECK(file_has(t.agent_out, "refused: a reform into generation 5, not newer than generation 6"));
 	}
 	/* shutdown with workers running: killed, reported, the agent exits 0 */
 	if (running(&t, 7, pids)) {

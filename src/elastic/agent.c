@@ -82,6 +82,7 @@ typedef struct agent {
 	char cfg[64];        /* /proc/self/fd/N: the workers' CONFIG (the fd is kept across exec) */
 	char build[ST_BUILD_ID_LEN + 1];
 	int ufd;             /* heartbeat datagrams to the controller, -1 until welcomed */
+	long long newest;    /* the newest generation a start or reform named (fencing) */
 	st_proto_beat beat;  /* their session and sequence */
 } agent;
 
@@ -407,6 +408,14 @@ static worker *find(agent *a, long long gen, int rank)
 	return NULL;
 }
 
+static int has_gen(const agent *a, long long gen)
+{
+	for (size_t i = 0; i < a->nw; i++)
+		if (a->w[i].gen == gen || a->w[i].next_gen == gen)
+			return 1;
+	return 0;
+}
+
 static void signal_gen(agent *a, long long gen, int sig)
 {
 	for (size_t i = 0; i < a->nw; i++)
@@ -590,6 +599,11 @@ static int on_start(agent *a, const json_t *m, int draining)
 	int rc = check_start(a, m, &gen, &threads, &ranks, &env, &args);
 	if (rc < 0 || (rc = take_config(a, m)) < 0)
 		return rc;
+	if (gen < a->newest) { /* a delayed or replayed message: no worker of an old generation */
+		say(a, 1, "refused: a start of generation %lld, older than generation %lld", gen, a->newest);
+		return 0;
+	}
+	a->newest = gen;
 	json_t *empty = json_object();
 	if (!empty)
 		return st_fail(ST_ENOMEM, "out of memory");
@@ -641,6 +655,10 @@ static int on_reform(agent *a, const json_t *m)
 	if ((rc = st_proto_get_int(m, "gen", 1, (1LL << 53), &gen)) < 0 ||
 	    (rc = st_proto_get_int(m, "from", 1, (1LL << 53), &from)) < 0)
 		return rc;
+	if (gen <= a->newest) { /* a delayed or replayed message */
+		say(a, 1, "refused: a reform into generation %lld, not newer than generation %lld", gen, a->newest);
+		return 0;
+	}
 	if (!json_is_array(ws) || json_array_size(ws) == 0 || json_array_size(ws) > (size_t)a->o->devices)
 		return st_fail(ST_EPROTO, "protocol: reform: \"workers\" is not an array of 1 to %d", a->o->devices);
 	if ((rc = st_proto_get_env(m, MAX_ARGS, &env)) < 0)
@@ -695,6 +713,7 @@ static int on_reform(agent *a, const json_t *m)
 		w->next_rank = (int)news[j];
 		json_array_append_new(list, json_pack("{s:i,s:i}", "rank", w->next_rank, "pid", (int)w->pid));
 	}
+	a->newest = gen;
 	say(a, 0, "generation %lld: %zu worker(s) of generation %lld re-form in place", gen, json_array_size(list), from);
 	report(a, json_pack("{s:s,s:I,s:o}", "type", "started", "gen", (json_int_t)gen, "workers", list));
 	return 0;
@@ -814,6 +833,8 @@ static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 							 : !strcmp(how, "kill")   ? SIGKILL : 0;
 		if (!sig)
 			return st_fail(ST_EPROTO, "protocol: \"how\" is '%s', not resize, notice or kill", how);
+		if (gen < a->newest && !has_gen(a, gen))
+			say(a, 1, "refused: a stop of generation %lld, older than generation %lld", gen, a->newest);
 		signal_gen(a, gen, sig);
 		return 0;
 	}
