@@ -36,12 +36,9 @@ KINDS=${KINDS:-worker agent} KILLS=${KILLS:-10} PACE=${PACE:-0.05} AGENT_DOWN=${
 STEPS=${STEPS:-$(awk -v n="$(echo $KINDS | wc -w)" -v k="$KILLS" -v g="$GAP" -v p="$PACE" \
 	'BEGIN {printf "%d", (n * k * (g + 8 + 40 * p) + 60) / p}')}
 [ -x "$SLICETRAIN" ] || { echo "no slicetrain at $SLICETRAIN (make first)" >&2; exit 2; }
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/hosts-recovery.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 . "$ROOT/tests/hosts_lib.sh"
 . "$ROOT/tests/hosts_run_lib.sh"
+hr_standalone hosts-recovery
 
 echo "bench/hosts_recovery.sh: KINDS='$KINDS' KILLS=$KILLS STEPS=$STEPS PACE=$PACE AGENT_DOWN=$AGENT_DOWN GAP=$GAP"
 "$ROOT/bench/cpu.sh"
@@ -136,10 +133,9 @@ done
 echo "the faults are done at step $(hr_steps run) of $STEPS"
 hr_wait run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 120}')
 [ "$hr_rc" = 0 ] || fail "the controller's exit status $hr_rc"
-sum=$(hr_summary run)
-get() { echo "$sum" | sed -n "s/^$1=//p"; }
-echo "summary: failures $(get failures), resizes $(get resizes), steps lost $(get steps_lost), goodput $(get goodput)"
-[ "$(get steps_lost)" = 0 ] || fail "steps lost: $(get steps_lost)"
+hr_summary run >/dev/null
+echo "summary: failures $(hr_get failures), resizes $(hr_get resizes), steps lost $(hr_get steps_lost), goodput $(hr_get goodput)"
+[ "$(hr_get steps_lost)" = 0 ] || fail "steps lost: $(hr_get steps_lost)"
 for r in ref hosts; do
 	"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$STEPS" "$TMP/hf-$r" >/dev/null 2>&1 || fail "$r: export failed"
 done

@@ -23,12 +23,9 @@ MODE=${MODE:-loss} PACE=${PACE:-0.3} P=${P:-0.05} BUSY=${BUSY:-2}
 case $MODE in loss) DURATION=${DURATION:-1800} ;; busy) DURATION=${DURATION:-600} ;;
 *) echo "MODE is loss or busy, not '$MODE'" >&2; exit 2 ;; esac
 [ -x "$SLICETRAIN" ] || { echo "no slicetrain at $SLICETRAIN (make first)" >&2; exit 2; }
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/hosts-soak.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 . "$ROOT/tests/hosts_lib.sh"
 . "$ROOT/tests/hosts_run_lib.sh"
+hr_standalone hosts-soak
 
 echo "bench/hosts_soak.sh: MODE=$MODE DURATION=$DURATION PACE=$PACE$([ $MODE = loss ] && echo " P=$P" || echo " BUSY=$BUSY")"
 "$ROOT/bench/cpu.sh"
@@ -52,14 +49,13 @@ while [ $(($(date +%s) - t0)) -lt "$DURATION" ] && kill -0 "$hr_ctl" 2>/dev/null
 s1=$(hr_steps run)
 kill -TERM "$hr_ctl"
 hr_wait run 120
-sum=$(hr_summary run)
-get() { echo "$sum" | sed -n "s/^$1=//p"; }
+hr_summary run >/dev/null
 restarts=$(grep -c 'RUNNING -> RESTARTING' "$TMP/run.out")
 echo "steps trained under $MODE in $DURATION s: $((s1 - s0)); median step $(grep -o 'seconds: [0-9.]*' "$TMP/run.out" |
 	awk '{print $2}' | sort -g | awk '{v[NR]=$1} END {printf "%.3f", NR ? v[int((NR+1)/2)] : 0}') s"
-echo "failures declared: $(get failures) (summary), $restarts RUNNING -> RESTARTING"
+echo "failures declared: $(hr_get failures) (summary), $restarts RUNNING -> RESTARTING"
 grep -E 'RESTARTING|lost:' "$TMP/run.out" | head -5
-[ "$(get failures)" = 0 ] && [ "$restarts" = 0 ] || fail "failures were declared"
+[ "$(hr_get failures)" = 0 ] && [ "$restarts" = 0 ] || fail "failures were declared"
 hr_clean
 echo "$failures failure(s)"
 exit $((failures > 0))

@@ -22,9 +22,12 @@
 # hr_wait_line NAME PATTERN [SECONDS]: until a line matches (grep -E).
 # hr_wait NAME SECONDS: until the controller exits (SIGKILL after SECONDS,
 #   a failure); its status in $hr_rc.
-# hr_summary NAME: the summary line's KEY=VALUE lines.
+# hr_summary NAME: read the run's summary line into $hr_sum (KEY=VALUE
+#   lines) and print it on one line; hr_get KEY: a value of it.
+# hr_standalone NAME: for a script that does not source tests/cli_lib.sh (a
+#   benchmark): $TMP (removed on exit), fail (counted in $failures).
 # hr_reference, hr_same_weights, hr_clean: below.
-hr_port=7400 hr_devices=1 hr_hps=1 hr_ctl= hr_rc= hr_worker_exe=
+hr_port=7400 hr_devices=1 hr_hps=1 hr_ctl= hr_rc= hr_worker_exe= hr_sum=
 declare -gA hr_apid=()
 
 hr_up() {
@@ -106,10 +109,19 @@ hr_wait() {
 }
 
 hr_summary() {
-	grep '^{"event":"summary"' "$TMP/$1.out" | tail -1 | /usr/bin/python3 -c '
+	hr_sum=$(grep '^{"event":"summary"' "$TMP/$1.out" | tail -1 | /usr/bin/python3 -c '
 import json, sys
 for k, v in json.loads(sys.stdin.read() or "{}").items():
-    print(f"{k}={v}")'
+    print(f"{k}={v}")')
+	echo "summary: $(echo $hr_sum)"
+}
+hr_get() { echo "$hr_sum" | sed -n "s/^$1=//p"; }
+
+hr_standalone() {
+	TMP=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+	trap 'rm -rf "$TMP"' EXIT
+	failures=0
+	fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 }
 
 # hr_reference DEVICES_PER_SLICE KEYS...: the fault-free reference, run_name

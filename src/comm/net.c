@@ -176,12 +176,24 @@ int st_port_range_parse(const char *s, int *lo, int *hi)
 	return 0;
 }
 
+int st_addr_is_numeric(const char *s)
+{
+	unsigned char buf[16];
+	return inet_pton(AF_INET, s, buf) == 1 || inet_pton(AF_INET6, s, buf) == 1;
+}
+
+/* Where a process starts trying the n ports of a range: spread by pid. */
+static int range_start(int n)
+{
+	return (int)((unsigned)getpid() * 2654435761u % (unsigned)n);
+}
+
 int st_tcp_listen_range(const char *host, int lo, int hi, int backlog, int *fd, int *bound)
 {
 	if (lo <= 0)
 		return st_tcp_listen(host, 0, backlog, fd, bound);
 	int n = hi - lo + 1, r = -EADDRINUSE;
-	int start = (int)((unsigned)getpid() * 2654435761u % (unsigned)n);
+	int start = range_start(n);
 	for (int i = 0; i < n; i++) {
 		r = st_tcp_listen(host, lo + (start + i) % n, backlog, fd, bound);
 		if (r != -EADDRINUSE && r != -EACCES)
@@ -207,7 +219,7 @@ int st_tcp_free_port(const char *host, int lo, int hi)
 		return -EADDRNOTAVAIL;
 	}
 	int n = lo > 0 ? hi - lo + 1 : 1;
-	int start = lo > 0 ? (int)((unsigned)getpid() * 2654435761u % (unsigned)n) : 0, r = -EADDRINUSE;
+	int start = lo > 0 ? range_start(n) : 0, r = -EADDRINUSE;
 	for (int i = 0; i < n; i++) {
 		uint16_t port = lo > 0 ? (uint16_t)(lo + (start + i) % n) : 0;
 		if (ss.ss_family == AF_INET)

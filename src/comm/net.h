@@ -20,6 +20,8 @@ int st_parse_long(const char *s, long lo, long hi, long *out);
  * st_auth_check_bind (comm/auth.h). 0, or -errno (-EADDRNOTAVAIL for a host
  * that does not resolve). */
 int st_tcp_listen(const char *host, int port, int backlog, int *fd, int *bound_port);
+/* 1 when s is a numeric IPv4 or IPv6 address, else 0. */
+int st_addr_is_numeric(const char *s);
 /* "LO-HI" (1 <= LO <= HI <= 65535) -> lo, hi. 0 or -1 (no message). */
 int st_port_range_parse(const char *s, int *lo, int *hi);
 /* st_tcp_listen on the first port of lo..hi that binds, trying them from

@@ -1016,8 +1016,7 @@ static int host_addr(agent *a, int fd)
 {
 	if (a->o->addr) {
 		int lfd, port;
-		unsigned char bin[16];
-		if (inet_pton(AF_INET, a->o->addr, bin) != 1 && inet_pton(AF_INET6, a->o->addr, bin) != 1)
+		if (!st_addr_is_numeric(a->o->addr))
 			return st_fail(ST_EINVAL, "agent: --addr %s is not a numeric IP address", a->o->addr);
 		int r = st_tcp_listen(a->o->addr, 0, 1, &lfd, &port);
 		if (r < 0)

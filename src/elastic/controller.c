@@ -1129,12 +1129,6 @@ static int refuse(st_ctl *c, int i, const char *fmt, ...)
 	return 0;
 }
 
-static int valid_addr(const char *a)
-{
-	unsigned char buf[16];
-	return inet_pton(AF_INET, a, buf) == 1 || inet_pton(AF_INET6, a, buf) == 1;
-}
-
 /* hello: checked, then the host is pending until it says it sees the run
  * directory ("ready", after the welcome that names the probe file). */
 static int hello(st_ctl *c, int i, const json_t *m)
@@ -1156,7 +1150,7 @@ static int hello(st_ctl *c, int i, const json_t *m)
 	    (rc = st_proto_get_str(m, "addr", &addr)) < 0 || (rc = st_proto_get_str(m, "build", &build)) < 0 ||
 	    (rc = st_proto_get_str(m, "release", &release)) < 0)
 		return rc;
-	if (strlen(addr) >= sizeof(c->conns[i].addr) || !valid_addr(addr))
+	if (strlen(addr) >= sizeof(c->conns[i].addr) || !st_addr_is_numeric(addr))
 		return st_fail(ST_EPROTO, "hello: \"addr\" '%.60s' is not a numeric IP address", addr);
 	if (s >= c->o.num_slices)
 		return refuse(c, i, "slice %lld is out of range: the run has %d slices", s, c->o.num_slices);

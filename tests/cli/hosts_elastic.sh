@@ -16,7 +16,6 @@
 . "$(dirname "$0")/../cli_lib.sh"
 . "$ST_ROOT/tests/hosts_lib.sh"
 . "$ST_ROOT/tests/hosts_run_lib.sh"
-. "$ST_ROOT/tests/mesh_lib.sh"
 steps=80
 keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
 	checkpoint_period=20 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o" steps=$steps)
@@ -45,12 +44,10 @@ hr_agent 1 0
 hr_wait run 120
 status_is "hosts run" "$hr_rc" 0 "$TMP/run.out"
 grep -E 'State Transition|coordinator|refus' "$TMP/run.out" | sed 's/^/    /'
-sum=$(hr_summary run)
-echo "summary: $(echo $sum)"
-get() { echo "$sum" | sed -n "s/^$1=//p"; }
-[ "$(get failures)" = 2 ] || fail "summary: want 2 failures"
-[ "$(get resizes)" = 4 ] || fail "summary: want 4 resizes (a shrink and a grow, twice)"
-[ "$(get steps_lost)" = 0 ] || fail "summary: steps_lost '$(get steps_lost)', want 0 (re-formed in place)"
+hr_summary run
+[ "$(hr_get failures)" = 2 ] || fail "summary: want 2 failures"
+[ "$(hr_get resizes)" = 4 ] || fail "summary: want 4 resizes (a shrink and a grow, twice)"
+[ "$(hr_get steps_lost)" = 0 ] || fail "summary: steps_lost '$(hr_get steps_lost)', want 0 (re-formed in place)"
 [ "$(grep -c 'growing in place from 1 to 2' "$TMP/run.out")" = 2 ] || fail "want 2 growths back in place"
 grep 'restored step' "$TMP/run.out" && fail "a worker read a checkpoint"
 grep -q 'received from rank 0, no checkpoint read' "$TMP/run.out" ||

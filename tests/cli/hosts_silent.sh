@@ -63,11 +63,9 @@ for i in $(seq 300); do [ "$(grep -c 'growing in place from 1 to 2' "$TMP/run.ou
 hr_wait run 120
 status_is "hosts run" "$hr_rc" 0 "$TMP/run.out"
 grep -E 'State Transition|lost:' "$TMP/run.out" | sed 's/^/    /'
-sum=$(hr_summary run)
-echo "summary: $(echo $sum)"
-get() { echo "$sum" | sed -n "s/^$1=//p"; }
-[ "$(get failures)" = 2 ] || fail "summary: want 2 failures"
-[ "$(get steps_lost)" = 0 ] || fail "summary: steps_lost '$(get steps_lost)', want 0"
+hr_summary run
+[ "$(hr_get failures)" = 2 ] || fail "summary: want 2 failures"
+[ "$(hr_get steps_lost)" = 0 ] || fail "summary: steps_lost '$(hr_get steps_lost)', want 0"
 grep -E 'RESTARTING.*slice 0' "$TMP/run.out" && fail "slice 0 (the reporter's) was blamed"
 hr_same_weights hosts $steps
 hr_clean

@@ -34,12 +34,10 @@ hr_wait_line pre 'RUNNING.*on 2 slices' 60 || true
 hr_wait pre 120
 status_is "preemption run" "$hr_rc" 0 "$TMP/pre.out"
 grep -E 'State Transition|notice' "$TMP/pre.out" | sed 's/^/    /'
-sum=$(hr_summary pre)
-echo "summary: $(echo $sum)"
-get() { echo "$sum" | sed -n "s/^$1=//p"; }
-[ "$(get preemptions)" = 1 ] || fail "summary: want 1 preemption"
-[ "$(get failures)" = 0 ] || fail "summary: want 0 failures"
-[ "$(get steps_lost)" = 0 ] || fail "summary: steps lost '$(get steps_lost)', want 0 (saved at the notice)"
+hr_summary pre
+[ "$(hr_get preemptions)" = 1 ] || fail "summary: want 1 preemption"
+[ "$(hr_get failures)" = 0 ] || fail "summary: want 0 failures"
+[ "$(hr_get steps_lost)" = 0 ] || fail "summary: steps lost '$(hr_get steps_lost)', want 0 (saved at the notice)"
 [ "$(grep -c 'on 2 slices' "$TMP/pre.out")" -ge 2 ] || fail "the group did not grow back to 2 slices"
 
 hr_port=7401
