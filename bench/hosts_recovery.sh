@@ -11,7 +11,12 @@
 #   stop:   SIGSTOP of slice 1's worker (hung; its agent kills it);
 #   cut:    slice 1's link down (a silent host), up again once the group
 #           re-formed; the host's old agent stops, and starts again
-#           AGENT_DOWN s later.
+#           AGENT_DOWN s later;
+#   hang:   slice 1's compute thread stuck (the hang hook,
+#           SLICETRAIN_TEST_HANG_FILE: its other threads go on), until the
+#           failure is declared; its step watchdog finds it. The fault's
+#           time is when the hook's line appears in the controller's output
+#           (the hook blocks at the next step's start).
 # Measured from outside, by the time a line appears in the controller's
 # output (polled every 5 ms): detection, the fault to the controller's
 # "RUNNING -> RESTARTING"; then to the first step of the group re-formed on
@@ -84,7 +89,7 @@ hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-d
 	--backoff-window "$BACKOFF" -- \
 	"${keys[@]}" run_name=hosts
 hr_agent 0 0
-hr_agent 1 0
+hr_agent_env="SLICETRAIN_TEST_HANG_FILE=$TMP/hang" hr_agent 1 0
 hr_wait_steps run 20 60 || { fail "the run did not start: $(tail -3 "$TMP/run.out")"; }
 
 step='completed step'
@@ -102,8 +107,12 @@ for kind in $KINDS; do
 		worker | agent) kill -9 "$pid" ;;
 		stop) kill -STOP "$pid" ;;
 		cut) th_cut s1h0 ;;
+		hang) touch "$TMP/hang"
+			h=$(after "$off" 'test hook: .* blocks' 30) || { fail "$kind $k: the hook did not block"; break 2; }
+			t0=${h% *} ;;
 		esac
 		d=$(after "$off" 'RUNNING -> RESTARTING' 60) || { fail "$kind $k: no failure declared"; break 2; }
+		rm -f "$TMP/hang"
 		r=$(after "${d#* }" 're-formed in place on 1 slice' 30) || { fail "$kind $k: no re-formation"; break 2; }
 		r=$(after "${r#* }" "$step" 30) || { fail "$kind $k: no step after the re-formation"; break 2; }
 		grep -qE 'RUNNING -> RESTARTING.*slice 0' <(tail -c +$((off + 1)) "$TMP/run.out") &&
@@ -115,8 +124,8 @@ for kind in $KINDS; do
 			wait "$old" 2>/dev/null
 			sleep "$AGENT_DOWN"
 			t1=$(now)
-			hr_agent 1 0 ;;
-		*) t1=$(echo "${d% *} + 1" | bc) ;; # the end of the repair delay
+			hr_agent_env="SLICETRAIN_TEST_HANG_FILE=$TMP/hang" hr_agent 1 0 ;;
+		*) t1=$(echo "${d% *} + 1" | bc) ;; # the end of the repair delay (worker, stop, hang)
 		esac
 		g=$(after "${r#* }" 're-formed in place on 2 slices' 60) || { fail "$kind $k: no growth back"; break 2; }
 		g=$(after "${g#* }" "$step" 30) || { fail "$kind $k: no step after the growth"; break 2; }
@@ -136,12 +145,7 @@ hr_wait run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 120}')
 hr_summary run >/dev/null
 echo "summary: failures $(hr_get failures), resizes $(hr_get resizes), steps lost $(hr_get steps_lost), goodput $(hr_get goodput)"
 [ "$(hr_get steps_lost)" = 0 ] || fail "steps lost: $(hr_get steps_lost)"
-for r in ref hosts; do
-	"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$STEPS" "$TMP/hf-$r" >/dev/null 2>&1 || fail "$r: export failed"
-done
-cmp -s "$TMP/hf-ref/model.safetensors" "$TMP/hf-hosts/model.safetensors" &&
-	echo "final weights: bit-identical to the fault-free run with launch on one machine" ||
-	fail "final weights differ from the fault-free run's"
+hr_same_weights hosts "$STEPS"
 stats() { # NAME VALUES...: median and maximum
 	local name=$1; shift
 	[ $# -gt 0 ] || { echo "$name: none"; return; }
@@ -154,8 +158,6 @@ for kind in $KINDS; do
 	stats "$kind: recovery (fault to first step)" ${rec[$kind]:-}
 	stats "$kind: growth" ${grow[$kind]:-}
 done
-th_down
-left=$(th_leftovers)
-[ -z "$left" ] || fail "left behind: $left"
+hr_clean
 echo "$failures failure(s)"
 exit $((failures > 0))

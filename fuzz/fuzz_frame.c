@@ -1,7 +1,7 @@
 /*
  * fuzz_frame - what a worker group's listener reads from a new connection
  * and from a control connection (comm/frame.h): the acceptor's state
- * machine (the run token's handshake on TCP, then the 32-byte hello), the
+ * machine (the run token's handshake on TCP, then the 40-byte hello), the
  * hello's judgement, then control frames; and the client's side of the
  * handshake against a fuzzed server (hello and answer).
  *
@@ -14,11 +14,11 @@
  * 1-2 the handshake (0, 3: correct; 1: the next 68 bytes; 2: correct with
  * the byte chosen by the next byte flipped), bits 3-6 the piece size (0:
  * what st_accept_want asks, else k bytes), bit 7: the group's rank is 2
- * (else 0) of 4. Then the stream: the hello, then control frames, 32
+ * (else 0) of 4. Then the stream: the hello, then control frames, 40
  * bytes each, judged as from the hello's rank.
  * Checked beyond "no crash, no sanitizer report": no hello unless the proof
  * was right; the acceptor never takes more than it asked for or past the
- * hello; a hello is accepted only with the group's nonce, another member's
+ * hello; a hello is accepted only with the group's generation and nonce, another member's
  * rank and that member's pid, and a control hello only from a higher rank;
  * an abort names a rank of the group; the client refuses a wrong answer.
  */
@@ -35,6 +35,7 @@
 
 enum { SIZE = 4, MAX_REASON = 5 };
 #define NONCE 0x0123456789abcdefull
+#define GEN 7 /* the group's generation: a frame of any other is refused */
 
 static st_token tok;
 static const int32_t pids[SIZE] = { 4100, 4101, 4102, 4103 };
@@ -75,9 +76,9 @@ static void control_frames(const uint8_t *p, size_t n, int from)
 			FUZZ_ASSERT(why != NULL);
 			continue;
 		}
-		int type = st_ctrl_frame_check(&f, NONCE, from, SIZE, MAX_REASON, &reason, &rank, &why);
+		int type = st_ctrl_frame_check(&f, NONCE, GEN, from, SIZE, MAX_REASON, &reason, &rank, &why);
 		if (type < 0) {
-			FUZZ_ASSERT(why != NULL && (f.nonce != NONCE || f.rank != from));
+			FUZZ_ASSERT(why != NULL && (f.gen != GEN || f.nonce != NONCE || f.rank != from));
 			continue;
 		}
 		FUZZ_ASSERT((uint32_t)type == f.type || (type == 0 && (f.type < F_HELLO_CTRL || f.type > F_FD)));
@@ -140,14 +141,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (!got)
 		return 0;
-	st_hello_rules rules = { .self = self, .size = SIZE, .nonce = NONCE, .pid_of = pid_of, .ctx = pids };
+	st_hello_rules rules = { .self = self, .size = SIZE, .nonce = NONCE, .gen = GEN, .pid_of = pid_of, .ctx = pids };
 	const char *why = NULL;
 	int kind = st_hello_check(&rules, &hf, !tcp, &why);
 	if (kind < 0) {
 		FUZZ_ASSERT(why != NULL);
 		return 0;
 	}
-	FUZZ_ASSERT(hf.magic == ST_FRAME_MAGIC && hf.nonce == NONCE && hf.rank >= 0 && hf.rank < SIZE &&
+	FUZZ_ASSERT(hf.magic == ST_FRAME_MAGIC && hf.gen == GEN && hf.nonce == NONCE && hf.rank >= 0 && hf.rank < SIZE &&
 		    hf.rank != self && hf.aux == (uint32_t)pids[hf.rank]);
 	FUZZ_ASSERT((kind == F_HELLO_CTRL && hf.rank > self) || (kind == F_HELLO_DATA && tcp));
 	if (kind == F_HELLO_CTRL)

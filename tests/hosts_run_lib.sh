@@ -15,7 +15,8 @@
 #   its output (stdout and stderr) in $TMP/NAME.out, its pid in $hr_ctl.
 # hr_agent S H [OPTIONS...]: slice S's host H's agent (--devices
 #   $hr_devices), output appended to $TMP/agent-S-H.out, pid in
-#   hr_apid[S.H]. Workers run $hr_worker_exe when set (SLICETRAIN_WORKER_EXE).
+#   hr_apid[S.H]. Workers run $hr_worker_exe when set (SLICETRAIN_WORKER_EXE);
+#   $hr_agent_env (NAME=VALUE words) is added to the agent's environment.
 # hr_worker S H: the pid of a worker of that agent (empty when none).
 # hr_steps NAME: the number of step lines of the controller's output so far.
 # hr_wait_steps NAME N [SECONDS]: until N step lines (1 when not in time).
@@ -60,7 +61,7 @@ hr_agent() {
 	local s=$1 h=$2; shift 2
 	local out=$TMP/agent-$s-$h.out
 	echo "== $(date +%T.%N | cut -c1-12) agent starts" >>"$out"
-	ST_TEST_HOSTS=$TH_ID ip netns exec "$(th_ns "s${s}h$h")" env OMP_NUM_THREADS=1 \
+	ST_TEST_HOSTS=$TH_ID ip netns exec "$(th_ns "s${s}h$h")" env OMP_NUM_THREADS=1 ${hr_agent_env:-} \
 		${hr_worker_exe:+SLICETRAIN_WORKER_EXE=$hr_worker_exe} "$SLICETRAIN" agent \
 		--controller "10.213.0.1:$hr_port" --slice "$s" --host "$h" --hosts-per-slice "$hr_hps" \
 		--devices "$hr_devices" --quiet "$@" >>"$out" 2>&1 </dev/null &

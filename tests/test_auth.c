@@ -326,29 +326,45 @@ static void test_frames(void)
 	f = ok;
 	f.magic ^= 1;
 	CHECK(st_hello_check(&rules, &f, 0, &why) == -1 && strstr(why, "magic"));
-	uint8_t raw[40];
+	/* a hello replayed from an older generation (a stale worker back after a
+	 * partition), and one from a newer: refused, whatever its nonce */
+	st_hello_rules r7 = rules;
+	r7.gen = 7;
+	f = ok;
+	f.gen = 6;
+	CHECK(st_hello_check(&r7, &f, 0, &why) == -1 && strstr(why, "older generation"));
+	f.gen = 8;
+	CHECK(st_hello_check(&r7, &f, 0, &why) == -1 && strstr(why, "newer generation"));
+	f.gen = 7;
+	CHECK(st_hello_check(&r7, &f, 0, &why) == F_HELLO_DATA);
+	uint8_t raw[48];
 	memcpy(raw, &ok, sizeof(ok));
-	CHECK(st_frame_decode(raw, 32, &f, &why) == 0 && f.key == 5);
-	CHECK(st_frame_decode(raw, 31, &f, &why) == -1 && st_frame_decode(raw, 33, &f, &why) == -1);
+	CHECK(st_frame_decode(raw, 40, &f, &why) == 0 && f.key == 5);
+	CHECK(st_frame_decode(raw, 39, &f, &why) == -1 && st_frame_decode(raw, 41, &f, &why) == -1);
 
 	/* control frames and abort reasons */
 	int reason, arank;
 	st_frame ab = { .magic = ST_FRAME_MAGIC, .type = F_ABORT, .rank = 2, .aux = 2, .nonce = 77, .key = 3 };
-	CHECK(st_ctrl_frame_check(&ab, 77, 2, 4, 5, &reason, &arank, &why) == F_ABORT && reason == 2 && arank == 3);
+	CHECK(st_ctrl_frame_check(&ab, 77, 0, 2, 4, 5, &reason, &arank, &why) == F_ABORT && reason == 2 && arank == 3);
 	ab.key = 9;
-	CHECK(st_ctrl_frame_check(&ab, 77, 2, 4, 5, &reason, &arank, &why) == F_ABORT && reason == 0 && arank == 2);
-	CHECK(st_ctrl_frame_check(&ab, 77, 1, 4, 5, &reason, &arank, &why) == -1);
-	CHECK(st_ctrl_frame_check(&ab, 78, 2, 4, 5, &reason, &arank, &why) == -1);
+	CHECK(st_ctrl_frame_check(&ab, 77, 0, 2, 4, 5, &reason, &arank, &why) == F_ABORT && reason == 0 && arank == 2);
+	CHECK(st_ctrl_frame_check(&ab, 77, 0, 1, 4, 5, &reason, &arank, &why) == -1);
+	CHECK(st_ctrl_frame_check(&ab, 78, 0, 2, 4, 5, &reason, &arank, &why) == -1);
+	/* replayed from an older generation (the same nonce, to be sure the generation decides) */
+	ab.gen = 6;
+	CHECK(st_ctrl_frame_check(&ab, 77, 7, 2, 4, 5, &reason, &arank, &why) == -1 && strstr(why, "generation"));
+	ab.gen = 7;
+	CHECK(st_ctrl_frame_check(&ab, 77, 7, 2, 4, 5, &reason, &arank, &why) == F_ABORT);
 
 	/* the acceptor, byte by byte: hello, proof, answer, hello frame; nothing read past it */
 	st_token tok = token_of(SECRET);
 	st_accept acc;
 	st_auth_cli c;
-	uint8_t hello[ST_AUTH_HELLO], stream[ST_AUTH_PROOF + 32 + 8], answer[ST_AUTH_MAC];
+	uint8_t hello[ST_AUTH_HELLO], stream[ST_AUTH_PROOF + sizeof(st_frame) + 8], answer[ST_AUTH_MAC];
 	CHECK(st_accept_start(&acc, 1, hello) == 0);
 	CHECK(st_auth_cli_answer(&c, &tok, hello, stream) == 0);
-	memcpy(stream + ST_AUTH_PROOF, &ok, 32);
-	memset(stream + ST_AUTH_PROOF + 32, 0xee, 8); /* payload that belongs to comm.c */
+	memcpy(stream + ST_AUTH_PROOF, &ok, sizeof(ok));
+	memset(stream + ST_AUTH_PROOF + sizeof(ok), 0xee, 8); /* payload that belongs to comm.c */
 	size_t off = 0;
 	int answered = 0, got = 0;
 	while (off < sizeof(stream) && !got) {
@@ -367,27 +383,34 @@ static void test_frames(void)
 			CHECK(k == ST_ACCEPT_MORE);
 		}
 	}
-	CHECK(answered == 1 && got && off == ST_AUTH_PROOF + 32);
+	CHECK(answered == 1 && got && off == ST_AUTH_PROOF + sizeof(ok));
 	/* the wrong token stops it at the proof; unix connections have no handshake */
 	st_token other = token_of(OTHER);
 	CHECK(st_accept_start(&acc, 1, hello) == 0 && st_auth_cli_answer(&c, &other, hello, stream) == 0);
 	size_t used;
 	st_frame hf;
 	CHECK(st_accept_feed(&acc, &tok, stream, ST_AUTH_PROOF, &used, answer, &hf) == ST_EAUTH);
-	CHECK(st_accept_start(&acc, 0, NULL) == 0 && st_accept_want(&acc) == 32);
-	CHECK(st_accept_feed(&acc, &tok, (const uint8_t *)&ok, 32, &used, answer, &hf) == ST_ACCEPT_HELLO);
+	CHECK(st_accept_start(&acc, 0, NULL) == 0 && st_accept_want(&acc) == sizeof(st_frame));
+	CHECK(st_accept_feed(&acc, &tok, (const uint8_t *)&ok, sizeof(ok), &used, answer, &hf) == ST_ACCEPT_HELLO);
 }
 
 /* ---- the store's parser and server ---- */
 
-static size_t req(uint8_t *buf, uint32_t op, const char *key, const void *val, uint32_t vl)
+/* A request of generation gen into buf; its size. */
+static size_t req_gen(uint8_t *buf, uint32_t op, const char *key, const void *val, uint32_t vl, uint64_t gen)
 {
 	uint32_t h[3] = { op, (uint32_t)strlen(key), vl };
 	memcpy(buf, h, 12);
-	memcpy(buf + 12, key, strlen(key));
+	memcpy(buf + 12, &gen, 8);
+	memcpy(buf + ST_STORE_HEADER, key, strlen(key));
 	if (vl)
-		memcpy(buf + 12 + strlen(key), val, vl);
-	return 12 + strlen(key) + vl;
+		memcpy(buf + ST_STORE_HEADER + strlen(key), val, vl);
+	return ST_STORE_HEADER + strlen(key) + vl;
+}
+
+static size_t req(uint8_t *buf, uint32_t op, const char *key, const void *val, uint32_t vl)
+{
+	return req_gen(buf, op, key, val, vl, 0);
 }
 
 static void test_store_parse(void)
@@ -398,7 +421,7 @@ static void test_store_parse(void)
 	CHECK(st_store_parse_request(b, n, &q) == 1 && q.size == n && q.key_len == 3 && q.val_len == 5 &&
 	      memcmp(q.val, "value", 5) == 0);
 	for (size_t k = 0; k < n; k++)
-		CHECK(st_store_parse_request(b, k, &q) == 0 && q.size == (k >= 12 ? n : 0));
+		CHECK(st_store_parse_request(b, k, &q) == 0 && q.size == (k >= ST_STORE_HEADER ? n : 0));
 	CHECK(st_store_parse_request(b, n + 10, &q) == 1 && q.size == n); /* what follows is not its business */
 	int64_t d = 1;
 	n = req(b, ST_STORE_ADD, "c", &d, 8);
@@ -413,8 +436,10 @@ static void test_store_parse(void)
 	n = req(b, ST_STORE_GET, "a\0b", NULL, 0);
 	uint32_t kl = 3;
 	memcpy(b + 4, &kl, 4);
-	memcpy(b + 12, "a\0b", 3);
-	CHECK(st_store_parse_request(b, 15, &q) == ST_EPROTO && strstr(st_errmsg(), "NUL"));
+	memcpy(b + ST_STORE_HEADER, "a\0b", 3);
+	CHECK(st_store_parse_request(b, ST_STORE_HEADER + 3, &q) == ST_EPROTO && strstr(st_errmsg(), "NUL"));
+	n = req_gen(b, ST_STORE_GET, "g", NULL, 0, 1ull << 40);
+	CHECK(st_store_parse_request(b, n, &q) == 1 && q.generation == 1ull << 40);
 }
 
 /* An engine connection past the handshake with token t. -1 when refused. */
@@ -436,7 +461,7 @@ static int engine_client(st_store_server *s, const st_token *t)
 /* One request on engine connection id: the answer's value length, or -1 when dropped / -2 no answer yet. */
 static long engine_req(st_store_server *s, int id, uint32_t op, const char *key, const void *val, uint32_t vl)
 {
-	uint8_t *b = malloc(12 + strlen(key) + vl), *out;
+	uint8_t *b = malloc(ST_STORE_HEADER + strlen(key) + vl), *out;
 	size_t n = req(b, op, key, val, vl);
 	int r = st_store_engine_input(s, id, b, n);
 	free(b);
@@ -478,14 +503,43 @@ static void test_store_engine(void)
 	CHECK(engine_req(s, a, ST_STORE_GET, "k", NULL, 0) == -1);
 	/* bytes before the proof is answered... garbage after a valid request header */
 	a = engine_client(s, &tok);
-	uint32_t h[3] = { 9, 1, 0 };
-	CHECK(st_store_engine_input(s, a, h, 12) < 0 && strstr(st_errmsg(), "unknown request"));
+	uint32_t h[5] = { 9, 1, 0, 0, 0 };
+	CHECK(st_store_engine_input(s, a, h, ST_STORE_HEADER) < 0 && strstr(st_errmsg(), "unknown request"));
 	/* ADD on a value that is not a counter */
 	a = engine_client(s, &tok);
 	int64_t one = 1;
 	CHECK(engine_req(s, a, ST_STORE_ADD, "k", &one, 8) == -1 && strstr(st_errmsg(), "counter"));
 	a = engine_client(s, &tok);
 	CHECK(engine_req(s, a, ST_STORE_ADD, "n", &one, 8) == 8 && engine_req(s, a, ST_STORE_ADD, "n", &one, 8) == 8);
+
+	/* a request replayed from an older generation, and one from a newer, on
+	 * a store of generation 7: refused (the connection dropped), whatever
+	 * the op; generation 7's are served */
+	st_store_limits lim7 = lim;
+	lim7.generation = 7;
+	st_store_server *s7;
+	CHECK(st_store_engine_new(&s7, &tok, &lim7) == 0);
+	uint8_t rb[64];
+	int c7 = engine_client(s7, &tok);
+	size_t rn = req_gen(rb, ST_STORE_SET, "ep/1", "x", 1, 7);
+	CHECK(st_store_engine_input(s7, c7, rb, rn) == 0);
+	for (int g = 0; g < 2; g++) {
+		uint32_t ops[3] = { ST_STORE_SET, ST_STORE_GET, ST_STORE_ADD };
+		for (int o = 0; o < 3; o++) {
+			int cs = engine_client(s7, &tok);
+			rn = req_gen(rb, ops[o], "ep/1", &one, ops[o] == ST_STORE_GET ? 0 : ops[o] == ST_STORE_ADD ? 8 : 1,
+				     g ? 8 : 6);
+			CHECK_MSG(st_store_engine_input(s7, cs, rb, rn) < 0 &&
+				  strstr(st_errmsg(), g ? "newer than the store's 7" : "older than the store's 7"), "'%s'",
+				  st_errmsg());
+		}
+	}
+	int c7b = engine_client(s7, &tok);
+	rn = req_gen(rb, ST_STORE_GET, "ep/1", NULL, 0, 7);
+	CHECK(st_store_engine_input(s7, c7b, rb, rn) == 0);
+	CHECK(st_store_engine_take(s7, c7b, &out, &m) == 0 && m == 9 && out[8] == 'x'); /* the stale SET did not land */
+	free(out);
+	st_store_server_stop(s7);
 
 	/* the memory bound: a value over it, then many keys until the bound */
 	int64_t base = st_store_engine_bytes(s);

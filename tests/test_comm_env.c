@@ -324,10 +324,13 @@ static void test_store(void)
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		uint8_t req[64] = { 0 };
 		memcpy(req, bad[i], 12);
-		CHECK_MSG(server_drops(port, req, 12 + 8), "malformed request %zu not dropped", i);
+		CHECK_MSG(server_drops(port, req, ST_STORE_HEADER + 8), "malformed request %zu not dropped", i);
 	}
-	uint8_t nul[] = { 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 'a', 0, 'b' };
+	uint8_t nul[] = { 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 'a', 0, 'b' };
 	CHECK(server_drops(port, nul, sizeof(nul)));
+	/* a request of another generation (this store's is 0): dropped */
+	uint8_t stale[] = { 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 'k' };
+	CHECK(server_drops(port, stale, sizeof(stale)));
 	/* random garbage from many clients; the server keeps serving */
 	unsigned seed = 7;
 	for (int t = 0; t < 200; t++) {
@@ -407,12 +410,13 @@ static void test_single_group(void)
 static void test_elastic_env(void)
 {
 	static const char *const vars[] = {"SLICETRAIN_GENERATION", "SLICETRAIN_JOIN", "SLICETRAIN_ELASTIC_MAX_DEVICES",
-					   "SLICETRAIN_CONTROL_FD"};
-	for (int i = 0; i < 4; i++)
+					   "SLICETRAIN_CONTROL_FD", "SLICETRAIN_STEP_WATCHDOG_MS"};
+	enum { NV = sizeof(vars) / sizeof(vars[0]) };
+	for (int i = 0; i < NV; i++)
 		unsetenv(vars[i]);
 	st_elastic_env e;
 	CHECK(st_elastic_env_read(&e) == 0);
-	CHECK(e.generation == -1 && !e.joiner && e.max_devices == 0 && e.control_fd == -1);
+	CHECK(e.generation == -1 && !e.joiner && e.max_devices == 0 && e.control_fd == -1 && e.watchdog_ms == 0);
 	/* empty values count as absent, as the launcher leaves them */
 	setenv("SLICETRAIN_GENERATION", "", 1);
 	setenv("SLICETRAIN_ELASTIC_MAX_DEVICES", "", 1);
@@ -421,8 +425,11 @@ static void test_elastic_env(void)
 	setenv("SLICETRAIN_JOIN", "1", 1);
 	setenv("SLICETRAIN_ELASTIC_MAX_DEVICES", "4", 1);
 	setenv("SLICETRAIN_CONTROL_FD", "9", 1);
+	setenv("SLICETRAIN_STEP_WATCHDOG_MS", "1500", 1);
 	CHECK(st_elastic_env_read(&e) == 0);
-	CHECK(e.generation == 7 && e.joiner && e.max_devices == 4 && e.control_fd == 9);
+	CHECK(e.generation == 7 && e.joiner && e.max_devices == 4 && e.control_fd == 9 && e.watchdog_ms == 1500);
+	setenv("SLICETRAIN_STEP_WATCHDOG_MS", "0", 1);
+	CHECK(st_elastic_env_read(&e) == 0 && e.watchdog_ms == 0);
 	CHECK_MSG(!getenv("SLICETRAIN_CONTROL_FD"), "SLICETRAIN_CONTROL_FD is left for child processes");
 	setenv("SLICETRAIN_JOIN", "0", 1);
 	CHECK(st_elastic_env_read(&e) == 0 && !e.joiner);
@@ -432,17 +439,19 @@ static void test_elastic_env(void)
 		{"SLICETRAIN_GENERATION", "x"}, {"SLICETRAIN_GENERATION", "-1"}, {"SLICETRAIN_GENERATION", "3 "},
 		{"SLICETRAIN_JOIN", "2"}, {"SLICETRAIN_JOIN", "yes"}, {"SLICETRAIN_ELASTIC_MAX_DEVICES", "0"},
 		{"SLICETRAIN_ELASTIC_MAX_DEVICES", "99999999999999999999"}, {"SLICETRAIN_CONTROL_FD", ""},
-		{"SLICETRAIN_CONTROL_FD", "2"}, {"SLICETRAIN_CONTROL_FD", "fd"},
+		{"SLICETRAIN_CONTROL_FD", "2"}, {"SLICETRAIN_CONTROL_FD", "fd"}, {"SLICETRAIN_STEP_WATCHDOG_MS", "50"},
+		{"SLICETRAIN_STEP_WATCHDOG_MS", "-1"}, {"SLICETRAIN_STEP_WATCHDOG_MS", "3600001"},
+		{"SLICETRAIN_STEP_WATCHDOG_MS", "1s"},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		for (int k = 0; k < 4; k++)
+		for (int k = 0; k < NV; k++)
 			unsetenv(vars[k]);
 		setenv(bad[i].var, bad[i].value, 1);
 		int rc = st_elastic_env_read(&e);
 		CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), bad[i].var), "%s='%s': rc %d, '%s'", bad[i].var,
 			  bad[i].value, rc, st_errmsg());
 	}
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < NV; i++)
 		unsetenv(vars[i]);
 }
 

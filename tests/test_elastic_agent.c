@@ -290,7 +290,9 @@ static void welcome(ctl *t)
 }
 
 /* "start" of ranks 0 and 1 of a 1-slice, 2-device group. */
-static void start(ctl *t, long long gen, const char *steps)
+/* Start generation gen's 2 workers with steps ("steps=N") and extra
+ * SLICETRAIN_ variables (NULL: none; taken). */
+static void start_env(ctl *t, long long gen, const char *steps, json_t *extra)
 {
 	char coord[64], out[512], config[512], g[32];
 	snprintf(coord, sizeof(coord), "127.0.0.1:%d", free_port());
@@ -299,6 +301,9 @@ static void start(ctl *t, long long gen, const char *steps)
 	snprintf(config, sizeof(config), "%s/configs/base.yml", root);
 	json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "SLICETRAIN_WORLD_SIZE", "2", "SLICETRAIN_NUM_SLICES", "1",
 				"SLICETRAIN_COORDINATOR", coord, "SLICETRAIN_GENERATION", g);
+	if (extra)
+		json_object_update(env, extra);
+	json_decref(extra);
 	/* data parallel: a group of one re-formed from it keeps its shard; the
 	 * run's name pinned, as the real controller pins it (a group's workers
 	 * refuse to derive one each) */
@@ -308,6 +313,8 @@ static void start(ctl *t, long long gen, const char *steps)
 	send_msg(t, json_pack("{s:s,s:I,s:[i,i],s:o,s:o,s:i}", "type", "start", "gen", (json_int_t)gen, "ranks", 0, 1,
 			      "env", env, "args", args, "threads", 1));
 }
+
+static void start(ctl *t, long long gen, const char *steps) { start_env(t, gen, steps, NULL); }
 
 /* The "started" of gen: both ranks' pids into pids[rank]. */
 static int started(ctl *t, long long gen, int pids[2])
@@ -514,6 +521,45 @@ static int setup(ctl *t, const char *name, const char *const *extra, long long g
 }
 
 static const char *const quiet[] = {"--quiet", NULL};
+
+/* The step watchdog: both workers' compute threads blocked by the hang
+ * hook (their other threads go on) are found by their watchdogs, which
+ * tell the agent; the agent kills them and reports each exit with why
+ * "hung: stuck: ...". */
+static void test_hung(void)
+{
+	ctl t;
+	int pids[2], n = 0;
+	char hang[600];
+	snprintf(hang, sizeof(hang), "%s/agent-test-hang-%d", tmp, (int)getpid());
+	unlink(hang);
+	if (!setup(&t, "hung", NULL, -1, pids)) {
+		ctl_end(&t);
+		return;
+	}
+	start_env(&t, 1, LONG_STEPS, json_pack("{s:s,s:s,s:s}", "SLICETRAIN_STEP_WATCHDOG_MS", "200",
+					       "SLICETRAIN_TEST_HANG_FILE", hang, "SLICETRAIN_MIN_STEP_SECONDS", "0.02"));
+	if (started(&t, 1, pids) && wait_step(&t, 1, 60)) {
+		for (int i = 0; i < 10; i++) /* a few measured steps: the watchdog arms */
+			pump(&t, 20);
+		int fd = open(hang, O_CREAT | O_WRONLY, 0600);
+		CHECK(fd >= 0);
+		close(fd);
+		for (int r = 0; r < 2; r++) {
+			json_t *m = take(&t, "exit", 20);
+			const char *why = json_string_value(json_object_get(m, "why"));
+			CHECK_MSG(m && why && !strncmp(why, "hung: stuck: no step progress", 29) &&
+				  json_integer_value(json_object_get(m, "signal")) == SIGKILL,
+				  "exit %d: why '%s'", r, why ? why : "(none)");
+			n += m != NULL;
+			json_decref(m);
+		}
+		CHECK(n == 2);
+		CHECK(file_has(t.agent_out, "the compute thread is stuck: no step progress"));
+	}
+	unlink(hang);
+	ctl_end(&t);
+}
 
 /* The controller goes away (closes) while workers run. */
 static void test_controller_closes(void)
@@ -729,6 +775,7 @@ int main(void)
 	test_refused();
 	test_lifecycle();
 	test_controller_closes();
+	test_hung();
 	static const char bad_json[] = "{\"type\":\"start\",\n";
 	static const char unknown[] = "{\"type\":\"reboot\"}\n";
 	static const char bad_field[] = "{\"type\":\"start\",\"gen\":1,\"ranks\":\"0\",\"args\":[]}\n";

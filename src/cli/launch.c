@@ -33,7 +33,7 @@ static const char launch_usage[] =
 	"                         [--hosts-per-slice H] [--max-failures N] [--repair-delay S]\n"
 	"                         [--kill SLICE@STEP[:DOWN_S]] [--preempt SLICE@STEP[:DOWN_S]]\n"
 	"                         [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
-	"                         [--restart-from-checkpoint] [--backoff-window S]\n"
+	"                         [--restart-from-checkpoint] [--backoff-window S] [--step-watchdog-ms N]\n"
 	"                         [--threads-per-device T] [--port P] -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"Starts S x D training processes on this machine (one per device, slice-major\n"
@@ -60,8 +60,10 @@ static const char launch_usage[] =
 	"(default 600, -1 forever) ends the run with status 3. A slice that fails again\n"
 	"within --backoff-window seconds (default 30; 0: never) of returning is kept\n"
 	"out twice as long each time (back-off, up to 64x), unless the group needs it to\n"
-	"reach M. Ends with the summary line {\"event\":\"summary\",...}\n"
-	"on stdout.\n"
+	"reach M. A worker whose compute thread makes no progress outside collectives\n"
+	"for max(--step-watchdog-ms (default 1000; 0: off), 3 x its longest such gap of\n"
+	"the last 16 steps) is killed as hung and its slice replaced (docs/failures.md).\n"
+	"Ends with the summary line {\"event\":\"summary\",...} on stdout.\n"
 	"\n"
 	"The config part (after \"--\") is loaded here first: bad input, or missing\n"
 	"data, ends the launch before anything starts (exit 2). Every worker gets the\n"
@@ -507,7 +509,8 @@ static const char *const launch_extra[] = {"--kill", "--preempt", "--listen", "-
 /* The command line of launch and controller, before "--". */
 typedef struct eargs {
 	int slices, dps, threads, port;
-	int min_slices, hps, max_failures, repair, elastic, hb_ms, grace, wait_timeout, restart_only, backoff;
+	int min_slices, hps, max_failures, repair, elastic, hb_ms, grace, wait_timeout, restart_only, backoff,
+	    watchdog_ms;
 	const char *listen; /* controller: --listen ADDR:PORT */
 	st_ctl_fault faults[64];
 	int nfaults;
@@ -518,7 +521,7 @@ typedef struct eargs {
 static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage, eargs *e, int *next)
 {
 	*e = (eargs){.threads = 1, .hps = 1, .max_failures = 3, .repair = 10, .hb_ms = 1000, .grace = 30,
-		     .wait_timeout = 600, .backoff = 30};
+		     .wait_timeout = 600, .backoff = 30, .watchdog_ms = 1000};
 	int ctl = !strcmp(cmd, "controller"), i;
 	const st_cli_opt opts[] = {
 		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &e->slices, .min = 1, .max = ST_CLI_MAX_SLICES},
@@ -534,6 +537,7 @@ static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage
 		{.name = "--wait-timeout", .kind = ST_CLI_INT, .value = &e->wait_timeout, .min = -1, .max = 1 << 20},
 		{.name = "--restart-from-checkpoint", .kind = ST_CLI_FLAG, .value = &e->restart_only},
 		{.name = "--backoff-window", .kind = ST_CLI_INT, .value = &e->backoff, .min = 0, .max = 86400},
+		{.name = "--step-watchdog-ms", .kind = ST_CLI_INT, .value = &e->watchdog_ms, .min = 0, .max = 3600000},
 		{0},
 	};
 	/* the config part after "--" goes to the workers as is (plus the run's
@@ -581,6 +585,8 @@ static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage
 		return arg_error("%s needs --num-slices S and --devices-per-slice D (see slicetrain %s --help)", cmd, cmd);
 	if (e->wait_timeout == 0)
 		return arg_error("--wait-timeout is -1 (forever) or at least 1 second");
+	if (e->watchdog_ms > 0 && e->watchdog_ms < 100)
+		return arg_error("--step-watchdog-ms is 0 (no step watchdog) or at least 100");
 	for (int f = 0; f < e->nfaults; f++)
 		if (e->faults[f].slice >= e->slices)
 			return arg_error("a fault names slice %d; the run has %d", e->faults[f].slice, e->slices);
@@ -595,7 +601,7 @@ static st_ctl_opts ctl_opts(const eargs *e)
 			     .repair_delay = e->repair, .in_place = !e->restart_only,
 			     .heartbeat_timeout_s = e->hb_ms / 1000.0, .stop_grace_s = e->grace,
 			     .wait_timeout_s = e->wait_timeout, .faults = e->faults, .nfaults = e->nfaults,
-			     .backoff_window_s = e->backoff ? e->backoff : -1};
+			     .backoff_window_s = e->backoff ? e->backoff : -1, .step_watchdog_ms = e->watchdog_ms};
 }
 
 /* The config part: loaded once here, its data checked, the run's name
@@ -783,7 +789,7 @@ static const char controller_usage[] =
 	"                             [--repair-delay S] [--kill SLICE@STEP[:DOWN_S]] [--preempt ...]\n"
 	"                             [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
 	"                             [--restart-from-checkpoint] [--backoff-window S]\n"
-	"                             [--threads-per-device T]\n"
+	"                             [--step-watchdog-ms N] [--threads-per-device T]\n"
 	"                             -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"The elastic controller of a run on many hosts (docs/hosts.md), without agents of\n"

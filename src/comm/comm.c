@@ -561,6 +561,30 @@ static int window_gather(st_comm *c, const job *j, int par)
 	return 0;
 }
 
+/* This process's collectives, for a step watchdog (st_comm_activity):
+ * how many threads are inside one, and when one last began or ended. */
+static atomic_int act_inside;
+static _Atomic int64_t act_last_ns;
+
+static void act_enter(void)
+{
+	atomic_fetch_add(&act_inside, 1);
+	atomic_store(&act_last_ns, st_mono_ns());
+}
+
+static int act_leave(int r)
+{
+	atomic_store(&act_last_ns, st_mono_ns());
+	atomic_fetch_sub(&act_inside, 1);
+	return r;
+}
+
+void st_comm_activity(int *inside, int64_t *last_ns)
+{
+	*inside = atomic_load(&act_inside);
+	*last_ns = atomic_load(&act_last_ns);
+}
+
 static int usable(st_comm *c)
 {
 	if (c->broken)
@@ -568,7 +592,7 @@ static int usable(st_comm *c)
 	return st_group_check(c->g);
 }
 
-static int run(st_comm *c, const job *j, const int64_t *cnt)
+static int run_windows(st_comm *c, const job *j, const int64_t *cnt)
 {
 	const int n = c->n;
 	int r;
@@ -625,6 +649,12 @@ static int run(st_comm *c, const job *j, const int64_t *cnt)
 		}
 	}
 	return 0;
+}
+
+static int run(st_comm *c, const job *j, const int64_t *cnt)
+{
+	act_enter();
+	return act_leave(run_windows(c, j, cnt));
 }
 
 /* After the first post of an all-reduce: did every local member take the
@@ -787,7 +817,8 @@ int st_comm_allreduce(st_comm *c, void *buf, int64_t count, enum st_dtype dt, en
 	if (x >= 0) {
 		if ((r = usable(c)) < 0)
 			return r;
-		return allreduce_shared(c, x, (size_t)((uint8_t *)buf - c->sh[x].base), count, dt, op);
+		act_enter();
+		return act_leave(allreduce_shared(c, x, (size_t)((uint8_t *)buf - c->sh[x].base), count, dt, op));
 	}
 	job j = { .mode = M_AR, .dt = dt, .op = op, .esz = esz, .in = buf, .out = buf };
 	for (int i = 0; i < c->n; i++)

@@ -62,12 +62,15 @@ int st_group_env_read(st_group_env *e);
  *   SLICETRAIN_ELASTIC_MAX_DEVICES  the group's device count at its maximum size (the global batch)
  *   SLICETRAIN_CONTROL_FD           the agent's control channel (elastic/worker.h); unset once
  *                                   read, so that processes this one starts do not inherit it
+ *   SLICETRAIN_STEP_WATCHDOG_MS     the step watchdog's floor (train/watchdog.h), 100..3600000;
+ *                                   unset or 0: no watchdog
  */
 typedef struct st_elastic_env {
 	long long generation;  /* -1: not set */
 	int joiner;            /* SLICETRAIN_JOIN=1 */
 	long long max_devices; /* 0: not set */
 	int control_fd;        /* -1: not set */
+	int watchdog_ms;       /* 0: not set */
 } st_elastic_env;
 
 /* Read once per process, at the trainer's start. Malformed values: ST_EINVAL
@@ -110,6 +113,11 @@ void st_group_abort(st_group *g);
  */
 int st_group_abort_init(void);
 void st_group_abort_gen(long long gen);
+
+/* This process's collectives, for a step watchdog (train/watchdog.h):
+ * *inside, how many threads are in one now (waiting on peers or moving
+ * data); *last_ns, when one last began or ended (st_mono_ns; 0: none yet). */
+void st_comm_activity(int *inside, int64_t *last_ns);
 
 /* A communicator over members ranks[0..n-1] (distinct global ranks; every
  * member calls with the same list). The caller's position in the list is its

@@ -364,6 +364,12 @@ int st_elastic_env_read(st_elastic_env *e)
 		return r;
 	if (r == 0)
 		e->max_devices = x;
+	if ((r = elastic_var("SLICETRAIN_STEP_WATCHDOG_MS", 0, 3600000, &x,
+			     "a number of milliseconds (0: no step watchdog, else 100 to 3600000)")) < 0)
+		return r;
+	if (r == 0 && x > 0 && x < 100)
+		return st_fail(ST_EINVAL, "SLICETRAIN_STEP_WATCHDOG_MS=%ld is below 100 ms (0: no step watchdog)", x);
+	e->watchdog_ms = r == 0 ? (int)x : 0;
 	const char *fd = get("SLICETRAIN_CONTROL_FD");
 	if (fd) {
 		if (st_parse_long(fd, 3, 1 << 20, &x) < 0)

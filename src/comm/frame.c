@@ -21,6 +21,10 @@ int st_hello_check(const st_hello_rules *r, const st_frame *f, int is_unix, cons
 {
 	if (f->magic != ST_FRAME_MAGIC)
 		*why = "not a slicetrain hello (wrong magic)";
+	else if (f->gen < r->gen)
+		*why = "a hello from an older generation (a stale worker): refused";
+	else if (f->gen > r->gen)
+		*why = "a hello from a newer generation (this worker is the stale one)";
 	else if (f->nonce != r->nonce)
 		*why = "a hello for another group (wrong group nonce)";
 	else if (f->rank < 0 || f->rank >= r->size || f->rank == r->self)
@@ -38,9 +42,13 @@ int st_hello_check(const st_hello_rules *r, const st_frame *f, int is_unix, cons
 	return -1;
 }
 
-int st_ctrl_frame_check(const st_frame *f, uint64_t nonce, int from, int size, int max_reason,
+int st_ctrl_frame_check(const st_frame *f, uint64_t nonce, uint64_t gen, int from, int size, int max_reason,
 			int *abort_reason, int *abort_rank, const char **why)
 {
+	if (f->magic == ST_FRAME_MAGIC && f->gen != gen) {
+		*why = "a control frame of another generation: refused";
+		return -1;
+	}
 	if (f->magic != ST_FRAME_MAGIC || f->nonce != nonce || f->rank != from) {
 		*why = "malformed control frame (magic, group nonce or sender)";
 		return -1;

@@ -1,7 +1,7 @@
 /*
  * frame.h - what the worker group's peers send each other outside the
  * collectives' payload, as pure functions (no sockets, no group): the
- * 32-byte frames of control connections and connection hellos, and the
+ * 40-byte frames of control connections and connection hellos, and the
  * acceptor's side of a new connection (the run token's handshake on TCP,
  * then the hello). group.c drives them from its monitor thread;
  * fuzz/fuzz_frame.c feeds them bytes. Host byte order (little-endian hosts
@@ -14,8 +14,10 @@
  *         bytes follow, which the acceptor never reads here).
  *   unix: (same host; the acceptor checked SO_PEERCRED: the run's own user)
  *         a hello frame F_HELLO_CTRL; frames follow, F_FD ones with a memfd.
- * A hello is accepted when its magic and group nonce are right, its rank is
- * another member, and it carries that member's pid (from its endpoint).
+ * A hello is accepted when its magic, generation and group nonce are right,
+ * its rank is another member, and it carries that member's pid (from its
+ * endpoint). Every frame carries the generation: one of another (a worker
+ * of an older generation, come back after a partition) is refused.
  */
 #ifndef ST_COMM_FRAME_H
 #define ST_COMM_FRAME_H
@@ -40,8 +42,9 @@ typedef struct st_frame {
 	uint32_t aux;
 	uint64_t nonce; /* group nonce */
 	uint64_t key;
+	uint64_t gen;   /* the group's elastic generation (0: not elastic) */
 } st_frame;
-_Static_assert(sizeof(st_frame) == 32, "frames are 32 bytes on the wire");
+_Static_assert(sizeof(st_frame) == 40, "frames are 40 bytes on the wire");
 
 /* A frame from exactly sizeof(st_frame) bytes. 0, or -1 with *why (a
  * static string): wrong size or magic. */
@@ -51,12 +54,14 @@ int st_frame_decode(const uint8_t *b, size_t n, st_frame *f, const char **why);
 typedef struct st_hello_rules {
 	int self, size;      /* this process's rank, the group's size */
 	uint64_t nonce;      /* the group's nonce */
+	uint64_t gen;        /* the group's generation (0: not elastic) */
 	/* the pid that rank r published (r in [0, size)) */
 	int32_t (*pid_of)(const void *ctx, int r);
 	const void *ctx;
 } st_hello_rules;
 /* F_HELLO_CTRL or F_HELLO_DATA when f is an acceptable hello on a unix
- * (is_unix) or TCP connection; else -1 with *why: wrong magic or nonce,
+ * (is_unix) or TCP connection; else -1 with *why: wrong magic, an older
+ * or newer generation, another group's nonce,
  * rank out of range or this process's, a pid that is not that rank's, a
  * control hello from a lower rank (the higher rank connects), a data hello
  * on a unix socket, not a hello. */
@@ -64,11 +69,11 @@ int st_hello_check(const st_hello_rules *r, const st_frame *f, int is_unix, cons
 
 /* A frame on rank from's control connection: its type (F_HB, F_BYE,
  * F_ABORT, F_FD; a hello type; 0 for an unknown type, to ignore), or -1
- * with *why when the magic, nonce or sender is wrong (the connection is
- * then dropped). For F_ABORT, *abort_reason and *abort_rank say what
+ * with *why when the magic, generation, nonce or sender is wrong (the
+ * connection is then dropped). For F_ABORT, *abort_reason and *abort_rank say what
  * failed: the frame's own when valid (reason 1..max_reason, rank < size),
  * else (0, from). */
-int st_ctrl_frame_check(const st_frame *f, uint64_t nonce, int from, int size, int max_reason,
+int st_ctrl_frame_check(const st_frame *f, uint64_t nonce, uint64_t gen, int from, int size, int max_reason,
 			int *abort_reason, int *abort_rank, const char **why);
 
 /* The acceptor's side of a new connection until its hello. */

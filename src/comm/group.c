@@ -172,9 +172,13 @@ static void check_abort(st_group *g)
 
 /* ---- frames ---- */
 
+/* The generation on the wire (frames, store requests): 0 when not elastic. */
+static uint64_t wire_gen(const st_group *g) { return g->generation > 0 ? (uint64_t)g->generation : 0; }
+
 static st_frame frame(const st_group *g, uint32_t type, uint32_t aux, uint64_t key)
 {
-	st_frame f = { .magic = ST_FRAME_MAGIC, .type = type, .rank = g->rank, .aux = aux, .nonce = g->nonce, .key = key };
+	st_frame f = { .magic = ST_FRAME_MAGIC, .type = type, .rank = g->rank, .aux = aux, .nonce = g->nonce, .key = key,
+		       .gen = wire_gen(g) };
 	return f;
 }
 
@@ -376,7 +380,7 @@ static void on_frame(st_group *g, int p, const st_frame *f, int fd)
 {
 	const char *why;
 	int abort_reason = 0, abort_rank = p;
-	int type = st_ctrl_frame_check(f, g->nonce, p, g->size, R_JOIN, &abort_reason, &abort_rank, &why);
+	int type = st_ctrl_frame_check(f, g->nonce, wire_gen(g), p, g->size, R_JOIN, &abort_reason, &abort_rank, &why);
 	if (type < 0) {
 		if (fd >= 0)
 			close(fd);
@@ -513,7 +517,8 @@ static void pending_drop(st_group *g, st_pending *pc, const char *why)
 static void on_hello(st_group *g, st_pending *pc, const st_frame *f)
 {
 	const char *why = NULL;
-	st_hello_rules rules = { .self = g->rank, .size = g->size, .nonce = g->nonce, .pid_of = pid_of, .ctx = g };
+	st_hello_rules rules = { .self = g->rank, .size = g->size, .nonce = g->nonce, .gen = wire_gen(g), .pid_of = pid_of,
+				 .ctx = g };
 	int kind = st_hello_check(&rules, f, pc->is_unix, &why);
 	if (kind == F_HELLO_CTRL) {
 		pthread_mutex_lock(&g->mu);
@@ -1211,6 +1216,7 @@ static int meet_through_store(st_group *g, const st_group_env *e, const char *ho
 	int r = st_store_connect(&s, host, port, &g->tok, deadline);
 	if (r < 0)
 		return r;
+	st_store_set_generation(s, wire_gen(g)); /* a store of another generation refuses us */
 	if ((r = listen_transport(g, s, addr, sizeof(addr))) < 0 || (r = agree_on_settings(g, s, e, deadline)) < 0 ||
 	    (r = claim_rank(g, s)) < 0 ||
 	    (r = publish_endpoint(g, s, e, addr)) < 0 || (r = read_endpoints(g, s, e, deadline, &all)) < 0 ||
@@ -1313,7 +1319,8 @@ static int open_listeners(st_group *g, const st_group_env *e, const char *store_
 		return r;
 	/* every member is a client once; room for a few retries and strays */
 	st_store_limits lim = { .max_clients = g->size + 16, .max_pending = g->size + 64,
-				.max_bytes = ((int64_t)64 << 20) + (int64_t)4 * g->size * (int64_t)sizeof(ep_wire) };
+				.max_bytes = ((int64_t)64 << 20) + (int64_t)4 * g->size * (int64_t)sizeof(ep_wire),
+				.generation = wire_gen(g) };
 	if (g->rank == 0 && (r = st_store_serve(&g->store, store_host, store_port, &g->tok, &lim)) < 0) {
 		char why[900];
 		snprintf(why, sizeof(why), "%s", st_errmsg());

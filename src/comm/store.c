@@ -90,7 +90,8 @@ int st_store_parse_request(const uint8_t *buf, size_t n, st_store_req *req)
 	memset(req, 0, sizeof(*req));
 	if (n < ST_STORE_HEADER)
 		return 0;
-	memcpy(h, buf, ST_STORE_HEADER);
+	memcpy(h, buf, sizeof(h));
+	memcpy(&req->generation, buf + sizeof(h), sizeof(req->generation));
 	req->op = h[0];
 	req->key_len = h[1];
 	req->val_len = h[2];
@@ -329,6 +330,10 @@ static int take_request(st_store_server *s, conn *c, const uint8_t *p, size_t n,
 			return 0;
 		if ((r = st_store_parse_request(c->head, c->headn, &q)) < 0)
 			return r;
+		if (q.generation != s->lim.generation)
+			return st_fail(ST_EPROTO, "a request of generation %llu, %s the store's %llu: refused",
+				       (unsigned long long)q.generation, q.generation < s->lim.generation ? "older than" : "newer than",
+				       (unsigned long long)s->lim.generation);
 		if (!(c->rx = blob_new_from(s, c->head, ST_STORE_HEADER, (uint32_t)q.size)))
 			return ST_EPROTO;
 		c->rxn = ST_STORE_HEADER;
@@ -756,6 +761,7 @@ struct st_store {
 	int broken;
 	char host[256];
 	int port;
+	uint64_t generation;
 };
 
 /* A handshake that fails this many times in a row ends the connect; each
@@ -809,6 +815,8 @@ int st_store_connect(st_store **out, const char *host, int port, const st_token 
 	return st_fail(ST_EPEER, "store: cannot reach the coordinator %s:%d: %s", host, port, strerror(-r));
 }
 
+void st_store_set_generation(st_store *s, uint64_t gen) { s->generation = gen; }
+
 static int fail_io(st_store *s, int r, const char *what, const char *key)
 {
 	s->broken = 1;
@@ -826,7 +834,10 @@ static int request(st_store *s, uint32_t op, const char *key, const void *val, s
 		return st_fail(ST_EINVAL, "store: key or value too long ('%.40s')", key);
 	if (s->broken)
 		return st_fail(ST_EPEER, "store %s:%d: connection unusable after an earlier error", s->host, s->port);
-	uint32_t h[3] = { op, (uint32_t)kl, (uint32_t)len };
+	uint8_t h[ST_STORE_HEADER];
+	uint32_t h3[3] = { op, (uint32_t)kl, (uint32_t)len };
+	memcpy(h, h3, sizeof(h3));
+	memcpy(h + sizeof(h3), &s->generation, sizeof(s->generation));
 	int r = st_send_full(s->fd, h, sizeof(h), deadline);
 	if (!r)
 		r = st_send_full(s->fd, key, kl, deadline);

@@ -27,14 +27,17 @@
  * protocol): first the run token's handshake (comm/auth.h: the server's
  * hello, the client's proof, the server's answer); then requests, each
  * sent only after the answer to the previous one: request = u32 op, u32
- * key length (1..1024), u32 value length (<= 64 MiB), key (no NUL byte),
+ * key length (1..1024), u32 value length (<= 64 MiB), u64 generation (the
+ * group's elastic generation, 0 when not elastic), key (no NUL byte),
  * value; op 1 SET, 2 GET (value length 0; answered once the key exists),
  * 3 ADD (value: i64 delta; answer: i64 new value; the key must hold a
  * counter). Answer = u32 status (0), u32 length, value.
  *
  * Hostile clients (the server's side; each case drops that connection only
  * and logs a line with the peer's address and the reason, rate-limited,
- * never the token): a wrong or replayed proof; no proof within
+ * never the token): a request of another generation than the store's (a
+ * worker of an older generation, back after a partition); a wrong or
+ * replayed proof; no proof within
  * auth_timeout_ms (slowloris); a malformed request; a request sent before
  * the answer to the previous one; ADD on a key that is not a counter; a
  * request that would take the store past max_bytes (keys, values, parked
@@ -62,7 +65,7 @@ typedef struct st_store_server st_store_server;
 typedef struct st_store st_store;
 
 enum { ST_STORE_MAX_KEY = 1024, ST_STORE_MAX_VALUE = 64 << 20 };
-enum { ST_STORE_SET = 1, ST_STORE_GET = 2, ST_STORE_ADD = 3, ST_STORE_HEADER = 12 };
+enum { ST_STORE_SET = 1, ST_STORE_GET = 2, ST_STORE_ADD = 3, ST_STORE_HEADER = 20 };
 
 /* Bounds of what clients can make the server hold; 0 in a field (or a NULL
  * pointer) means its default. */
@@ -71,6 +74,8 @@ typedef struct st_store_limits {
 	int max_pending;       /* connections in the handshake at once (default 64) */
 	int auth_timeout_ms;   /* time to complete the handshake (default 5000) */
 	int64_t max_bytes;     /* keys + values + buffers of all clients (default 256 MiB) */
+	uint64_t generation;   /* not a limit: the generation the store serves (0: none); a request
+				  carrying any other is refused */
 } st_store_limits;
 
 /* Listen on host:port (host NULL or "*": every address; see st_tcp_listen). */
@@ -83,6 +88,8 @@ unsigned long st_store_server_drops(const st_store_server *s);
 void st_store_server_stop(st_store_server *s);
 
 int st_store_connect(st_store **out, const char *host, int port, const st_token *tok, int64_t deadline);
+/* The generation this client's requests carry from now on (0 at connect). */
+void st_store_set_generation(st_store *s, uint64_t gen);
 int st_store_set(st_store *s, const char *key, const void *val, size_t len);
 /* *val is malloc'ed (NUL-terminated for convenience; *len excludes it). */
 int st_store_get(st_store *s, const char *key, void **val, size_t *len, int64_t deadline);
@@ -98,11 +105,12 @@ void st_store_close(st_store *s);
 /* One request, parsed from buf[0..n) (pure: no allocation, no state). 1: a
  * complete, valid request of req->size bytes (key and val point into buf);
  * 0: more bytes are needed (req->size is the whole request's size once the
- * 12-byte header is in, else 0); ST_EPROTO: malformed (the message says
+ * 20-byte header is in, else 0); ST_EPROTO: malformed (the message says
  * why: unknown op, key length 0 or > 1024, value > 64 MiB, GET with a
  * value, ADD without an 8-byte value, NUL in the key). */
 typedef struct st_store_req {
 	uint32_t op, key_len, val_len;
+	uint64_t generation;
 	size_t size;
 	const uint8_t *key, *val;
 } st_store_req;

@@ -59,10 +59,11 @@ typedef struct worker {
 	int ctl;      /* our end of its control channel (elastic/worker.h), -1 */
 	long long next_gen; /* told to re-form as rank next_rank of next_gen (0: not) */
 	int next_rank;
-	char cbuf[256];     /* its control channel's partial line */
+	char cbuf[1024];    /* its control channel's partial line */
 	size_t clen;
 	int64_t stopped_since; /* mono ns since its state is T (stopped), 0: running */
 	const char *why;       /* why the agent killed it (its "exit" says), NULL: it did not */
+	char whybuf[320];      /* ... when the worker said why (its watchdog's "hung") */
 } worker;
 
 typedef struct agent {
@@ -244,7 +245,21 @@ static void take_reformed(agent *a, worker *w)
 	w->next_gen = 0;
 }
 
-/* Read the worker's control channel: "reformed" lines; its end closes it. */
+/* A worker found hung (its watchdog's words, or the agent's): SIGKILL; its
+ * "exit" says why, and the controller replaces its slice. */
+static void kill_hung(agent *a, worker *w, const char *why)
+{
+	snprintf(w->whybuf, sizeof(w->whybuf), "hung: %s", why);
+	for (char *p = w->whybuf; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = ' ';
+	w->why = w->whybuf;
+	say(a, 1, "rank %d (pid %d, generation %lld) %s: killed", w->rank, (int)w->pid, w->gen, w->why);
+	kill(w->pid, SIGKILL);
+}
+
+/* Read the worker's control channel: "reformed" and "hung" lines; its end
+ * closes it. */
 static void read_ctl(agent *a, worker *w)
 {
 	ssize_t n = read(w->ctl, w->cbuf + w->clen, sizeof(w->cbuf) - 1 - w->clen);
@@ -259,15 +274,16 @@ static void read_ctl(agent *a, worker *w)
 	char *nl;
 	while ((nl = memchr(w->cbuf, '\n', w->clen))) {
 		json_t *m = json_loadb(w->cbuf, (size_t)(nl - w->cbuf), 0, NULL);
-		long long g = -1;
-		if (m && !strcmp(json_string_value(json_object_get(m, "type")) ? json_string_value(json_object_get(m, "type")) : "",
-				 "reformed"))
-			g = json_integer_value(json_object_get(m, "gen"));
-		json_decref(m);
-		if (g > 0 && g == w->next_gen)
+		const char *type = json_string_value(json_object_get(m, "type"));
+		const char *hung = type && !strcmp(type, "hung") ? json_string_value(json_object_get(m, "why")) : NULL;
+		long long g = type && !strcmp(type, "reformed") ? json_integer_value(json_object_get(m, "gen")) : -1;
+		if (hung && !w->why)
+			kill_hung(a, w, hung);
+		else if (g > 0 && g == w->next_gen)
 			take_reformed(a, w);
-		else
+		else if (!hung)
 			say(a, 1, "rank %d: an unexpected line on its control channel", w->rank);
+		json_decref(m);
 		w->clen -= (size_t)(nl + 1 - w->cbuf);
 		memmove(w->cbuf, nl + 1, w->clen);
 	}
@@ -448,9 +464,7 @@ static void check_stopped(agent *a, int64_t now)
 		} else if (!w->stopped_since) {
 			w->stopped_since = now;
 		} else if (now - w->stopped_since >= (int64_t)ms * 1000000) {
-			w->why = "hung: stopped (SIGSTOP or a debugger) past --stopped-timeout-ms";
-			say(a, 1, "rank %d (pid %d, generation %lld) %s: killed", w->rank, (int)w->pid, w->gen, w->why);
-			kill(w->pid, SIGKILL);
+			kill_hung(a, w, "stopped (SIGSTOP or a debugger) past --stopped-timeout-ms");
 		}
 	}
 }

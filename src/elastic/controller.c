@@ -569,6 +569,10 @@ static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
 	json_object_set_new(e, "SLICETRAIN_ELASTIC_MAX_DEVICES", json_string(v));
 	snprintf(v, sizeof(v), "%d", g->id);
 	json_object_set_new(e, "SLICETRAIN_GENERATION", json_string(v));
+	if (c->o.step_watchdog_ms > 0) {
+		snprintf(v, sizeof(v), "%d", c->o.step_watchdog_ms);
+		json_object_set_new(e, "SLICETRAIN_STEP_WATCHDOG_MS", json_string(v));
+	}
 	for (int i = 0; i < k; i++)
 		for (int d = 0; d < c->o.devices_per_slice; d++) {
 			g->w[i * c->o.devices_per_slice + d].slice = slices[i];

@@ -57,6 +57,7 @@ typedef struct st_ctl_opts {
 	double stop_grace_s;     /* ... and this long after a resize or a preemption notice
 	                            when workers still run (default 30) */
 	double heartbeat_timeout_s; /* an agent silent this long is lost (default 1) */
+	int step_watchdog_ms;    /* the workers' step watchdog's floor (train/watchdog.h); 0: none */
 	double wait_timeout_s;   /* fewer than min_slices healthy this long ends the run
 	                            with status 3 (0: default 600; < 0: wait forever) */
 	const char *config;      /* CONFIG.yml as the workers get it (NULL: none) */

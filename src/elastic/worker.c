@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -18,6 +19,7 @@
 
 struct st_worker_ctl {
 	st_proto_conn c;
+	pthread_mutex_t send_mu; /* the trainer's ack and the watchdog's hung */
 };
 
 int st_worker_ctl_open(st_worker_ctl **out, int fd)
@@ -37,6 +39,7 @@ int st_worker_ctl_open(st_worker_ctl **out, int fd)
 		free(w);
 		return rc;
 	}
+	pthread_mutex_init(&w->send_mu, NULL);
 	*out = w;
 	return 0;
 }
@@ -96,10 +99,25 @@ int st_worker_ctl_wait(st_worker_ctl *w, int timeout_ms, st_reform *r)
 	}
 }
 
+/* One line to the agent, sent within 1 s. */
+static int send_line(st_worker_ctl *w, json_t *m)
+{
+	pthread_mutex_lock(&w->send_mu);
+	int rc = st_proto_send_new(&w->c, m);
+	if (rc == 0)
+		rc = st_proto_flush_until(&w->c, st_mono_ns() + 1000000000);
+	pthread_mutex_unlock(&w->send_mu);
+	return rc;
+}
+
 int st_worker_ctl_ack(st_worker_ctl *w, long long gen)
 {
-	int rc = st_proto_send_new(&w->c, json_pack("{s:s, s:I}", "type", "reformed", "gen", (json_int_t)gen));
-	return rc < 0 ? rc : st_proto_flush_until(&w->c, st_mono_ns() + 1000000000);
+	return send_line(w, json_pack("{s:s, s:I}", "type", "reformed", "gen", (json_int_t)gen));
+}
+
+int st_worker_ctl_hung(st_worker_ctl *w, const char *why)
+{
+	return send_line(w, json_pack("{s:s, s:s}", "type", "hung", "why", why));
 }
 
 void st_worker_ctl_close(st_worker_ctl *w)
@@ -107,5 +125,6 @@ void st_worker_ctl_close(st_worker_ctl *w)
 	if (!w)
 		return;
 	st_proto_conn_release(&w->c);
+	pthread_mutex_destroy(&w->send_mu);
 	free(w);
 }

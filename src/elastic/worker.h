@@ -13,6 +13,9 @@
  *                    failed, else at the next step boundary the group agrees on
  *   worker -> agent  {"type":"reformed","gen":G}   done: what it prints from now
  *                    on is generation G's
+ *                    {"type":"hung","why":"..."}   the step watchdog (train/watchdog.h)
+ *                    found its compute thread stuck: the agent kills it and
+ *                    reports it hung (its slice is replaced)
  * The agent closing its end means "no re-formation is coming": the worker
  * exits as before (status 3 after a peer failure).
  *
@@ -45,6 +48,9 @@ int st_worker_ctl_wait(st_worker_ctl *w, int timeout_ms, st_reform *r);
 /* Tell the agent that this worker re-formed into generation gen: its
  * output from now on is that generation's ({"type":"reformed","gen":G}). */
 int st_worker_ctl_ack(st_worker_ctl *w, long long gen);
+/* Tell the agent that this worker's compute thread is stuck (why: what
+ * the watchdog saw). Safe from another thread than the one that waits. */
+int st_worker_ctl_hung(st_worker_ctl *w, const char *why);
 void st_worker_ctl_close(st_worker_ctl *w);
 
 #endif

@@ -1,12 +1,26 @@
 #include "train/knobs.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/err.h"
+
+/* A path-valued knob into buf ("" when unset). */
+static int path_knob(const char *name, char *buf, size_t cap)
+{
+	const char *v = getenv(name);
+	if (v && *v) {
+		if (strlen(v) >= cap)
+			return st_fail(ST_EINVAL, "%s is longer than %zu bytes", name, cap - 1);
+		snprintf(buf, cap, "%s", v);
+	}
+	return 0;
+}
 
 int st_test_knobs_read(st_test_knobs *k)
 {
@@ -20,14 +34,20 @@ int st_test_knobs_read(st_test_knobs *k)
 			return st_fail(ST_EINVAL, "SLICETRAIN_MIN_STEP_SECONDS='%s' is not a number of seconds "
 				       "from 0 to 3600", floor_s);
 	}
-	const char *slog = getenv("SLICETRAIN_SAMPLE_LOG");
-	if (slog && *slog) {
-		if (strlen(slog) >= sizeof(k->sample_log))
-			return st_fail(ST_EINVAL, "SLICETRAIN_SAMPLE_LOG is longer than %zu bytes",
-				       sizeof(k->sample_log) - 1);
-		snprintf(k->sample_log, sizeof(k->sample_log), "%s", slog);
-	}
-	return 0;
+	int rc = path_knob("SLICETRAIN_SAMPLE_LOG", k->sample_log, sizeof(k->sample_log));
+	return rc < 0 ? rc : path_knob("SLICETRAIN_TEST_HANG_FILE", k->hang_file, sizeof(k->hang_file));
+}
+
+void st_test_knobs_hang(const st_test_knobs *k, int64_t step)
+{
+	if (!k->hang_file[0] || access(k->hang_file, F_OK) < 0)
+		return;
+	st_warn("test hook: %s exists: the compute thread blocks before step %lld, until it is removed",
+		k->hang_file, (long long)step);
+	struct timespec ts = {0, 10 * 1000000L};
+	while (access(k->hang_file, F_OK) == 0)
+		nanosleep(&ts, NULL);
+	st_info("test hook: %s is gone: the compute thread goes on", k->hang_file);
 }
 
 int st_test_knobs_open_log(st_test_knobs *k, int rank, int writes)

@@ -14,6 +14,11 @@
  *                                  reads to PATH.RANK, flushed after each
  *                                  micro-batch: which global samples each
  *                                  step trained, across restarts and kills.
+ *   SLICETRAIN_TEST_HANG_FILE=PATH while PATH exists, the compute thread
+ *                                  blocks at the start of its next step
+ *                                  (checked every 10 ms); the process's
+ *                                  other threads go on: a stuck compute
+ *                                  thread for the step watchdog to find.
  */
 #ifndef ST_TRAIN_KNOBS_H
 #define ST_TRAIN_KNOBS_H
@@ -26,6 +31,7 @@
 typedef struct st_test_knobs {
 	double min_step_s;            /* 0: no floor */
 	char sample_log[ST_PATH_MAX]; /* "": none */
+	char hang_file[ST_PATH_MAX];  /* "": none */
 	FILE *log;                    /* this process's sample log, while open */
 } st_test_knobs;
 
@@ -37,6 +43,8 @@ int st_test_knobs_open_log(st_test_knobs *k, int rank, int writes);
 /* Rows first .. first+rows-1 read for step `step`. */
 void st_test_knobs_log_samples(st_test_knobs *k, int64_t step, int64_t first, int64_t rows);
 void st_test_knobs_close_log(st_test_knobs *k);
+/* The hang hook: block while the hang file exists, before step `step`. */
+void st_test_knobs_hang(const st_test_knobs *k, int64_t step);
 /* Sleep out the rest of a step begun at t0 (st_mono_s). */
 void st_test_knobs_pace(const st_test_knobs *k, double t0);
 

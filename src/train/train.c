@@ -40,6 +40,18 @@ static void on_abort(int sig, siginfo_t *si, void *ctx)
 	st_group_abort_gen(si->si_code == SI_QUEUE ? si->si_value.sival_int : 0);
 }
 
+/* The step watchdog (train/watchdog.h) found the compute thread stuck: the
+ * agent kills this worker and its slice is replaced. */
+static void on_hang(void *arg, const char *why)
+{
+	const trainer *t = arg;
+	st_warn("rank %d: the compute thread is %s: no collective and no step end for that long, where the "
+		"limit is %d x the longest such gap of the last %d steps, at least --step-watchdog-ms; asking the "
+		"agent to replace this worker", t->par.rank, why, ST_WATCHDOG_FACTOR, ST_WATCHDOG_STEPS);
+	if (st_worker_ctl_hung(t->ctl, why) < 0)
+		st_warn("rank %d: cannot tell the agent: %s", t->par.rank, st_errmsg());
+}
+
 static const int stop_sigs[3] = {SIGINT, ST_SIG_NOTICE, ST_SIG_RESIZE};
 typedef struct stop_handlers {
 	int installed;
@@ -212,6 +224,7 @@ static st_run_state run_state(const trainer *t, int64_t done)
  * re-formation (*reform_now). */
 static int one_step(trainer *t, int64_t step, st_train_result *res, int64_t *saved_at, int *sig, int *reform_now)
 {
+	st_test_knobs_hang(&t->knobs, step);
 	double t0 = st_mono_s();
 	st_step_metrics m = {.step = step, .total_weights = t->G * t->T};
 	int rc = train_step(t, step, &m);
@@ -219,6 +232,7 @@ static int one_step(trainer *t, int64_t step, st_train_result *res, int64_t *sav
 		return rc;
 	t->done = step + 1;
 	st_test_knobs_pace(&t->knobs, t0);
+	st_watchdog_step(t->wd);
 	m.seconds = st_mono_s() - t0;
 	m.tflops = t->flops.total / m.seconds / 1e12;
 	m.tokens = (double)(t->T * t->B * t->accum) / m.seconds;
@@ -229,14 +243,16 @@ static int one_step(trainer *t, int64_t step, st_train_result *res, int64_t *sav
 	res->last_loss = m.loss;
 	res->steps_done = step + 1;
 	st_run_state s = run_state(t, step + 1);
-	if ((rc = st_run_ckpt_maybe_save(&t->ckpt, step + 1, &s)) < 0)
-		return rc;
+	/* a save (its wait for the one before) and an eval are not steps: the watchdog pauses */
+	st_watchdog_pause(t->wd);
+	rc = st_run_ckpt_maybe_save(&t->ckpt, step + 1, &s);
 	if (rc == 1)
 		*saved_at = step + 1;
 	/* after the save: its copy is taken, the write overlaps the eval */
-	if ((rc = maybe_eval(t, step)) < 0)
-		return rc;
-	return agree_stop(t, sig, reform_now);
+	if (rc >= 0)
+		rc = maybe_eval(t, step);
+	st_watchdog_resume(t->wd, 0);
+	return rc < 0 ? rc : agree_stop(t, sig, reform_now);
 }
 
 /* The steps from t->step0 to c->steps, or until an agreed stop signal (then
@@ -255,6 +271,8 @@ static int run_steps(trainer *t, st_train_result *res)
 		if (rc == 0 && sig && !last) {
 			res->stop_signal = sig;
 			st_run_state s = run_state(t, step + 1);
+			st_watchdog_stop(t->wd);
+			t->wd = NULL;
 			return st_run_ckpt_stop(&t->ckpt, step + 1, saved_at == step + 1, sig, &s, &t->par);
 		}
 		if (rc == 0 && !(reform_now && !last)) {
@@ -263,7 +281,9 @@ static int run_steps(trainer *t, st_train_result *res)
 		}
 		/* a failed step, or an agreed re-formation: the group re-forms in
 		 * place and goes on from the steps it holds */
+		st_watchdog_pause(t->wd);
 		int64_t from = trainer_reform(t, rc);
+		st_watchdog_resume(t->wd, 1);
 		if (from < 0)
 			return (int)from;
 		step = from, saved_at = -1;
@@ -285,9 +305,13 @@ int st_train(const st_config *c, st_train_result *res)
 	sigaction(ST_SIG_ABORT, &ab, &old_ab);
 	if (rc == 0)
 		rc = trainer_setup(&t);
+	if (rc == 0 && t.ctl)
+		rc = st_watchdog_start(&t.wd, t.env.watchdog_ms, on_hang, &t);
 	if (rc == 0) {
 		stop_handlers_install(&h);
 		rc = run_steps(&t, res);
+		st_watchdog_stop(t.wd);
+		t.wd = NULL;
 		/* after the last step: the sinks flushed, the last save committed */
 		if (rc == 0)
 			rc = st_metrics_flush(&t.out);

@@ -27,6 +27,7 @@
 #include "train/eval.h"
 #include "train/flops.h"
 #include "train/knobs.h"
+#include "train/watchdog.h"
 #include "train/metrics.h"
 
 /* After a peer failure, how long a worker waits for the agent's reform. */
@@ -69,6 +70,7 @@ typedef struct trainer {
 	char origin[200];     /* where this group's state came from */
 	/* elastic re-formation in place (docs/elastic.md) */
 	st_worker_ctl *ctl;   /* the agent's control channel, NULL without one */
+	st_watchdog *wd;      /* the step watchdog (with ctl and SLICETRAIN_STEP_WATCHDOG_MS), or NULL */
 	st_reform pending;    /* a reform message taken at a step boundary */
 	int have_pending;
 } trainer;

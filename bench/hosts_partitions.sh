@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Partitions that heal, across test hosts (network namespaces:
+# tests/hosts_lib.sh): one `slicetrain controller` on a host of its own and
+# one `slicetrain agent` on each of 2 slices x 1 host (x 1 device, 1
+# thread), steps paced to PACE s (llama3-test), async saves every PERIOD
+# steps made slow (SLICETRAIN_TEST_SAVE_SECONDS=SAVE_S: each save's writer
+# waits that long first, so that cuts often fall while a save is in
+# flight), --repair-delay 1, --max-failures -1, --backoff-window 0.
+#
+# CYCLES times, once the group is on 2 slices: a slice drawn at random (the
+# one of rank 0 too: its old worker is then the one that would commit) has
+# its link cut for a time drawn uniformly from MIN_CUT to MAX_CUT seconds
+# (across the controller's 1 s detection), then mended. A cut that heals
+# before detection must cost nothing (no failure declared). One that lasts
+# longer gets the slice replaced and the group re-formed in place on the
+# other; when the link heals, the host's old agent finds its controller
+# gone and stops, its old workers with it (whatever they still write is
+# fenced: older generation), and the agent starts again (as systemd's
+# Restart= would) and the group grows back, fed by a peer.
+#
+# Then: the run finishes; `slicetrain ckpt verify` passes on every kept
+# checkpoint; every committed checkpoint's files are of the generation its
+# manifest names; the final weights equal those of the same run with
+# `slicetrain launch` on one machine without faults (cmp of the exported
+# safetensors); 0 steps lost. Prints each cycle, the counts (declared or
+# not, in flight or not) and the fenced writes the logs name. Needs root.
+# Nothing is left behind.
+#
+# Usage: bench/hosts_partitions.sh [> bench/results/hosts-partitions-CPU-DATE.txt]
+#   CYCLES (default 100), PACE (0.3), PERIOD (6), SAVE_S (1.0), MIN_CUT
+#   (0.2), MAX_CUT (2.4), GAP (1: seconds between cycles), SEED (1),
+#   STEPS (default: enough for the cycles), SLICETRAIN (default
+#   build/slicetrain; copy it elsewhere for a long run: a rebuild changes
+#   the build id the controller requires)
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SLICETRAIN=${SLICETRAIN:-$ROOT/build/slicetrain}
+CYCLES=${CYCLES:-100} PACE=${PACE:-0.3} PERIOD=${PERIOD:-6} SAVE_S=${SAVE_S:-1.0} MIN_CUT=${MIN_CUT:-0.2}
+MAX_CUT=${MAX_CUT:-2.4} GAP=${GAP:-1} SEED=${SEED:-1}
+STEPS=${STEPS:-$(awk -v c="$CYCLES" -v g="$GAP" -v p="$PACE" 'BEGIN {printf "%d", (c * (g + 9) + 60) / p}')}
+[ -x "$SLICETRAIN" ] || { echo "no slicetrain at $SLICETRAIN (make first)" >&2; exit 2; }
+. "$ROOT/tests/hosts_lib.sh"
+. "$ROOT/tests/hosts_run_lib.sh"
+hr_standalone hosts-partitions
+RANDOM=$SEED
+
+echo "bench/hosts_partitions.sh: CYCLES=$CYCLES STEPS=$STEPS PACE=$PACE PERIOD=$PERIOD SAVE_S=$SAVE_S" \
+	"cuts $MIN_CUT..$MAX_CUT s GAP=$GAP SEED=$SEED"
+"$ROOT/bench/cpu.sh"
+echo "date: $(date -u +%F' '%T) UTC, commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)"
+
+declared() { grep -c 'RUNNING -> RESTARTING' "$TMP/run.out"; }
+grown() { grep -c 're-formed in place on 2 slices' "$TMP/run.out"; }
+# a save in flight: a step directory of the checkpoints without its manifest
+in_flight() {
+	local d
+	for d in "$TMP/o/hosts/checkpoints"/*/; do
+		[ -d "$d" ] && [ ! -e "$d/manifest.json" ] && return 0
+	done
+	return 1
+}
+wait_for() { # COMMAND... for up to 60 s
+	local i
+	for i in $(seq 600); do "$@" && return 0; sleep 0.1; done
+	return 1
+}
+
+keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
+	checkpoint_period=$PERIOD max_num_checkpoints_to_keep=4 dcn_data_parallelism=-1 learning_rate=1e-3
+	base_output_directory="$TMP/o" steps=$STEPS)
+OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref \
+	>"$TMP/ref.out" 2>&1 || { echo "the reference run failed: $(tail -3 "$TMP/ref.out")"; exit 1; }
+
+hr_up 2 1 || { echo "cannot make the test hosts"; exit 1; }
+export SLICETRAIN_MIN_STEP_SECONDS=$PACE
+hr_agent_env="SLICETRAIN_TEST_SAVE_SECONDS=$SAVE_S"
+hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 \
+	--backoff-window 0 -- "${keys[@]}" run_name=hosts
+hr_agent 0 0
+hr_agent 1 0
+hr_wait_steps run 10 60 || { fail "the run did not start: $(tail -3 "$TMP/run.out")"; }
+
+n_decl=0 n_short=0 n_flight=0 n_flight_decl=0
+for k in $(seq 1 "$CYCLES"); do
+	s=$((RANDOM % 2))
+	d=$(awk -v r="$RANDOM" -v lo="$MIN_CUT" -v hi="$MAX_CUT" 'BEGIN {printf "%.2f", lo + (hi - lo) * r / 32767}')
+	hr_wait_steps run $(($(hr_steps run) + 2)) 60 || { fail "cycle $k: no steps"; break; }
+	before=$(declared) g0=$(grown) old=${hr_apid[$s.0]}
+	fl=no
+	in_flight && fl=yes
+	th_cut "s${s}h0" || { fail "cycle $k: cannot cut"; break; }
+	sleep "$d"
+	th_mend "s${s}h0"
+	sleep 0.3
+	[ $fl = yes ] && n_flight=$((n_flight + 1))
+	if [ "$(declared)" -gt "$before" ]; then
+		n_decl=$((n_decl + 1))
+		[ $fl = yes ] && n_flight_decl=$((n_flight_decl + 1))
+		grep 'RUNNING -> RESTARTING' "$TMP/run.out" | tail -1 | grep -q "slice $s" ||
+			fail "cycle $k: the failure was not blamed on slice $s"
+		# the old agent finds its controller gone and stops, its workers with it
+		wait_for eval "! kill -0 $old 2>/dev/null" || { fail "cycle $k: the old agent of slice $s still runs"; break; }
+		wait "$old" 2>/dev/null
+		hr_agent "$s" 0
+		wait_for eval '[ "$(grown)" -gt "$g0" ]' || { fail "cycle $k: no growth back to 2 slices"; break; }
+		echo "cycle $k: slice $s cut $d s (save in flight: $fl): replaced, grown back"
+	else
+		n_short=$((n_short + 1))
+		echo "cycle $k: slice $s cut $d s (save in flight: $fl): nothing declared"
+	fi
+	sleep "$GAP"
+done
+echo "the cycles are done at step $(hr_steps run) of $STEPS"
+hr_wait run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 180}')
+[ "$hr_rc" = 0 ] || fail "the controller's exit status $hr_rc"
+hr_summary run >/dev/null
+echo "summary: failures $(hr_get failures), resizes $(hr_get resizes), steps lost $(hr_get steps_lost), goodput $(hr_get goodput)"
+[ "$(hr_get steps_lost)" = 0 ] || fail "steps lost: $(hr_get steps_lost)"
+[ "$(hr_get failures)" = "$n_decl" ] || fail "the summary's failures $(hr_get failures), the cycles declared $n_decl"
+echo "cycles: $CYCLES; declared and replaced $n_decl, healed before detection $n_short (nothing declared);" \
+	"a save in flight at the cut: $n_flight ($n_flight_decl of them declared)"
+
+ck=$TMP/o/hosts/checkpoints
+"$SLICETRAIN" ckpt verify "$ck" >"$TMP/verify.out" 2>&1 || fail "ckpt verify: $(tail -3 "$TMP/verify.out")"
+echo "kept checkpoints verified: $(grep -c '^ok\|verified' "$TMP/verify.out") line(s): $(tail -1 "$TMP/verify.out")"
+/usr/bin/python3 - "$ck" <<'PY' || fail "a committed checkpoint holds a file of another generation"
+import json, os, re, sys
+ck, bad, n = sys.argv[1], 0, 0
+for step in sorted(os.listdir(ck)):
+    m = os.path.join(ck, step, "manifest.json")
+    if not os.path.exists(m):
+        continue
+    man = json.load(open(m))
+    gen = man.get("generation")
+    for f in man.get("files", []):
+        name = f["name"] if isinstance(f, dict) else f
+        g = re.match(r"shard-g0*(\d+)-", name)
+        n += 1
+        if gen is None or not g or int(g.group(1)) != gen:
+            print(f"step {step}: file {name} in a manifest of generation {gen}")
+            bad += 1
+print(f"committed checkpoints: {n} files, each of its manifest's generation" if not bad else f"{bad} files of another generation")
+sys.exit(1 if bad else 0)
+PY
+echo "fenced (refused as stale) in the logs: $(cat "$TMP"/*.out | grep -ci 'stale') line(s)"
+cat "$TMP"/*.out | grep -i 'stale' | sed 's/^.*slicetrain/slicetrain/' | cut -c1-160 | sort | uniq -c | sort -rn | head -5
+hr_same_weights hosts "$STEPS"
+hr_clean
+echo "$failures failure(s)"
+exit $((failures > 0))
