@@ -8,7 +8,10 @@
  * failure policies; malformed manifests and done records; verify and list;
  * pieces larger than a restore part (read in parts on several threads):
  * values, a flipped byte in any part, two damaged tensors, truncation, on
- * disk and on tmpfs;
+ * disk and on tmpfs; elastic generations (file names with and without one,
+ * a shard write and a commit after the fence moved on, a done record of
+ * another generation, malformed fence files), their order fixed by
+ * synchronous saves and the before_write and before_commit hooks;
  * Hugging Face export (sharded) and import.
  *
  * The communicator here is a stand-in for src/comm (threads as processes):
@@ -249,7 +252,8 @@ static st_ckpt_meta meta_for(int64_t step)
 
 static st_ckpt_opts opts_for(const char *dir, int p, int P)
 {
-	st_ckpt_opts o = {.dir = dir, .process = p, .process_count = P, .async = 1, .commit_timeout_ms = 20000};
+	st_ckpt_opts o = {.dir = dir, .process = p, .process_count = P, .async = 1, .commit_timeout_ms = 20000,
+			  .generation = ST_CKPT_NO_GENERATION};
 	return o;
 }
 
@@ -1272,6 +1276,350 @@ static void test_list_verify(void)
 				       "optimizer.nu.model.norm.weight[6:9]"), "%s", st_errmsg());
 }
 
+/* ---- elastic generations: file names, the fence ---- */
+
+/*
+ * Process p of 2 of generation gen (ST_CKPT_NO_GENERATION: none), synchronous
+ * under the stop policy, so that each call below is one step of a fixed
+ * order: a process other than 0 has written its shard and done record when
+ * its st_ckpt_save returns, and process 0 commits (or fails) inside its own.
+ */
+static st_ckpt_opts gen_opts(const char *run, int p, int64_t gen)
+{
+	static char dirs[4][1200], fences[4][1200];
+	static int k;
+	k = (k + 1) % 4;
+	snprintf(dirs[k], sizeof(dirs[k]), "%s/checkpoints", run);
+	snprintf(fences[k], sizeof(fences[k]), "%s/%s", run, ST_CKPT_FENCE_FILE);
+	st_ckpt_opts o = opts_for(dirs[k], p, 2);
+	o.async = 0;
+	o.failure_policy = ST_CKPT_FAIL_STOP;
+	o.generation = gen;
+	o.fence = fences[k];
+	return o;
+}
+
+/* Save step (its values: version step) with a saver of these options; the save's rc. */
+static int gen_save(st_ckpt_opts o, int64_t step)
+{
+	st_ckpt_saver *s;
+	struct plist pl;
+	st_ckpt_meta m = meta_for(step);
+	int rc = st_ckpt_saver_create(&s, &o);
+	CHECK_MSG(rc == 0, "%s", st_errmsg());
+	if (rc < 0)
+		return rc;
+	make_pieces(&pl, model, NT, o.process, o.process_count, 0, (int)step);
+	fflush(stderr);
+	rc = st_ckpt_save(s, &m, pl.n, pl.p);
+	if (rc == 0)
+		rc = st_ckpt_wait(s);
+	st_ckpt_saver_free(s);
+	free_pieces(&pl);
+	return rc;
+}
+
+/* the hooks move the run on to generation 7 (arg: the fence file) */
+static void advance_fence(void *arg, int64_t step)
+{
+	(void)step;
+	CHECK(st_ckpt_fence_write(arg, 7) == 0);
+}
+
+struct gen_call {
+	st_ckpt_opts o;
+	int64_t step;
+	int rc;
+	char err[512];
+};
+
+static void gen_save_call(void *arg)
+{
+	struct gen_call *c = arg;
+	c->rc = gen_save(c->o, c->step);
+	snprintf(c->err, sizeof(c->err), "%s", st_errmsg());
+}
+
+struct saver_call {
+	st_ckpt_saver *s;
+	const struct plist *pl;
+	int64_t step;
+	int rc;
+	char err[512];
+};
+
+static void saver_save_call(void *arg)
+{
+	struct saver_call *c = arg;
+	st_ckpt_meta m = meta_for(c->step);
+	c->rc = st_ckpt_save(c->s, &m, c->pl->n, c->pl->p);
+	if (c->rc == 0)
+		c->rc = st_ckpt_wait(c->s);
+	snprintf(c->err, sizeof(c->err), "%s", st_errmsg());
+}
+
+/* Both processes of generation gen save step, in the trainer's order: process
+ * 0's saver first (its cleanup), then process 1's save, then process 0's. */
+static int gen_save2(const char *run, int64_t gen, int64_t step)
+{
+	st_ckpt_opts o = gen_opts(run, 0, gen);
+	struct plist pl;
+	struct saver_call c = {.pl = &pl, .step = step};
+	int rc = st_ckpt_saver_create(&c.s, &o);
+	CHECK_MSG(rc == 0, "%s", st_errmsg());
+	if (rc < 0)
+		return rc;
+	make_pieces(&pl, model, NT, 0, 2, 0, (int)step);
+	if ((rc = gen_save(gen_opts(run, 1, gen), step)) == 0) {
+		saver_save_call(&c);
+		rc = c.rc;
+	}
+	st_ckpt_saver_free(c.s);
+	free_pieces(&pl);
+	return rc;
+}
+
+static void create_saver_quiet_opts(void *arg)
+{
+	st_ckpt_saver *s;
+	CHECK(st_ckpt_saver_create(&s, arg) == 0);
+	st_ckpt_saver_free(s);
+}
+
+/* The manifest of step_dir lists only files of generation gen, and records it. */
+static void expect_generation(const char *step_dir, int64_t gen)
+{
+	struct ck_manifest m;
+	char tag[32];
+	snprintf(tag, sizeof(tag), "-g%06lld-", (long long)gen);
+	CHECK_MSG(ck_manifest_load(&m, step_dir, -1) == 0, "%s", st_errmsg());
+	CHECK_MSG(m.generation == gen, "%s: generation %lld, want %lld", step_dir, (long long)m.generation,
+		  (long long)gen);
+	CHECK(m.nfiles == 2);
+	for (int f = 0; f < m.nfiles; f++)
+		CHECK_MSG(gen < 0 ? !strchr(m.files[f].name, 'g') : strstr(m.files[f].name, tag) != NULL, "%s",
+			  m.files[f].name);
+	ck_manifest_free(&m);
+}
+
+/* (e) names and manifest with and without a generation; list, verify, restore, cleanup of both */
+static void test_generation_names(void)
+{
+	DIRVAR(run, "gen-names");
+	DIRVAR(dir, "gen-names/checkpoints");
+	int64_t step, pieces, bytes;
+	st_ckpt_step_info *v;
+	int n;
+	char *text;
+
+	CHECK(gen_save2(run, 7, 1) == 0);
+	CHECK(exists(tp("gen-names/checkpoints/1/shard-g000007-00000-of-00002.safetensors")));
+	CHECK(exists(tp("gen-names/checkpoints/1/shard-g000007-00001-of-00002.safetensors")));
+	CHECK(exists(tp("gen-names/checkpoints/1/done-g000007-00001.json")));
+	CHECK(!exists(tp("gen-names/checkpoints/1/shard-00000-of-00002.safetensors")));
+	expect_generation(tp("gen-names/checkpoints/1"), 7);
+	CHECK(st_read_file(tp("gen-names/checkpoints/1/done-g000007-00001.json"), 1 << 20, &text, NULL) == 0);
+	CHECK(strstr(text, "\"generation\": 7") != NULL);
+	free(text);
+	st_safetensors *f;
+	CHECK(st_safetensors_open(&f, tp("gen-names/checkpoints/1/shard-g000007-00001-of-00002.safetensors")) == 0);
+	const char *g = st_safetensors_meta(f, "slicetrain.generation");
+	CHECK_MSG(g && !strcmp(g, "7"), "%s", g ? g : "(none)");
+	st_safetensors_close(f);
+	CHECK_MSG(restore_as(dir, 0, 1, 1, 1, &step) == 0 && step == 1, "%s", st_errmsg());
+	CHECK_MSG(st_ckpt_verify(tp("gen-names/checkpoints/1"), &pieces, &bytes) == 0, "%s", st_errmsg());
+
+	/* a fence at the save's own generation is no obstacle */
+	CHECK(st_ckpt_fence_write(tp("gen-names/%s", ST_CKPT_FENCE_FILE), 7) == 0);
+	CHECK(gen_save2(run, 7, 2) == 0);
+	CHECK(exists(tp("gen-names/checkpoints/2/manifest.json")));
+
+	/* without a generation: today's names, no "generation" field, the fence not read (it says 7) */
+	CHECK(gen_save2(run, ST_CKPT_NO_GENERATION, 3) == 0);
+	CHECK(exists(tp("gen-names/checkpoints/3/shard-00001-of-00002.safetensors")));
+	CHECK(exists(tp("gen-names/checkpoints/3/done-00000.json")));
+	expect_generation(tp("gen-names/checkpoints/3"), -1);
+	CHECK(st_read_file(tp("gen-names/checkpoints/3/manifest.json"), 1 << 20, &text, NULL) == 0);
+	CHECK(!strstr(text, "generation"));
+	free(text);
+	CHECK(restore_as(dir, 0, 1, 0, 3, &step) == 0 && step == 3);
+
+	/* an uncommitted step of generation 7: listed with its files, then cleaned up */
+	CHECK(gen_save(gen_opts(run, 1, 7), 4) == 0);
+	CHECK(st_ckpt_list(dir, &v, &n) == 0 && n == 4);
+	CHECK_MSG(v[3].step == 4 && v[3].committed == 0 && v[3].nshards == 1 && v[3].ndone == 1 &&
+		  v[3].process_count == 2, "step %lld: committed %d, %d shards, %d done, %d processes",
+		  (long long)v[3].step, v[3].committed, v[3].nshards, v[3].ndone, v[3].process_count);
+	CHECK(v[0].committed == 1 && v[0].nshards == 2 && v[0].ndone == 2 && v[0].process_count == 2);
+	free(v);
+	CHECK(ck_is_shard_name("shard-g000007-00001-of-00002.safetensors", &n) && n == 2);
+	CHECK(ck_is_shard_name("shard-00001-of-00003.safetensors", &n) && n == 3);
+	CHECK(!ck_is_shard_name("shard-g000007-00001-of-00002.safetensors.tmp.123", &n));
+	CHECK(!ck_is_shard_name("shard-gx-00001-of-00002.safetensors", &n));
+	CHECK(ck_is_done_name("done-g000007-00001.json") && ck_is_done_name("done-00001.json"));
+	CHECK(!ck_is_done_name("done-00001.json.tmp.77") && !ck_is_done_name("done-g7.json"));
+	st_ckpt_opts o = gen_opts(run, 0, 7);
+	const char *err = capture(create_saver_quiet_opts, &o);
+	CHECK_MSG(strstr(err, "removing uncommitted checkpoint") && !exists(tp("gen-names/checkpoints/4")), "%s", err);
+}
+
+/* (a) a shard write after the fence moved on, and a stale process 0's cleanup: refused */
+static void test_generation_stale_write(void)
+{
+	DIRVAR(run, "gen-stale");
+	DIRVAR(fence, "gen-stale/%s", ST_CKPT_FENCE_FILE);
+	st_ckpt_opts o = gen_opts(run, 0, 5);
+	st_ckpt_saver *s;
+	struct plist pl;
+	st_ckpt_meta m = meta_for(3);
+	st_ckpt_stats st;
+
+	/* the fence moves while the save is in flight, before its writer starts */
+	o.async = 1;
+	o.process_count = 1;
+	o.before_write = advance_fence;
+	o.hook_arg = fence;
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	make_pieces(&pl, model, NT, 0, 1, 0, 3);
+	fflush(stderr);
+	CHECK(st_ckpt_save(s, &m, pl.n, pl.p) == 0);
+	CHECK(st_ckpt_wait(s) == ST_EIO);
+	CHECK_MSG(strstr(st_errmsg(), "checkpoint step 3: generation 5 is stale (the run is at generation 7") &&
+		  strstr(st_errmsg(), "not committed"), "%s", st_errmsg());
+	st_ckpt_saver_stats(s, &st);
+	CHECK(st.failed == 1 && st.committed == 0 && strstr(st.last_error, "is stale"));
+	st_ckpt_saver_free(s);
+	free_pieces(&pl);
+	CHECK(!exists(tp("gen-stale/checkpoints/3"))); /* no shard, no step directory */
+
+	/* process 0 of generation 5 removes nothing once generation 7 runs: that may be its save in flight */
+	CHECK(st_mkdir_p(tp("gen-stale/checkpoints/9")) == 0);
+	o = gen_opts(run, 0, 5);
+	CHECK(st_ckpt_saver_create(&s, &o) == ST_EIO && !s);
+	CHECK_MSG(strstr(st_errmsg(), "generation 5 is stale (the run is at generation 7") &&
+		  strstr(st_errmsg(), "removing no uncommitted checkpoint"), "%s", st_errmsg());
+	CHECK(exists(tp("gen-stale/checkpoints/9")));
+	o = gen_opts(run, 1, 5); /* another process's saver removes nothing anyway */
+	CHECK(st_ckpt_saver_create(&s, &o) == 0);
+	st_ckpt_saver_free(s);
+}
+
+/* (b) every shard and done record of generation 5 written, then the fence moves before process 0 commits */
+static void test_generation_stale_commit(void)
+{
+	DIRVAR(run, "gen-commit");
+	DIRVAR(fence, "gen-commit/%s", ST_CKPT_FENCE_FILE);
+	DIRVAR(dir, "gen-commit/checkpoints");
+	st_ckpt_opts o = gen_opts(run, 0, 5);
+	struct plist pl;
+	struct saver_call c = {.pl = &pl, .step = 6};
+	int64_t step = 0;
+
+	CHECK(st_mkdir_p(run) == 0 && st_ckpt_fence_write(fence, 5) == 0);
+	o.before_commit = advance_fence;
+	o.hook_arg = fence;
+	CHECK(st_ckpt_saver_create(&c.s, &o) == 0);
+	make_pieces(&pl, model, NT, 0, 2, 0, 6);
+	CHECK(gen_save(gen_opts(run, 1, 5), 6) == 0);
+	const char *err = capture(saver_save_call, &c);
+	CHECK_MSG(c.rc == ST_EIO && strstr(c.err, "checkpoint step 6: generation 5 is stale (the run is at generation 7") &&
+		  strstr(c.err, "not committed"), "rc %d: %s", c.rc, c.err);
+	CHECK_MSG(strstr(err, "checkpoint step 6 FAILED") && strstr(err, "is stale"), "%s", err);
+	CHECK(exists(tp("gen-commit/checkpoints/6/done-g000005-00000.json")) &&
+	      exists(tp("gen-commit/checkpoints/6/done-g000005-00001.json")));
+	CHECK(!exists(tp("gen-commit/checkpoints/6/manifest.json")));
+	CHECK(restore_as(dir, 0, 1, 0, 6, &step) == 0 && step == -1); /* nothing committed */
+	st_ckpt_saver_free(c.s);
+	free_pieces(&pl);
+}
+
+/* (c) a done record of another generation is not merged into this generation's commit */
+static void test_generation_foreign_done(void)
+{
+	DIRVAR(run, "gen-foreign");
+	DIRVAR(fence, "gen-foreign/%s", ST_CKPT_FENCE_FILE);
+	st_ckpt_opts o = gen_opts(run, 0, 7);
+	struct plist pl;
+	char *text;
+	int64_t step, pieces, bytes;
+
+	o.commit_timeout_ms = 300;
+	struct saver_call c = {.pl = &pl, .step = 4};
+	CHECK(st_ckpt_saver_create(&c.s, &o) == 0); /* generation 7's process 0, its cleanup done */
+	make_pieces(&pl, model, NT, 0, 2, 0, 4);
+	/* generation 5's process 1 saves step 4 (it read the fence before generation 7 began) ... */
+	CHECK(gen_save(gen_opts(run, 1, 5), 4) == 0);
+	CHECK(st_ckpt_fence_write(fence, 7) == 0);
+	/* ... and its record also lies under generation 7's name (copied, renamed) */
+	CHECK(st_read_file(tp("gen-foreign/checkpoints/4/done-g000005-00001.json"), 1 << 20, &text, NULL) == 0);
+	CHECK(st_write_file_atomic(tp("gen-foreign/checkpoints/4/done-g000007-00001.json"), text, strlen(text)) == 0);
+	free(text);
+	/* process 0 of generation 7 merges neither: it logs the record once and waits for its own */
+	const char *err = capture(saver_save_call, &c);
+	CHECK_MSG(c.rc == ST_EIO && strstr(c.err, "process 1 did not finish its shard"), "rc %d: %s", c.rc, c.err);
+	CHECK_MSG(strstr(err, "ignoring") && strstr(err, "done-g000007-00001.json: a record of generation 5, this "
+			  "save is generation 7"), "%s", err);
+	const char *first = strstr(err, "ignoring");
+	CHECK_MSG(first && !strstr(first + 1, "ignoring"), "logged more than once: %s", err);
+	CHECK(!exists(tp("gen-foreign/checkpoints/4/manifest.json")));
+	/* generation 7's process 1 writes its record: the commit takes it, and only generation 7's files */
+	CHECK(gen_save(gen_opts(run, 1, 7), 4) == 0);
+	saver_save_call(&c);
+	CHECK_MSG(c.rc == 0, "%s", c.err);
+	expect_generation(tp("gen-foreign/checkpoints/4"), 7);
+	DIRVAR(dir, "gen-foreign/checkpoints");
+	CHECK(restore_as(dir, 0, 1, 1, 4, &step) == 0 && step == 4);
+	CHECK_MSG(st_ckpt_verify(tp("gen-foreign/checkpoints/4"), &pieces, &bytes) == 0, "%s", st_errmsg());
+	st_ckpt_saver_free(c.s);
+	free_pieces(&pl);
+}
+
+/* (d) a fence file that is not one generation number */
+static void test_generation_bad_fence(void)
+{
+	DIRVAR(run, "gen-bad");
+	DIRVAR(fence, "gen-bad/%s", ST_CKPT_FENCE_FILE);
+	int64_t g = -1;
+	static const char *const good[] = {"7", "7\n", "0\n", "123456789012345678"};
+	static const int64_t want[] = {7, 7, 0, 123456789012345678};
+	static const char *const bad[] = {"", "\n", "abc", "7x", "-3", " 7", "7 ", "7\n\n", "+7", "0x7",
+					  "1234567890123456789", "7\n8"};
+	CHECK(st_mkdir_p(run) == 0);
+	CHECK(st_ckpt_fence_read(fence, &g) == 0 && g == -1); /* no file: no newer generation */
+	for (size_t i = 0; i < sizeof(good) / sizeof(*good); i++) {
+		CHECK(st_write_file_atomic(fence, good[i], strlen(good[i])) == 0);
+		CHECK_MSG(st_ckpt_fence_read(fence, &g) == 1 && g == want[i], "'%s': %s", good[i], st_errmsg());
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		CHECK(st_write_file_atomic(fence, bad[i], strlen(bad[i])) == 0);
+		int rc = st_ckpt_fence_read(fence, &g);
+		CHECK_MSG(rc == ST_EINVAL && strstr(st_errmsg(), "malformed generation fence") &&
+			  strstr(st_errmsg(), fence), "'%s': rc %d: %s", bad[i], rc, st_errmsg());
+	}
+	char big[100];
+	memset(big, '7', sizeof(big));
+	CHECK(st_write_file_atomic(fence, big, sizeof(big)) == 0);
+	CHECK(st_ckpt_fence_read(fence, &g) == ST_EINVAL && strstr(st_errmsg(), "more than 64 bytes"));
+	CHECK(st_ckpt_fence_write(fence, -1) == ST_EINVAL);
+	CHECK(st_ckpt_fence_write(fence, 12) == 0 && st_ckpt_fence_read(fence, &g) == 1 && g == 12);
+	CHECK(st_mkdir_p(tp("gen-bad/dir-fence")) == 0);
+	CHECK(st_ckpt_fence_read(tp("gen-bad/dir-fence"), &g) == ST_EIO);
+	/* a save meets it: fails naming the file, commits nothing */
+	CHECK(st_write_file_atomic(fence, "seven\n", 6) == 0);
+	struct gen_call c = {.o = gen_opts(run, 1, 5), .step = 2};
+	const char *err = capture(gen_save_call, &c);
+	CHECK_MSG(c.rc == ST_EINVAL && strstr(c.err, "checkpoint step 2: ") && strstr(c.err, fence) &&
+		  strstr(c.err, "malformed generation fence: \"seven?\" is not a generation number"), "rc %d: %s", c.rc,
+		  c.err);
+	CHECK_MSG(strstr(err, "checkpoint step 2 FAILED"), "%s", err);
+	CHECK(!exists(tp("gen-bad/checkpoints/2")));
+	/* and a manifest or done record whose "generation" is not a generation is malformed */
+	expect_parse_error("{\"format\": \"slicetrain.done\", \"version\": 1, \"step\": 1, \"process_count\": 1, "
+			   "\"save_id\": \"0\", \"generation\": \"7\"}", 1, "field \"generation\" is not an integer");
+	expect_parse_error("{\"format\": \"slicetrain.done\", \"version\": 1, \"step\": 1, \"process_count\": 1, "
+			   "\"save_id\": \"0\", \"generation\": -2}", 1, "field \"generation\" is out of range");
+}
+
 /* ---- a resumed run keeps its checkpoint's batch (st_ckpt_check_resume) ---- */
 
 static void test_check_resume(void)
@@ -1486,6 +1834,11 @@ int main(void)
 	test_tiling();
 	test_malformed();
 	test_list_verify();
+	test_generation_names();
+	test_generation_stale_write();
+	test_generation_stale_commit();
+	test_generation_foreign_done();
+	test_generation_bad_fence();
 	test_check_resume();
 	test_hf();
 	rm_tree(tmpdir);

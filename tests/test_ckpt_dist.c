@@ -141,7 +141,8 @@ static int run_group(int P, body_fn body)
 
 static void save_body(st_comm *c, int rank, int P)
 {
-	st_ckpt_opts o = {.dir = dir, .process = rank, .process_count = P, .async = 1};
+	st_ckpt_opts o = {.dir = dir, .process = rank, .process_count = P, .async = 1,
+			  .generation = ST_CKPT_NO_GENERATION};
 	st_ckpt_saver *s;
 	st_ckpt_piece ps[NT];
 	CHECK(st_ckpt_saver_create(&s, &o) == 0);

@@ -154,7 +154,8 @@ static void round_trip(int llama31)
 	char names[2][400][96];
 	st_ckpt_saver *sv[2];
 	for (int p = 0; p < 2; p++) { /* process 0 first: it cleans up before anyone saves */
-		st_ckpt_opts o = {.dir = dir, .process = p, .process_count = 2, .async = 1};
+		st_ckpt_opts o = {.dir = dir, .process = p, .process_count = 2, .async = 1,
+				  .generation = ST_CKPT_NO_GENERATION};
 		CHECK(st_ckpt_saver_create(&sv[p], &o) == 0);
 	}
 	for (int p = 1; p >= 0; p--) {

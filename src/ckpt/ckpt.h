@@ -10,6 +10,14 @@
  *   ...
  *   manifest.json                      written last, by process 0: the commit marker
  *
+ * Under an elastic controller the shards and done records carry the
+ * worker group's generation (shard-g000007-00000-of-00004.safetensors,
+ * done-g000007-00000.json), and a save is fenced: the controller writes the
+ * newest generation to <base_output_directory>/<run_name>/generation before
+ * it starts any worker of it, and a save of an older generation (a host
+ * that was partitioned away and came back) writes no shard and commits
+ * nothing (st_ckpt_opts.generation and .fence).
+ *
  * What a process saves is a list of pieces: rectangular boxes of global
  * tensors that this process owns. Parameters use Hugging Face names; AdamW
  * moments are "optimizer.mu.<name>" and "optimizer.nu.<name>". A tensor that
@@ -105,20 +113,52 @@ typedef struct st_ckpt_opts {
 	 * st_ckpt_saver_free), which copies what is not written yet into the host
 	 * buffer. A trainer calls the release just before its optimizer update. */
 	int defer_copy;
-	/* Test hook: called by the writer (the background thread when async) before it writes a save. */
+	/* The elastic generation of this process's worker group; ST_CKPT_NO_GENERATION (-1, what
+	 * st_ckpt_opts_from_config sets): none, the file names of a run without one. Zero is a
+	 * generation: options filled by hand set this. */
+	int64_t generation;
+	/* Optional, with a generation: the fence file (st_ckpt_fence_path). The writer reads it
+	 * before it writes the shard and process 0 again right before it writes the manifest;
+	 * one holding a newer generation fails the save ("generation 5 is stale (the run is at
+	 * generation 7): not committed"), as does a malformed one. No file: no newer generation. */
+	const char *fence;
+	/* Test hooks: called by the writer (the background thread when async) before it writes a
+	 * save, and by process 0 once it holds every done record, before its last fence check. */
 	void (*before_write)(void *arg, int64_t step);
+	void (*before_commit)(void *arg, int64_t step);
 	void *hook_arg;
 } st_ckpt_opts;
+
+#define ST_CKPT_NO_GENERATION (-1)
 
 /* "<base_output_directory>/<run_name>/checkpoints" into buf; ST_EINVAL if it does not fit. */
 int st_ckpt_run_dir(const st_config *c, char *buf, size_t cap);
 
 /*
  * Options from the config keys (async_checkpointing, max_num_checkpoints_to_keep,
- * checkpoint_failure_policy) for process `process` of `count`. o->dir points
- * into a static per-thread buffer: copy it if the config may change.
+ * checkpoint_failure_policy) for process `process` of `count`, without a
+ * generation. o->dir points into a static per-thread buffer: copy it if the
+ * config may change.
  */
 int st_ckpt_opts_from_config(st_ckpt_opts *o, const st_config *c, int process, int count);
+
+/* ------------------------------------------------------- the generation fence */
+
+#define ST_CKPT_FENCE_FILE "generation" /* in the run directory: <base_output_directory>/<run_name> */
+
+/* "<base_output_directory>/<run_name>/generation" into buf; ST_EINVAL if it does not fit. */
+int st_ckpt_fence_path(const st_config *c, char *buf, size_t cap);
+
+/* Record generation (>= 0) as the run's newest in the fence file at path:
+ * its decimal text and a newline, written atomically. The elastic controller
+ * calls it before it sends any start or reform of that generation. */
+int st_ckpt_fence_write(const char *path, int64_t generation);
+
+/* The generation the fence file at path holds: 1 and *generation; 0 when
+ * there is no such file (no newer generation is known). ST_EINVAL naming the
+ * file when it holds anything but a decimal number (and one newline);
+ * ST_EIO when it cannot be read. */
+int st_ckpt_fence_read(const char *path, int64_t *generation);
 
 typedef struct st_ckpt_saver st_ckpt_saver;
 
@@ -127,7 +167,9 @@ typedef struct st_ckpt_saver st_ckpt_saver;
  * directories without a manifest (uncommitted: left by a crash) and stray
  * temporaries, with one warning per directory, before returning; the caller
  * must make sure no process starts a save before that (a collective between
- * the creation on process 0 and the first save elsewhere).
+ * the creation on process 0 and the first save elsewhere). A process 0 whose
+ * generation the fence shows stale removes nothing and fails (an uncommitted
+ * directory may be a newer generation's save in flight).
  */
 int st_ckpt_saver_create(st_ckpt_saver **out, const st_ckpt_opts *opts);
 
@@ -311,7 +353,7 @@ typedef struct st_ckpt_step_info {
 	int64_t step;
 	int committed;         /* manifest.json present */
 	int64_t bytes;         /* all files in the step directory */
-	int nshards, ndone;    /* shard files and done records present */
+	int nshards, ndone;    /* shard files and done records present (of every generation) */
 	int process_count;     /* from the manifest (committed) or the shard names, 0 if unknown */
 	char mesh[256];        /* from the manifest, "" if uncommitted */
 	double time_unix;      /* manifest's save time, else the directory's mtime */

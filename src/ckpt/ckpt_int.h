@@ -58,6 +58,7 @@ struct ck_manifest {
 	int64_t step, next_sample, data_shuffle_seed, init_weights_seed, global_batch;
 	int process, process_count;  /* process: done records only */
 	uint64_t save_id;
+	int64_t generation;          /* the saving group's elastic generation; -1: none (an optional field) */
 	char mesh[256];
 	double time_unix;
 	char *config_json;           /* compact JSON object text (manifest only) */
@@ -143,6 +144,24 @@ const struct ck_piece *ck_same_piece(const struct ck_manifest *m, const st_ckpt_
  * tensor is missing or its shape differs; ST_EIO if the data is damaged.
  */
 int ck_fill_piece(struct ck_reader *r, const st_ckpt_piece *want);
+
+/* ---- file names, the fence ---- */
+
+/* A process's shard and done record: "shard-00001-of-00004.safetensors" and
+ * "done-00001.json", or with a generation (>= 0)
+ * "shard-g000007-00001-of-00004.safetensors" and "done-g000007-00001.json". */
+void ck_shard_name(char *buf, size_t cap, int64_t generation, int process, int count);
+void ck_done_name(char *buf, size_t cap, int64_t generation, int process);
+/* Whether name is a shard (then *count: its process count) or a done record, of any generation. */
+int ck_is_shard_name(const char *name, int *count);
+int ck_is_done_name(const char *name);
+/*
+ * The fence of a save of step `step` (o->generation, o->fence): 0 when there
+ * is none, no fence file, or it holds a generation that is not newer than
+ * o->generation; else ST_EIO "checkpoint step S: generation G is stale (the
+ * run is at generation F): not committed", or the fence's own error.
+ */
+int ck_fence_check(const st_ckpt_opts *o, int64_t step);
 
 /* ---- steps, pieces ---- */
 

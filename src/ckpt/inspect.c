@@ -32,9 +32,9 @@ static void scan_dir(const char *sd, st_ckpt_step_info *s)
 		if (st_path_join(p, sizeof(p), sd, d->d_name) < 0 || stat(p, &st) < 0 || !S_ISREG(st.st_mode))
 			continue;
 		s->bytes += st.st_size;
-		if (!strncmp(d->d_name, "done-", 5) && strstr(d->d_name, ".json") && !strstr(d->d_name, ".tmp."))
+		if (ck_is_done_name(d->d_name))
 			s->ndone++;
-		if (sscanf(d->d_name, "shard-%*d-of-%d.safetensors", &pc) == 1 && !strstr(d->d_name, ".tmp.")) {
+		if (ck_is_shard_name(d->d_name, &pc)) {
 			s->nshards++;
 			if (!s->process_count)
 				s->process_count = pc;

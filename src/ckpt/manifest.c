@@ -436,6 +436,9 @@ static int parse_root(struct ck_manifest *m, struct pctx *c, json_t *root, int w
 	m->save_id = strtoull(s, &end, 10);
 	if (!s[0] || *end || errno)
 		return bad(c, "field \"%s\" is not a decimal number", "save_id");
+	m->generation = -1; /* optional: saved without an elastic generation */
+	if (json_object_get(root, "generation") && (rc = get_int(c, root, "generation", 0, &m->generation)) < 0)
+		return rc;
 	if (want_done) {
 		m->is_done = 1;
 		if ((rc = get_int(c, root, "process", 0, &v)) < 0)
@@ -541,6 +544,8 @@ int ck_manifest_dump(const struct ck_manifest *m, char **out)
 			 "save_id", id);
 	if (!root)
 		goto nomem;
+	if (m->generation >= 0 && json_object_set_new(root, "generation", json_integer(m->generation)) < 0)
+		goto nomem;
 	if (m->is_done) {
 		if (json_object_set_new(root, "process", json_integer(m->process)) < 0)
 			goto nomem;
@@ -600,6 +605,62 @@ int ck_manifest_dump(const struct ck_manifest *m, char **out)
 nomem:
 	json_decref(root);
 	return st_fail(ST_ENOMEM, "out of memory (or a name that is not UTF-8) writing a checkpoint manifest");
+}
+
+/* ------------------------------------------------------------ file names */
+
+/* "g000007-" with a generation, "" without */
+static void generation_tag(char *buf, size_t cap, int64_t generation)
+{
+	if (generation >= 0)
+		snprintf(buf, cap, "g%06" PRId64 "-", generation);
+	else
+		buf[0] = '\0';
+}
+
+void ck_shard_name(char *buf, size_t cap, int64_t generation, int process, int count)
+{
+	char tag[32];
+	generation_tag(tag, sizeof(tag), generation);
+	snprintf(buf, cap, "shard-%s%05d-of-%05d.safetensors", tag, process, count);
+}
+
+void ck_done_name(char *buf, size_t cap, int64_t generation, int process)
+{
+	char tag[32];
+	generation_tag(tag, sizeof(tag), generation);
+	snprintf(buf, cap, "done-%s%05d.json", tag, process);
+}
+
+/* After prefix: an optional generation tag; the rest of the name from there, or NULL. */
+static const char *after_tag(const char *name, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	int end = -1;
+	long long g;
+	if (strncmp(name, prefix, n) != 0)
+		return NULL;
+	name += n;
+	if (name[0] != 'g')
+		return name;
+	return sscanf(name, "g%lld-%n", &g, &end) == 1 && end > 0 ? name + end : NULL;
+}
+
+int ck_is_shard_name(const char *name, int *count)
+{
+	const char *rest = after_tag(name, "shard-");
+	int p, pc, end = -1;
+	if (!rest || sscanf(rest, "%d-of-%d.safetensors%n", &p, &pc, &end) != 2 || end < 0 || rest[end])
+		return 0;
+	*count = pc;
+	return 1;
+}
+
+int ck_is_done_name(const char *name)
+{
+	const char *rest = after_tag(name, "done-");
+	int p, end = -1;
+	return rest && sscanf(rest, "%d.json%n", &p, &end) == 1 && end > 0 && !rest[end];
 }
 
 /* ------------------------------------------------------------ steps, misc */

@@ -98,7 +98,7 @@ struct defer {
 
 struct st_ckpt_saver {
 	st_ckpt_opts o;
-	char *dir;
+	char *dir, *fence;
 	pthread_mutex_t mu;  /* guards stats */
 	st_ckpt_stats stats;
 	atomic_int abort;
@@ -151,6 +151,7 @@ int st_ckpt_opts_from_config(st_ckpt_opts *o, const st_config *c, int process, i
 	o->async = c->async_checkpointing;
 	o->max_to_keep = c->max_num_checkpoints_to_keep;
 	o->failure_policy = c->checkpoint_failure_policy;
+	o->generation = ST_CKPT_NO_GENERATION;
 	return 0;
 }
 
@@ -168,12 +169,16 @@ int st_ckpt_saver_create(st_ckpt_saver **out, const st_ckpt_opts *opts)
 		return st_fail(ST_EINVAL, "checkpoint saver: no directory");
 	if (opts->process_count < 1 || opts->process < 0 || opts->process >= opts->process_count)
 		return st_fail(ST_EINVAL, "checkpoint saver: process %d of %d", opts->process, opts->process_count);
-	if (!(s = calloc(1, sizeof(*s))) || !(s->dir = strdup(opts->dir))) {
+	if (!(s = calloc(1, sizeof(*s))) || !(s->dir = strdup(opts->dir)) ||
+	    (opts->fence && !(s->fence = strdup(opts->fence)))) {
+		if (s)
+			free(s->dir);
 		free(s);
 		return st_fail(ST_ENOMEM, "out of memory");
 	}
 	s->o = *opts;
 	s->o.dir = s->dir;
+	s->o.fence = s->fence;
 	if (s->o.commit_timeout_ms <= 0)
 		s->o.commit_timeout_ms = DEFAULT_COMMIT_TIMEOUT_MS;
 	s->stats.last_step = -1;
@@ -184,7 +189,8 @@ int st_ckpt_saver_create(st_ckpt_saver **out, const st_ckpt_opts *opts)
 	 * between a commit and its pruning left one checkpoint too many */
 	s->meta.step = -1;
 	if ((rc = st_mkdir_p(s->dir)) < 0 ||
-	    (opts->process == 0 && ((rc = st_ckpt_cleanup(s->dir)) < 0 || (rc = prune(s)) < 0))) {
+	    (opts->process == 0 && ((rc = ck_fence_check(&s->o, -1)) < 0 || (rc = st_ckpt_cleanup(s->dir)) < 0 ||
+				    (rc = prune(s)) < 0))) {
 		st_ckpt_saver_free(s);
 		return rc;
 	}
@@ -240,6 +246,7 @@ void st_ckpt_saver_free(st_ckpt_saver *s)
 	free_job(s);
 	free(s->buf);
 	free(s->dir);
+	free(s->fence);
 	pthread_mutex_destroy(&s->mu);
 	pthread_mutex_destroy(&s->defer.mu);
 	pthread_cond_destroy(&s->defer.cv);
@@ -271,16 +278,10 @@ int st_ckpt_wait(st_ckpt_saver *s)
 
 /* ------------------------------------------------------------ the writer */
 
-static int shard_name(char *buf, size_t cap, int process, int count)
-{
-	snprintf(buf, cap, "shard-%05d-of-%05d.safetensors", process, count);
-	return 0;
-}
-
-static int done_path(char *buf, size_t cap, const char *step_dir, int process)
+static int done_path(char *buf, size_t cap, const char *step_dir, int64_t generation, int process)
 {
 	char name[64];
-	snprintf(name, sizeof(name), "done-%05d.json", process);
+	ck_done_name(name, sizeof(name), generation, process);
 	return st_path_join(buf, cap, step_dir, name);
 }
 
@@ -311,7 +312,7 @@ static int pad_header(const char *path, char **hdr, size_t *hlen)
  */
 static int build_header(st_ckpt_saver *s, const char *path, char **hdr, size_t *hlen)
 {
-	char num[3][32];
+	char num[4][32];
 	int n = s->npieces, nmeta = 0, rc;
 	st_safetensors_tensor *t = calloc((size_t)n + 1, sizeof(*t));
 	const char **mk = calloc((size_t)n + 4, sizeof(*mk)), **mv = calloc((size_t)n + 4, sizeof(*mv));
@@ -327,6 +328,10 @@ static int build_header(st_ckpt_saver *s, const char *path, char **hdr, size_t *
 	mk[nmeta] = "slicetrain.step", mv[nmeta++] = num[0];
 	mk[nmeta] = "slicetrain.process", mv[nmeta++] = num[1];
 	mk[nmeta] = "slicetrain.process_count", mv[nmeta++] = num[2];
+	if (s->o.generation >= 0) {
+		snprintf(num[3], sizeof(num[3]), "%" PRId64, s->o.generation);
+		mk[nmeta] = "slicetrain.generation", mv[nmeta++] = num[3];
+	}
 	for (int i = 0; i < n; i++) {
 		const struct job_piece *p = &s->pieces[i];
 		t[i].name = p->key;
@@ -400,7 +405,7 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 	struct ck_manifest done = {0};
 	int rc;
 
-	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
+	ck_shard_name(fname, sizeof(fname), s->o.generation, s->o.process, s->o.process_count);
 	if ((rc = st_path_join(path, sizeof(path), step_dir, fname)) < 0)
 		return rc;
 	/* first the shard: a deferred write checksums the pieces as it goes */
@@ -412,6 +417,7 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 	done.process = s->o.process;
 	done.process_count = s->o.process_count;
 	done.save_id = s->o.save_id;
+	done.generation = s->o.generation;
 	if ((rc = ck_manifest_add_file(&done, fname, s->o.process, (int64_t)s->used)) < 0)
 		goto out;
 	for (int i = 0; i < s->npieces; i++) {
@@ -427,7 +433,8 @@ static int write_shard(st_ckpt_saver *s, const char *step_dir, int64_t *file_byt
 		if ((rc = ck_tensor_add_piece(ct, &cp)) < 0)
 			goto out;
 	}
-	if ((rc = ck_manifest_dump(&done, &text)) < 0 || (rc = done_path(path, sizeof(path), step_dir, s->o.process)) < 0)
+	if ((rc = ck_manifest_dump(&done, &text)) < 0 ||
+	    (rc = done_path(path, sizeof(path), step_dir, s->o.generation, s->o.process)) < 0)
 		goto out;
 	rc = st_write_file_atomic(path, text, strlen(text));
 out:
@@ -436,7 +443,9 @@ out:
 	return rc;
 }
 
-/* Process 0: wait for process p's done record of this save and merge it into m. */
+/* Process 0: wait for process p's done record of this save and merge it into m. A
+ * record of another generation is never merged: a group's names carry its
+ * generation, and the record says which it is. */
 static int collect_done(st_ckpt_saver *s, const char *step_dir, int p, struct ck_manifest *m, double deadline)
 {
 	char path[ST_PATH_MAX], fpath[ST_PATH_MAX];
@@ -444,9 +453,9 @@ static int collect_done(st_ckpt_saver *s, const char *step_dir, int p, struct ck
 	struct stat st;
 	useconds_t sleep_us = 2000;
 	char *text;
-	int rc;
+	int rc, foreign_told = 0;
 
-	if ((rc = done_path(path, sizeof(path), step_dir, p)) < 0)
+	if ((rc = done_path(path, sizeof(path), step_dir, s->o.generation, p)) < 0)
 		return rc;
 	for (;;) {
 		if (atomic_load(&s->abort))
@@ -459,8 +468,14 @@ static int collect_done(st_ckpt_saver *s, const char *step_dir, int p, struct ck
 			free(text);
 			if (rc < 0)
 				return rc;
-			if (d.save_id == s->o.save_id) /* else: a stale record of an earlier attempt; wait */
+			if (d.generation != s->o.generation) {
+				if (!foreign_told++)
+					st_warn("checkpoint step %" PRId64 ": ignoring %s: a record of generation %" PRId64
+						", this save is generation %" PRId64 "; waiting for process %d's own",
+						s->meta.step, path, d.generation, s->o.generation, p);
+			} else if (d.save_id == s->o.save_id) { /* else: a stale record of an earlier attempt; wait */
 				break;
+			}
 			ck_manifest_free(&d);
 		}
 		if (st_mono_s() > deadline)
@@ -535,6 +550,7 @@ static int commit(st_ckpt_saver *s, const char *step_dir)
 	m.global_batch = s->meta.global_batch;
 	m.process_count = s->o.process_count;
 	m.save_id = s->o.save_id;
+	m.generation = s->o.generation;
 	memcpy(m.mesh, s->meta.mesh, sizeof(m.mesh));
 	m.time_unix = (double)time(NULL);
 	if (!(m.config_json = strdup(s->meta.config_json))) {
@@ -547,8 +563,13 @@ static int commit(st_ckpt_saver *s, const char *step_dir)
 		goto out;
 	snprintf(where, sizeof(where), "checkpoint %s", step_dir);
 	if ((rc = ck_manifest_check_tiling(&m, where)) < 0 || (rc = ck_manifest_dump(&m, &text)) < 0 ||
-	    (rc = st_path_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0 ||
-	    (rc = st_write_file_atomic(path, text, strlen(text))) < 0 || (rc = st_fsync_dir(s->dir)) < 0)
+	    (rc = st_path_join(path, sizeof(path), step_dir, CK_MANIFEST)) < 0)
+		goto out;
+	if (s->o.before_commit)
+		s->o.before_commit(s->o.hook_arg, m.step);
+	/* a newer generation may have started while the done records came */
+	if ((rc = ck_fence_check(&s->o, m.step)) < 0 || (rc = st_write_file_atomic(path, text, strlen(text))) < 0 ||
+	    (rc = st_fsync_dir(s->dir)) < 0)
 		goto out;
 	if ((rc = prune(s)) < 0) /* the checkpoint is committed: a pruning failure is only reported */
 		st_warn("checkpoint step %" PRId64 " committed, but removing old checkpoints failed: %s", m.step,
@@ -577,7 +598,9 @@ static void run_job(st_ckpt_saver *s)
 
 	if (s->o.before_write)
 		s->o.before_write(s->o.hook_arg, s->meta.step);
-	rc = ck_step_dir(step_dir, sizeof(step_dir), s->dir, s->meta.step);
+	rc = ck_fence_check(&s->o, s->meta.step);
+	if (rc == 0)
+		rc = ck_step_dir(step_dir, sizeof(step_dir), s->dir, s->meta.step);
 	if (rc == 0)
 		rc = st_mkdir_p(step_dir);
 	if (rc == 0)
@@ -1035,7 +1058,7 @@ int st_ckpt_save(st_ckpt_saver *s, const st_ckpt_meta *meta, int n, const st_ckp
 		total += j->nbytes;
 	}
 	/* the host buffer is the shard file's image: header, then the pieces */
-	shard_name(fname, sizeof(fname), s->o.process, s->o.process_count);
+	ck_shard_name(fname, sizeof(fname), s->o.generation, s->o.process, s->o.process_count);
 	if ((rc = st_path_join(path, sizeof(path), step_dir, fname)) < 0 || (rc = build_header(s, path, &hdr, &hlen)) < 0)
 		goto fail;
 	for (int i = 0; i < n; i++)

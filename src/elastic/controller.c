@@ -29,6 +29,7 @@
 #include "base/status.h"
 #include "base/file.h"
 #include "base/version.h"
+#include "ckpt/ckpt.h"
 #include "comm/mesh.h"
 #include "comm/net.h"
 #include "config/config.h"
@@ -143,6 +144,7 @@ struct st_ctl {
 	char build[ST_BUILD_ID_LEN + 1]; /* the workers' binary: every host must run the same */
 	char *config_json; /* the resolved config the workers load (st_config_to_json) */
 	char run_dir[ST_PATH_MAX], probe[ST_PATH_MAX + 64]; /* a file every host must see */
+	char fence[ST_PATH_MAX + 16]; /* the newest generation, for the checkpoint writers (ckpt.h) */
 	char nonce[33];
 	st_drop_log drops; /* connections dropped before their hello */
 };
@@ -532,13 +534,18 @@ static void gen_stop(st_ctl *c, int how)
 }
 
 /* A new generation of k slices in c->g (the previous one released): its
- * mesh, coordinator and the workers' environment (*env, a new reference). */
+ * mesh, coordinator and the workers' environment (*env, a new reference).
+ * Its number is in the run directory's fence before anything of it is sent,
+ * so that no worker of an older generation commits a checkpoint from then on. */
 static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
 {
 	gen *g = &c->g;
 	gen_release(g);
 	*env = NULL;
 	g->id = ++c->next_gen;
+	int rc = st_ckpt_fence_write(c->fence, g->id);
+	if (rc < 0)
+		return st_wrap(rc, "the generation fence");
 	g->k = k;
 	g->world = k * c->o.devices_per_slice;
 	g->first_step = g->last_step = -1;
@@ -547,8 +554,7 @@ static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
 	    !(g->culprit = calloc((size_t)c->o.num_slices, 1)))
 		return st_fail(ST_ENOMEM, "out of memory");
 	memcpy(g->slices, slices, (size_t)k * sizeof(int));
-	int rc = mesh_for(c, k, &g->mesh);
-	if (rc < 0)
+	if ((rc = mesh_for(c, k, &g->mesh)) < 0)
 		return rc;
 	/* the coordinator (rank 0's store) on rank 0's host: its address, and
 	 * the port its agent last found free there */
@@ -1635,6 +1641,7 @@ static int make_probe(st_ctl *c)
 	int rc = st_mkdir_p(c->run_dir);
 	if (rc < 0)
 		return st_wrap(rc, "the run directory");
+	snprintf(c->fence, sizeof(c->fence), "%s/%s", c->run_dir, ST_CKPT_FENCE_FILE);
 	snprintf(c->probe, sizeof(c->probe), "%s/.controller-%d.probe", c->run_dir, (int)getpid());
 	if ((rc = st_write_file_atomic(c->probe, c->nonce, strlen(c->nonce))) < 0) {
 		c->probe[0] = 0;

@@ -82,7 +82,8 @@
  *                                   worker keeps the global batch of that size (more
  *                                   gradient accumulation on fewer devices), unless
  *                                   elastic_batch=scale
- *   SLICETRAIN_GENERATION           the generation number (for logs)
+ *   SLICETRAIN_GENERATION           the generation number (logs; its checkpoints carry it
+ *                                   and are fenced by it: ckpt.h)
  * Worker exit statuses the controller reads: 0 finished; 2 bad input (the
  * run cannot go on: the controller stops with it); 3 a peer failed; 128+N
  * stopped by signal N: 143 after a preemption notice (SIGTERM), 138 after a

@@ -59,8 +59,9 @@ int st_run_ckpt_set_kernels(st_run_ckpt *k, const st_kplan *plan)
 }
 
 int st_run_ckpt_open(st_run_ckpt *k, const st_config *c, st_shard *sh, st_llama *m, const st_par *p,
-		     const st_kplan *plan)
+		     const st_kplan *plan, int64_t generation)
 {
+	char fence[ST_PATH_MAX];
 	*k = (st_run_ckpt)ST_RUN_CKPT_INIT;
 	k->c = c;
 	int rc = st_ckpt_run_dir(c, k->dir, sizeof(k->dir));
@@ -73,6 +74,13 @@ int st_run_ckpt_open(st_run_ckpt *k, const st_config *c, st_shard *sh, st_llama 
 	 * forward and backward, which only read the state; the trainer releases
 	 * it before the update (st_run_ckpt_before_update) */
 	o.defer_copy = 1;
+	/* an old generation's workers (a host partitioned away, come back) commit nothing */
+	o.generation = generation;
+	if (generation >= 0) {
+		if ((rc = st_ckpt_fence_path(c, fence, sizeof(fence))) < 0)
+			return rc;
+		o.fence = fence;
+	}
 	if ((rc = st_ckpt_saver_create(&k->saver, &o)) < 0)
 		return rc;
 	/* nobody saves before process 0 has removed uncommitted steps */

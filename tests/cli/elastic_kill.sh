@@ -5,7 +5,9 @@
 # a shrink, restores and a grow; steps lost at most the checkpoint period
 # (5); the final weights within 1e-4 relative (per tensor, by norm) of a
 # fault-free 2-slice run of the same 30 steps, and in fact bit-identical; every trained sample index at
-# its step, those from the restore on exactly once; no process left behind.
+# its step, those from the restore on exactly once; no process left behind;
+# the last checkpoint of the newest generation, the one the run directory's
+# fence names (docs/checkpoints.md, "Generations").
 # Three times: the DCN data axis -1, the same with 2 devices per slice
 # (ici_data 2), then the DCN FSDP axis -1 (dcn_data 1); on a sanitized
 # build the last only (below).
@@ -77,6 +79,20 @@ PY
 		"$SLICETRAIN" export "$TMP/o/$r/checkpoints/$steps" "$TMP/hf-$r" >/dev/null 2>"$TMP/$r.export.err" ||
 			fail "$r: export failed: $(tail -1 "$TMP/$r.export.err")"
 	done
+	# the saves carry their group's generation: the last one is of the run's
+	# newest, the number in the run directory's fence (after a re-formation
+	# in place too: the saver is made anew with the new generation)
+	/usr/bin/python3 - "$TMP/o/kill$n" $steps <<'PY' || fail "$n: the last checkpoint is not of the fence's generation"
+import json, sys
+run, step = sys.argv[1], sys.argv[2]
+fence = open(f"{run}/generation").read()
+m = json.load(open(f"{run}/checkpoints/{step}/manifest.json"))
+names = [f["name"] for f in m["files"]]
+print(f"generation fence {fence.strip()}; checkpoint {step}: generation {m.get('generation')}, files {names}")
+g = int(fence)
+sys.exit(fence != f"{g}\n" or g < 3 or m.get("generation") != g or
+         not all(n.startswith(f"shard-g{g:06d}-") for n in names))
+PY
 	[ -f "$TMP/hf-kill$n/model.safetensors" ] && mesh_compare_weights "$TMP/hf-ref$n/model.safetensors" \
 		"$TMP/hf-kill$n/model.safetensors" "$n: kill 1@5 vs fault-free"
 	# more, with one device per slice: the same bits. Steps on one slice sum
