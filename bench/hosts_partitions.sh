@@ -37,7 +37,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SLICETRAIN=${SLICETRAIN:-$ROOT/build/slicetrain}
 CYCLES=${CYCLES:-100} PACE=${PACE:-0.3} PERIOD=${PERIOD:-6} SAVE_S=${SAVE_S:-1.0} MIN_CUT=${MIN_CUT:-0.2}
 MAX_CUT=${MAX_CUT:-2.4} GAP=${GAP:-1} SEED=${SEED:-1}
-STEPS=${STEPS:-$(awk -v c="$CYCLES" -v g="$GAP" -v p="$PACE" 'BEGIN {printf "%d", (c * (g + 9) + 60) / p}')}
+STEPS=${STEPS:-$(awk -v c="$CYCLES" -v g="$GAP" -v p="$PACE" 'BEGIN {printf "%d", (c * (g + 7) + 30) / p}')}
 [ -x "$SLICETRAIN" ] || { echo "no slicetrain at $SLICETRAIN (make first)" >&2; exit 2; }
 . "$ROOT/tests/hosts_lib.sh"
 . "$ROOT/tests/hosts_run_lib.sh"
@@ -51,13 +51,13 @@ echo "date: $(date -u +%F' '%T) UTC, commit $(git -C "$ROOT" rev-parse --short H
 
 declared() { grep -c 'RUNNING -> RESTARTING' "$TMP/run.out"; }
 grown() { grep -c 're-formed in place on 2 slices' "$TMP/run.out"; }
-# a save in flight: a step directory of the checkpoints without its manifest
+# a save in flight: the newest save begun (its log line) has no manifest
+# yet and has not failed
 in_flight() {
-	local d
-	for d in "$TMP/o/hosts/checkpoints"/*/; do
-		[ -d "$d" ] && [ ! -e "$d/manifest.json" ] && return 0
-	done
-	return 1
+	local last
+	last=$(sed -n 's/.*checkpoint step \([0-9]*\): training stalled.*/\1/p' "$TMP/run.out" | tail -1)
+	[ -n "$last" ] && [ ! -e "$TMP/o/hosts/checkpoints/$last/manifest.json" ] &&
+		! grep -q "checkpoint step $last FAILED" "$TMP/run.out"
 }
 wait_for() { # COMMAND... for up to 60 s
 	local i
@@ -122,7 +122,7 @@ echo "cycles: $CYCLES; declared and replaced $n_decl, healed before detection $n
 
 ck=$TMP/o/hosts/checkpoints
 "$SLICETRAIN" ckpt verify "$ck" >"$TMP/verify.out" 2>&1 || fail "ckpt verify: $(tail -3 "$TMP/verify.out")"
-echo "kept checkpoints verified: $(grep -c '^ok\|verified' "$TMP/verify.out") line(s): $(tail -1 "$TMP/verify.out")"
+echo "kept checkpoints verified: $(grep -c ': ok (' "$TMP/verify.out") ($(ls "$ck" | tr '\n' ' '))"
 /usr/bin/python3 - "$ck" <<'PY' || fail "a committed checkpoint holds a file of another generation"
 import json, os, re, sys
 ck, bad, n = sys.argv[1], 0, 0

@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -535,15 +536,25 @@ static void gen_stop(st_ctl *c, int how)
 
 /* A new generation of k slices in c->g (the previous one released): its
  * mesh, coordinator and the workers' environment (*env, a new reference).
- * Its number is in the run directory's fence before anything of it is sent,
- * so that no worker of an older generation commits a checkpoint from then on. */
+ * Unless it keeps every slice of the one before, its number is in the run
+ * directory's fence before anything of it is sent, so that no worker of an
+ * older generation commits a checkpoint from then on. */
 static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
 {
 	gen *g = &c->g;
+	/* a generation that keeps every slice of the one before (a growth)
+	 * leaves no worker behind: the fence stays, and the save its workers
+	 * have in flight still commits */
+	int keeps_all = g->slices != NULL;
+	for (int i = 0; i < g->k && keeps_all; i++) {
+		keeps_all = 0;
+		for (int j = 0; j < k; j++)
+			keeps_all |= slices[j] == g->slices[i];
+	}
 	gen_release(g);
 	*env = NULL;
 	g->id = ++c->next_gen;
-	int rc = st_ckpt_fence_write(c->fence, g->id);
+	int rc = keeps_all ? 0 : st_ckpt_fence_write(c->fence, g->id);
 	if (rc < 0)
 		return st_wrap(rc, "the generation fence");
 	g->k = k;
@@ -1642,6 +1653,14 @@ static int make_probe(st_ctl *c)
 	if (rc < 0)
 		return st_wrap(rc, "the run directory");
 	snprintf(c->fence, sizeof(c->fence), "%s/%s", c->run_dir, ST_CKPT_FENCE_FILE);
+	/* generations go on from the run's newest (a controller before this
+	 * one): its workers, if any are left, are older than every new one */
+	int64_t newest = 0;
+	if ((rc = st_ckpt_fence_read(c->fence, &newest)) < 0)
+		return rc;
+	if (newest > INT_MAX / 2)
+		return st_fail(ST_EINVAL, "%s: generation %lld: too many for this run", c->fence, (long long)newest);
+	c->next_gen = (int)newest;
 	snprintf(c->probe, sizeof(c->probe), "%s/.controller-%d.probe", c->run_dir, (int)getpid());
 	if ((rc = st_write_file_atomic(c->probe, c->nonce, strlen(c->nonce))) < 0) {
 		c->probe[0] = 0;

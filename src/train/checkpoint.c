@@ -59,7 +59,7 @@ int st_run_ckpt_set_kernels(st_run_ckpt *k, const st_kplan *plan)
 }
 
 int st_run_ckpt_open(st_run_ckpt *k, const st_config *c, st_shard *sh, st_llama *m, const st_par *p,
-		     const st_kplan *plan, int64_t generation)
+		     const st_kplan *plan, int64_t generation, const st_test_knobs *knobs)
 {
 	char fence[ST_PATH_MAX];
 	*k = (st_run_ckpt)ST_RUN_CKPT_INIT;
@@ -80,6 +80,10 @@ int st_run_ckpt_open(st_run_ckpt *k, const st_config *c, st_shard *sh, st_llama 
 		if ((rc = st_ckpt_fence_path(c, fence, sizeof(fence))) < 0)
 			return rc;
 		o.fence = fence;
+	}
+	if (knobs && knobs->save_delay_s > 0) { /* SLICETRAIN_TEST_SAVE_SECONDS: slow saves, for tests */
+		o.before_write = st_test_knobs_before_save;
+		o.hook_arg = (void *)knobs;
 	}
 	if ((rc = st_ckpt_saver_create(&k->saver, &o)) < 0)
 		return rc;

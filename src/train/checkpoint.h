@@ -4,7 +4,7 @@
  * checksums, the save at an agreed stop, and the restore at the start.
  *
  *   st_run_ckpt k = ST_RUN_CKPT_INIT;
- *   rc = st_run_ckpt_open(&k, c, &shard, &model, &par, plan, gen); // per group; saver only with checkpointing
+ *   rc = st_run_ckpt_open(&k, c, &shard, &model, &par, plan, gen, &knobs); // per group; saver only with checkpointing
  *   rc = st_run_ckpt_restore(&k, &shard, &model, &par, G, scale, lead, &r); // newest checkpoint, else
  *                                                                 // load_full_state_path / load_parameters_path
  *   each step:
@@ -35,6 +35,7 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "shard/shard.h"
+#include "train/knobs.h"
 
 typedef struct st_run_ckpt {
 	const st_config *c;
@@ -74,9 +75,10 @@ typedef struct st_run_restored {
  * in the stored config; NULL while it is not decided. generation: the
  * group's elastic generation (-1: none), which the saves carry and are
  * fenced by (the run directory's generation file, ckpt.h); a re-formed
- * group opens anew with its new one. */
+ * group opens anew with its new one. knobs (NULL: none): the test knobs
+ * (SLICETRAIN_TEST_SAVE_SECONDS slows each save's writer). */
 int st_run_ckpt_open(st_run_ckpt *k, const st_config *c, st_shard *sh, st_llama *m, const st_par *p,
-		     const st_kplan *plan, int64_t generation);
+		     const st_kplan *plan, int64_t generation, const st_test_knobs *knobs);
 /* The saver's host buffers touched in the background, so that a save only
  * copies (after a restore, faulting them in competes with its reads). */
 int st_run_ckpt_reserve(st_run_ckpt *k);

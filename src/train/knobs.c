@@ -10,6 +10,20 @@
 #include "base/clock.h"
 #include "base/err.h"
 
+/* A number of seconds, 0 to 3600 (unset: 0). */
+static int seconds_knob(const char *name, double *out)
+{
+	const char *v = getenv(name);
+	if (!v || !*v)
+		return 0;
+	char *end;
+	errno = 0;
+	*out = strtod(v, &end);
+	if (errno || *end || !(*out >= 0 && *out <= 3600))
+		return st_fail(ST_EINVAL, "%s='%s' is not a number of seconds from 0 to 3600", name, v);
+	return 0;
+}
+
 /* A path-valued knob into buf ("" when unset). */
 static int path_knob(const char *name, char *buf, size_t cap)
 {
@@ -25,16 +39,12 @@ static int path_knob(const char *name, char *buf, size_t cap)
 int st_test_knobs_read(st_test_knobs *k)
 {
 	memset(k, 0, sizeof(*k));
-	const char *floor_s = getenv("SLICETRAIN_MIN_STEP_SECONDS");
-	if (floor_s && *floor_s) {
-		char *end;
-		errno = 0;
-		k->min_step_s = strtod(floor_s, &end);
-		if (errno || *end || !(k->min_step_s >= 0 && k->min_step_s <= 3600))
-			return st_fail(ST_EINVAL, "SLICETRAIN_MIN_STEP_SECONDS='%s' is not a number of seconds "
-				       "from 0 to 3600", floor_s);
-	}
-	int rc = path_knob("SLICETRAIN_SAMPLE_LOG", k->sample_log, sizeof(k->sample_log));
+	int rc = seconds_knob("SLICETRAIN_MIN_STEP_SECONDS", &k->min_step_s);
+	if (rc == 0)
+		rc = seconds_knob("SLICETRAIN_TEST_SAVE_SECONDS", &k->save_delay_s);
+	if (rc < 0)
+		return rc;
+	rc = path_knob("SLICETRAIN_SAMPLE_LOG", k->sample_log, sizeof(k->sample_log));
 	return rc < 0 ? rc : path_knob("SLICETRAIN_TEST_HANG_FILE", k->hang_file, sizeof(k->hang_file));
 }
 
@@ -78,11 +88,21 @@ void st_test_knobs_close_log(st_test_knobs *k)
 	k->log = NULL;
 }
 
+static void sleep_s(double s)
+{
+	struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+	nanosleep(&ts, NULL);
+}
+
+void st_test_knobs_before_save(void *arg, int64_t step)
+{
+	(void)step;
+	sleep_s(((const st_test_knobs *)arg)->save_delay_s);
+}
+
 void st_test_knobs_pace(const st_test_knobs *k, double t0)
 {
 	double left = k->min_step_s - (st_mono_s() - t0);
-	if (left <= 0)
-		return;
-	struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-	nanosleep(&ts, NULL);
+	if (left > 0)
+		sleep_s(left);
 }

@@ -14,6 +14,10 @@
  *                                  reads to PATH.RANK, flushed after each
  *                                  micro-batch: which global samples each
  *                                  step trained, across restarts and kills.
+ *   SLICETRAIN_TEST_SAVE_SECONDS=S each save's writer waits S seconds (0 to
+ *                                  3600) before it writes (in the background
+ *                                  with async saves): saves in flight for
+ *                                  the partition benchmark.
  *   SLICETRAIN_TEST_HANG_FILE=PATH while PATH exists, the compute thread
  *                                  blocks at the start of its next step
  *                                  (checked every 10 ms); the process's
@@ -30,6 +34,7 @@
 
 typedef struct st_test_knobs {
 	double min_step_s;            /* 0: no floor */
+	double save_delay_s;          /* 0: none */
 	char sample_log[ST_PATH_MAX]; /* "": none */
 	char hang_file[ST_PATH_MAX];  /* "": none */
 	FILE *log;                    /* this process's sample log, while open */
@@ -43,6 +48,9 @@ int st_test_knobs_open_log(st_test_knobs *k, int rank, int writes);
 /* Rows first .. first+rows-1 read for step `step`. */
 void st_test_knobs_log_samples(st_test_knobs *k, int64_t step, int64_t first, int64_t rows);
 void st_test_knobs_close_log(st_test_knobs *k);
+/* The checkpoint writer's hook (st_ckpt_opts.before_write; arg: the
+ * knobs): wait save_delay_s. */
+void st_test_knobs_before_save(void *arg, int64_t step);
 /* The hang hook: block while the hang file exists, before step `step`. */
 void st_test_knobs_hang(const st_test_knobs *k, int64_t step);
 /* Sleep out the rest of a step begun at t0 (st_mono_s). */

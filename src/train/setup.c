@@ -138,7 +138,7 @@ int bound_setup(trainer *t, int reformed)
 	const st_par *p = &t->par;
 	int rc;
 	if ((rc = st_run_ckpt_open(&t->ckpt, c, &t->shard, &t->model, p, t->kernels_set ? &t->model.kplan : NULL,
-				   t->generation)) < 0 ||
+				   t->generation, &t->knobs)) < 0 ||
 	    (reformed && (rc = st_run_ckpt_reserve(&t->ckpt)) < 0))
 		return rc;
 	if (!t->shard.alias && (rc = st_fsdp_create(&t->fsdp, &t->shard, &t->model, p, t->rows * t->T)) < 0)

@@ -175,7 +175,11 @@ done
 for v in x -1 nan 1e9 0.1s; do
 	SLICETRAIN_MIN_STEP_SECONDS=$v expect_error "SLICETRAIN_MIN_STEP_SECONDS=$v" \
 		"SLICETRAIN_MIN_STEP_SECONDS='$v' is not a number of seconds from 0 to 3600" -- train "${one[@]}"
+	SLICETRAIN_TEST_SAVE_SECONDS=$v expect_error "SLICETRAIN_TEST_SAVE_SECONDS=$v" \
+		"SLICETRAIN_TEST_SAVE_SECONDS='$v' is not a number of seconds from 0 to 3600" -- train "${one[@]}"
 done
+SLICETRAIN_TEST_HANG_FILE=$(printf '/x%.0s' $(seq 3000)) expect_error "SLICETRAIN_TEST_HANG_FILE too long" \
+	"SLICETRAIN_TEST_HANG_FILE is longer than" -- train "${one[@]}"
 # the pacing the elastic tests use: every step lasts at least that long
 SLICETRAIN_MIN_STEP_SECONDS=0.25 "$SLICETRAIN" train "${one[@]}" steps=3 enable_checkpointing=false \
 	>"$TMP/paced.out" 2>"$TMP/paced.err"
