@@ -10,8 +10,8 @@
 #           again AGENT_DOWN s later, as systemd's Restart= would;
 #   stop:   SIGSTOP of slice 1's worker (hung; its agent kills it);
 #   cut:    slice 1's link down (a silent host), up again once the group
-#           re-formed; the host's old agent stops, and starts again
-#           AGENT_DOWN s later;
+#           re-formed; the host's agent (--controller-grace) reconnects and
+#           its old worker is stopped;
 #   hang:   slice 1's compute thread stuck (the hang hook,
 #           SLICETRAIN_TEST_HANG_FILE: its other threads go on), until the
 #           failure is declared; its step watchdog finds it. The fault's
@@ -20,9 +20,9 @@
 # Measured from outside, by the time a line appears in the controller's
 # output (polled every 5 ms): detection, the fault to the controller's
 # "RUNNING -> RESTARTING"; then to the first step of the group re-formed on
-# 1 slice (the sum: recovery); growth, the agent's start again (agent, cut)
-# or the end of the repair delay (worker, stop) to the first step on 2
-# slices. A failure blamed on slice 0 is a failure of the bench. Then the
+# 1 slice (the sum: recovery); growth, the agent's start again (agent),
+# the link's mend (cut) or the end of the repair delay (worker, stop, hang)
+# to the first step on 2 slices. A failure blamed on slice 0 is a failure of the bench. Then the
 # run finishes its STEPS; the summary's failures and steps lost, and the
 # final weights against the same run with `slicetrain launch` on one machine
 # without faults (cmp of the exported safetensors). Prints the medians and
@@ -118,8 +118,10 @@ for kind in $KINDS; do
 		grep -qE 'RUNNING -> RESTARTING.*slice 0' <(tail -c +$((off + 1)) "$TMP/run.out") &&
 			fail "$kind $k: slice 0 blamed"
 		case $kind in
-		agent | cut)
-			[ $kind = cut ] && th_mend s1h0
+		cut)
+			th_mend s1h0
+			t1=$(now) ;;
+		agent)
 			for i in $(seq 600); do kill -0 "$old" 2>/dev/null || break; sleep 0.05; done
 			wait "$old" 2>/dev/null
 			sleep "$AGENT_DOWN"

@@ -50,6 +50,37 @@ typedef struct ctl {
 static double now_s(void) { return st_mono_s(); }
 
 /* Start `slicetrain agent` against a new listener and accept its connection. */
+/* Accept the agent's (next) connection on t->lfd: its token proof, and its
+ * hello kept in t->log. 0, or -1 after a line on stderr. */
+static int ctl_accept(ctl *t, const char *name)
+{
+	struct pollfd p = {.fd = t->lfd, .events = POLLIN};
+	if (poll(&p, 1, 10000) <= 0) {
+		fprintf(stderr, "%s: the agent did not connect\n", name);
+		return -1;
+	}
+	int fd;
+	t->closed = 0;
+	if (st_proto_accept(t->lfd, &fd) != 1 || st_proto_conn_init_server(&t->c, fd, &tok) < 0)
+		return -1;
+	/* the agent's token proof, before its hello */
+	json_t *m = NULL;
+	int r = 0;
+	for (int i = 0; i < 500 && t->c.auth && r == 0; i++) {
+		struct pollfd q = {.fd = t->c.fd, .events = POLLIN};
+		poll(&q, 1, 20);
+		r = st_proto_recv(&t->c, &m);
+	}
+	if (t->c.auth || r < 0) {
+		fprintf(stderr, "%s: the agent's token proof failed: %d %s\n", name, r, st_errmsg());
+		return -1;
+	}
+	if (m) /* its hello came with the proof: keep it for the test */
+		json_array_append_new(t->log, m);
+	st_proto_flush_until(&t->c, st_mono_ns() + 2 * (int64_t)1000000000);
+	return 0;
+}
+
 static int ctl_start(ctl *t, const char *name, const char *const *extra)
 {
 	*t = (ctl){.lfd = -1, .agent_status = -1, .c = ST_PROTO_CONN_INIT, .stepped_gen = -1};
@@ -77,30 +108,7 @@ static int ctl_start(ctl *t, const char *name, const char *const *extra)
 		execv(bin, (char **)argv);
 		_exit(127);
 	}
-	struct pollfd p = {.fd = t->lfd, .events = POLLIN};
-	if (poll(&p, 1, 10000) <= 0) {
-		fprintf(stderr, "%s: the agent did not connect\n", name);
-		return -1;
-	}
-	int fd;
-	if (st_proto_accept(t->lfd, &fd) != 1 || st_proto_conn_init_server(&t->c, fd, &tok) < 0)
-		return -1;
-	/* the agent's token proof, before its hello */
-	json_t *m = NULL;
-	int r = 0;
-	for (int i = 0; i < 500 && t->c.auth && r == 0; i++) {
-		struct pollfd q = {.fd = t->c.fd, .events = POLLIN};
-		poll(&q, 1, 20);
-		r = st_proto_recv(&t->c, &m);
-	}
-	if (t->c.auth || r < 0) {
-		fprintf(stderr, "%s: the agent's token proof failed: %d %s\n", name, r, st_errmsg());
-		return -1;
-	}
-	if (m) /* its hello came with the proof: keep it for the test */
-		json_array_append_new(t->log, m);
-	st_proto_flush_until(&t->c, st_mono_ns() + 2 * (int64_t)1000000000);
-	return 0;
+	return ctl_accept(t, name);
 }
 
 /* Read what has arrived, waiting up to ms. */
@@ -152,8 +160,13 @@ static json_t *take(ctl *t, const char *type, double timeout_s)
 	}
 }
 
+/* The test controller's epoch: every message carries it, as a controller's does. */
+#define EPOCH 4
+
 static void send_msg(ctl *t, json_t *m)
 {
+	if (m && !json_object_get(m, "epoch"))
+		json_object_set_new(m, "epoch", json_integer(EPOCH));
 	CHECK(st_proto_send_new(&t->c, m) == 0);
 	CHECK(st_proto_flush_until(&t->c, st_mono_ns() + 5 * (int64_t)1000000000) == 0);
 }
@@ -310,8 +323,8 @@ static void start_env(ctl *t, long long gen, const char *steps, json_t *extra)
 	json_t *args = json_pack("[s,s,s,s,s,s,s,s,s,s]", config, "model_name=llama3-test", steps, "per_device_batch_size=1",
 				 "max_target_length=16", "enable_checkpointing=false", out, "ici_fsdp_parallelism=1",
 				 "ici_data_parallelism=-1", "run_name=agent");
-	send_msg(t, json_pack("{s:s,s:I,s:[i,i],s:o,s:o,s:i}", "type", "start", "gen", (json_int_t)gen, "ranks", 0, 1,
-			      "env", env, "args", args, "threads", 1));
+	send_msg(t, json_pack("{s:s,s:I,s:[i,i],s:o,s:o,s:i,s:[i]}", "type", "start", "gen", (json_int_t)gen, "ranks", 0,
+			      1, "env", env, "args", args, "threads", 1, "slices", 0));
 }
 
 static void start(ctl *t, long long gen, const char *steps) { start_env(t, gen, steps, NULL); }
@@ -497,8 +510,18 @@ static void test_lifecycle(void)
 		CHECK(file_has(t.agent_out, "refused: a start of generation 4, older than generation 6"));
 		CHECK(file_has(t.agent_out, "refused: a reform into generation 5, not newer than generation 6"));
 	}
-	/* shutdown with workers running: killed, reported, the agent exits 0 */
+	/* shutdown with workers running: killed, reported, the agent exits 0;
+	 * before it, orders of a deposed controller (an older epoch), replayed:
+	 * a stop and a shutdown, which change nothing */
 	if (running(&t, 7, pids)) {
+		send_msg(&t, json_pack("{s:s,s:i,s:s,s:i}", "type", "stop", "gen", 7, "how", "kill", "epoch", EPOCH - 1));
+		send_msg(&t, json_pack("{s:s,s:i}", "type", "shutdown", "epoch", EPOCH - 1));
+		json_t *x = take(&t, "exit", 2);
+		CHECK_MSG(!x && kill(pids[0], 0) == 0 && kill(pids[1], 0) == 0,
+			  "an order of an older controller epoch was carried out");
+		json_decref(x);
+		CHECK(file_has(t.agent_out, "refused: a \"stop\" of controller epoch 3, not this host's controller's (epoch 4)"));
+		CHECK(file_has(t.agent_out, "refused: a \"shutdown\" of controller epoch 3"));
 		send_msg(&t, json_pack("{s:s}", "type", "shutdown"));
 		exits(&t, 7, pids, st, sig, 20);
 		CHECK(sig[0] == SIGKILL && sig[1] == SIGKILL);
@@ -521,6 +544,64 @@ static int setup(ctl *t, const char *name, const char *const *extra, long long g
 }
 
 static const char *const quiet[] = {"--quiet", NULL};
+
+/* The controller goes away while workers run (default --controller-grace):
+ * the agent keeps them and reconnects; its hello says what runs (the
+ * generation, its layout, its workers). A welcome from an older controller
+ * epoch is refused (it reconnects again); the newer one's is taken, its
+ * orders carried out. */
+static void test_controller_returns(void)
+{
+	ctl t;
+	int pids[2] = {0, 0};
+	if (!setup(&t, "returns", quiet, 1, pids)) {
+		ctl_end(&t);
+		return;
+	}
+	st_proto_conn_release(&t.c);
+	t.closed = 1;
+	CHECK(kill(pids[0], 0) == 0 && kill(pids[1], 0) == 0);
+	/* a controller of an older epoch answers first */
+	if (ctl_accept(&t, "returns") == 0) {
+		json_decref(take(&t, "hello", 10));
+		send_msg(&t, json_pack("{s:s,s:i,s:s,s:s,s:s,s:s,s:i}", "type", "welcome", "version", ST_PROTO_VERSION,
+				       "run_dir", tmp, "probe", "/nonexistent", "nonce", "x", "beat", "00000000000000b1",
+				       "epoch", EPOCH - 1));
+		json_t *r = take(&t, "ready", 2);
+		CHECK_MSG(!r, "the agent took a welcome of an older controller epoch");
+		json_decref(r);
+		st_proto_conn_release(&t.c);
+		t.closed = 1;
+	}
+	CHECK(kill(pids[0], 0) == 0 && kill(pids[1], 0) == 0);
+	if (ctl_accept(&t, "returns") == 0) {
+		json_t *h = take(&t, "hello", 10), *run = json_object_get(h, "running");
+		long long v;
+		CHECK(st_proto_get_int(h, "epoch", EPOCH, EPOCH, &v) == 0);
+		CHECK_MSG(run && st_proto_get_int(run, "gen", 1, 1, &v) == 0 && st_proto_get_int(run, "world", 2, 2, &v) == 0 &&
+			  json_equal(json_object_get(run, "slices"), json_pack("[i]", 0)) &&
+			  json_array_size(json_object_get(run, "workers")) == 2, "hello's running: %s",
+			  run ? json_dumps(run, JSON_COMPACT) : "(none)");
+		json_t *w0 = json_array_get(json_object_get(run, "workers"), 0);
+		CHECK(w0 && json_integer_value(json_object_get(w0, "pid")) ==
+				    pids[json_integer_value(json_object_get(w0, "rank"))]);
+		json_decref(h);
+		char probe[600];
+		snprintf(probe, sizeof(probe), "%s/probe-%d", tmp, t.port);
+		send_msg(&t, json_pack("{s:s,s:i,s:s,s:s,s:s,s:s,s:i}", "type", "welcome", "version", ST_PROTO_VERSION,
+				       "run_dir", tmp, "probe", probe, "nonce", "5eed", "beat", "00000000000000b2",
+				       "epoch", EPOCH + 1));
+		json_t *r = take(&t, "ready", 10);
+		CHECK(r != NULL);
+		json_decref(r);
+		CHECK(file_has(t.agent_out, "refused: a welcome from controller epoch 3, older than epoch 4"));
+		send_msg(&t, json_pack("{s:s,s:i,s:s,s:i}", "type", "stop", "gen", 1, "how", "kill", "epoch", EPOCH + 1));
+		int st[2], sig[2];
+		exits(&t, 1, pids, st, sig, 20);
+		CHECK(sig[0] == SIGKILL && sig[1] == SIGKILL);
+	}
+	ctl_end(&t);
+}
 
 /* The step watchdog: both workers' compute threads blocked by the hang
  * hook (their other threads go on) are found by their watchdogs, which
@@ -561,12 +642,13 @@ static void test_hung(void)
 	ctl_end(&t);
 }
 
-/* The controller goes away (closes) while workers run. */
+/* The controller goes away (closes) while workers run: with
+ * --controller-grace 0 the agent stops them and exits 3. */
 static void test_controller_closes(void)
 {
 	ctl t;
 	int pids[2] = {0, 0};
-	if (setup(&t, "closes", quiet, 1, pids)) {
+	if (setup(&t, "closes", (const char *[]){"--quiet", "--controller-grace", "0", NULL}, 1, pids)) {
 		st_proto_conn_release(&t.c);
 		int st = wait_agent(&t, 20);
 		CHECK_MSG(exited_with(st, 3), "agent status 0x%x", st);
@@ -775,6 +857,7 @@ int main(void)
 	test_refused();
 	test_lifecycle();
 	test_controller_closes();
+	test_controller_returns();
 	test_hung();
 	static const char bad_json[] = "{\"type\":\"start\",\n";
 	static const char unknown[] = "{\"type\":\"reboot\"}\n";

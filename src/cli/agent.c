@@ -18,6 +18,7 @@ static const char agent_usage[] =
 	"                        --devices D [--threads-per-device T] [--grace SECONDS]\n"
 	"                        [--connect-timeout SECONDS] [--welcome-timeout SECONDS] [--quiet]\n"
 	"                        [--addr ADDRESS] [--port-range LO-HI] [--stopped-timeout-ms N]\n"
+	"                        [--controller-grace SECONDS]\n"
 	"\n"
 	"The elastic agent of one host (docs/elastic.md): connects to the controller,\n"
 	"says it is host H of slice S with D devices, then starts, stops and reports\n"
@@ -38,6 +39,10 @@ static const char agent_usage[] =
 	"  --stopped-timeout-ms N   a worker stopped this long (SIGSTOP, a debugger) is killed\n"
 	"                           and reported hung: its slice is replaced (default 1000;\n"
 	"                           0: never, e.g. to debug a worker)\n"
+	"  --controller-grace S     the controller gone (its process, its host, the link):\n"
+	"                           keep the workers training and reconnect for S seconds\n"
+	"                           (default 60); a controller started meanwhile takes over\n"
+	"                           what runs. 0: stop the workers at once\n"
 	"\n"
 	"The controller sends the run's resolved config: a host needs only this binary,\n"
 	"the same build as the controller's (slicetrain version), and the run directory\n"
@@ -49,14 +54,15 @@ static const char agent_usage[] =
 	"with optimized workers).\n"
 	"\n"
 	"Exit status: 0 the controller said shutdown, or SIGTERM and the workers stopped;\n"
-	"3 the controller is unreachable or gone, 1 it broke the protocol, 2 bad\n"
-	"arguments, 130 SIGINT. Workers never outlive the agent.\n";
+	"3 the controller is unreachable or gone (past --controller-grace), 1 it broke\n"
+	"the protocol, 2 bad arguments, 130 SIGINT. Workers never outlive the agent.\n";
 
 int st_cmd_agent(int argc, char **argv)
 {
 	const char *controller = NULL, *addr = NULL, *range = NULL;
 	int port_lo = 0, port_hi = 0, stopped_ms = STOPPED_CLI_DEFAULT;
 	int slice = -1, host = -1, hps = 0, devices = 0, threads = 1, grace = 30, cto = 10, wto = 10, quiet = 0;
+	int ctl_grace = 60;
 	const st_cli_opt opts[] = {
 		{.name = "--slice", .kind = ST_CLI_INT, .value = &slice, .min = 0, .max = 1 << 20},
 		{.name = "--host", .kind = ST_CLI_INT, .value = &host, .min = 0, .max = 1 << 20},
@@ -68,6 +74,7 @@ int st_cmd_agent(int argc, char **argv)
 		{.name = "--welcome-timeout", .kind = ST_CLI_INT, .value = &wto, .min = 1, .max = 86400},
 		{.name = "--quiet", .kind = ST_CLI_FLAG, .value = &quiet},
 		{.name = "--stopped-timeout-ms", .kind = ST_CLI_INT, .value = &stopped_ms, .min = 0, .max = 86400000},
+		{.name = "--controller-grace", .kind = ST_CLI_INT, .value = &ctl_grace, .min = 0, .max = 86400},
 		{0},
 	};
 	for (int i = 0; i < argc; i++) {
@@ -131,6 +138,7 @@ int st_cmd_agent(int argc, char **argv)
 		.devices = devices, .threads_per_device = threads, .grace_s = grace,
 		.connect_timeout_s = cto, .welcome_timeout_s = wto, .quiet = quiet,
 		.addr = addr, .port_lo = port_lo, .port_hi = port_hi, .stopped_ms = stopped_ms ? stopped_ms : -1,
+		.controller_grace_s = ctl_grace,
 	};
 	int rc = st_agent_run(&o);
 	if (rc == 0)

@@ -339,7 +339,7 @@ static pid_t spawn_agent(const char *exe, const char *addr, const st_ctl_opts *o
 		char *args[] = {(char *)"slicetrain", (char *)"agent", (char *)"--controller", (char *)addr,
 				(char *)"--slice", sa, (char *)"--host", ha, (char *)"--hosts-per-slice", hp,
 				(char *)"--devices", da, (char *)"--threads-per-device", ta, (char *)"--grace", ga,
-				(char *)"--quiet", NULL};
+				(char *)"--quiet", (char *)"--controller-grace", (char *)"0", NULL};
 		execv(exe, args);
 		fprintf(stderr, "slicetrain launch: cannot run %s: %s\n", exe, strerror(errno));
 		_exit(127);

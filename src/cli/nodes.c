@@ -70,9 +70,10 @@ static void print_status(const json_t *st)
 	char step[32] = "-";
 	if (num(st, "step") >= 0)
 		snprintf(step, sizeof(step), "%lld", (long long)num(st, "step"));
-	printf("state %s since %s UTC; generation %lld; step %s; failures %lld, preemptions %lld, resizes %lld, "
-	       "steps lost %lld\n",
-	       json_string_value(json_object_get(st, "state")), since, (long long)num(st, "gen"), step,
+	printf("state %s since %s UTC; controller epoch %lld; generation %lld; step %s; failures %lld, preemptions "
+	       "%lld, resizes %lld, steps lost %lld\n",
+	       json_string_value(json_object_get(st, "state")), since, (long long)num(st, "epoch"), (long long)num(st, "gen"),
+	       step,
 	       (long long)num(st, "failures"), (long long)num(st, "preemptions"),
 	       (long long)num(st, "resizes"), (long long)num(st, "steps_lost"));
 	printf("mesh: %s\n", mesh && *mesh ? mesh : "(no group running)");

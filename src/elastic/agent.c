@@ -5,6 +5,8 @@
 #include "elastic/agent.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -84,6 +86,10 @@ typedef struct agent {
 	char build[ST_BUILD_ID_LEN + 1];
 	int ufd;             /* heartbeat datagrams to the controller, -1 until welcomed */
 	long long newest;    /* the newest generation a start or reform named (fencing) */
+	long long epoch;     /* the newest controller epoch a welcome named: older ones are refused */
+	json_t *layout;      /* the newest generation's {"world":W,"slices":[...]} (its start or
+			      * reform said), for a hello after the controller's return */
+	int64_t lost_since;  /* mono ns: the controller's connection is gone since then, 0: connected */
 	st_proto_beat beat;  /* their session and sequence */
 } agent;
 
@@ -606,6 +612,21 @@ static int take_config(agent *a, const json_t *m)
 	return 0;
 }
 
+/* The layout of the generation a start or reform names: its world size
+ * (the env's SLICETRAIN_WORLD_SIZE) and slices ("slices", from the
+ * controller); none when either is missing. */
+static void set_layout(agent *a, const json_t *m, const json_t *env)
+{
+	json_decref(a->layout);
+	a->layout = NULL;
+	const json_t *sl = json_object_get(m, "slices");
+	const char *ws = env ? json_string_value(json_object_get(env, "SLICETRAIN_WORLD_SIZE")) : NULL;
+	long world;
+	if (!json_is_array(sl) || !ws || st_parse_long(ws, 1, MAX_RANK, &world) < 0)
+		return;
+	a->layout = json_pack("{s:I,s:O}", "world", (json_int_t)world, "slices", sl);
+}
+
 static int on_start(agent *a, const json_t *m, int draining)
 {
 	long long gen, threads;
@@ -618,6 +639,7 @@ static int on_start(agent *a, const json_t *m, int draining)
 		return 0;
 	}
 	a->newest = gen;
+	set_layout(a, m, env);
 	json_t *empty = json_object();
 	if (!empty)
 		return st_fail(ST_ENOMEM, "out of memory");
@@ -728,6 +750,7 @@ static int on_reform(agent *a, const json_t *m)
 		json_array_append_new(list, json_pack("{s:i,s:i}", "rank", w->next_rank, "pid", (int)w->pid));
 	}
 	a->newest = gen;
+	set_layout(a, m, env);
 	say(a, 0, "generation %lld: %zu worker(s) of generation %lld re-form in place", gen, json_array_size(list), from);
 	report(a, json_pack("{s:s,s:I,s:o}", "type", "started", "gen", (json_int_t)gen, "workers", list));
 	return 0;
@@ -827,9 +850,31 @@ static int on_message(agent *a, const json_t *m, int *welcomed, int draining)
 		if (v != ST_PROTO_VERSION)
 			return st_fail(ST_EPROTO, "protocol: the controller speaks version %lld, not %d", v,
 				       ST_PROTO_VERSION);
+		long long ep;
+		if ((rc = st_proto_get_int(m, "epoch", 1, 1LL << 40, &ep)) < 0)
+			return rc;
+		if (ep < a->epoch) {
+			say(a, 1, "refused: a welcome from controller epoch %lld, older than epoch %lld (a deposed "
+			    "controller): reconnecting", ep, a->epoch);
+			return st_fail(ST_EPEER, "a welcome from a deposed controller (epoch %lld)", ep);
+		}
+		a->epoch = ep;
 		if ((rc = check_run_dir(a, m)) < 0 || (rc = open_beats(a, m)) < 0)
 			return rc;
 		*welcomed = 1;
+		if (a->lost_since) {
+			say(a, 0, "controller back (epoch %lld) after %.1f s; %zu worker(s) kept", ep,
+			    (double)(st_mono_ns() - a->lost_since) / 1e9, a->nw);
+			a->lost_since = 0;
+		}
+		return 0;
+	}
+	long long ep;
+	if ((rc = st_proto_get_int(m, "epoch", 1, 1LL << 40, &ep)) < 0)
+		return rc;
+	if (ep != a->epoch) { /* a delayed or replayed order of another controller */
+		say(a, 1, "refused: a \"%.20s\" of controller epoch %lld, not this host's controller's (epoch %lld)",
+		    type, ep, a->epoch);
 		return 0;
 	}
 	if (!strcmp(type, "welcome"))
@@ -884,12 +929,86 @@ static double or_default(double v, double d) { return v > 0 ? v : d; }
 
 static int64_t after_s(double s) { return st_mono_ns() + (int64_t)(s * 1e9); }
 
+/* What this host runs, for a controller that takes over: the newest
+ * generation's layout and its workers here; NULL when none run. */
+static json_t *running(const agent *a)
+{
+	if (!a->nw || !a->layout)
+		return NULL;
+	json_t *ws = json_array(), *r = json_deep_copy(a->layout);
+	for (size_t i = 0; ws && i < a->nw; i++)
+		if (a->w[i].gen == a->newest && !a->w[i].next_gen)
+			json_array_append_new(ws, json_pack("{s:i,s:i}", "rank", a->w[i].rank, "pid", (int)a->w[i].pid));
+	if (!ws || !r || json_object_set_new(r, "gen", json_integer(a->newest)) ||
+	    json_object_set_new(r, "workers", ws)) {
+		json_decref(r);
+		return NULL;
+	}
+	return r;
+}
+
+static void send_hello(agent *a, int port)
+{
+	const st_agent_opts *o = a->o;
+	json_t *m = json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:i,s:s,s:s,s:I}", "type", "hello", "version",
+			      ST_PROTO_VERSION, "slice", o->slice, "host", o->host, "hosts_per_slice",
+			      o->hosts_per_slice, "devices", o->devices, "pid", (int)a->self, "addr", a->addr, "port",
+			      port, "build", a->build, "release", ST_VERSION, "epoch", (json_int_t)a->epoch);
+	json_t *r = running(a);
+	if (m && r)
+		json_object_set_new(m, "running", r);
+	report(a, m);
+}
+
+/* The controller's connection failed with rc. With --controller-grace
+ * (and not stopping), keep the workers and reconnect: 0. Else rc. */
+static int controller_gone(agent *a, int rc, int draining)
+{
+	if (a->o->controller_grace_s <= 0 || draining || rc != ST_EPEER || !a->epoch)
+		return rc; /* (never welcomed: no controller to wait for yet) */
+	if (!a->lost_since) {
+		a->lost_since = st_mono_ns();
+		say(a, 1, "%s; keeping %zu worker(s) and reconnecting for up to %.0f s (--controller-grace)", st_errmsg(),
+		    a->nw, a->o->controller_grace_s);
+	}
+	st_proto_conn_release(&a->c);
+	a->lost = 1;
+	a->err = 0;
+	if (a->ufd >= 0)
+		close(a->ufd);
+	a->ufd = -1;
+	return 0;
+}
+
+/* The controller's connection fails once 5 s of what it sent stay
+ * unacknowledged (a controller host gone silent): the agent then
+ * reconnects, rather than wait out TCP's retransmissions (many minutes). */
+static void bound_silence(int fd)
+{
+	unsigned int ms = 5000;
+	setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+}
+
+/* Reconnect once (at most a second): a new connection and its hello. */
+static void reconnect(agent *a)
+{
+	static const st_token none;
+	int fd;
+	if (st_proto_connect(a->o->controller, a->o->token ? a->o->token : &none, st_mono_ns() + 1000000000, &fd) < 0)
+		return;
+	bound_silence(fd);
+	if (st_proto_conn_init(&a->c, fd) < 0)
+		return;
+	a->lost = 0;
+	send_hello(a, free_port(a));
+}
+
 /* The loop proper, once connected and hello is sent. 0 or an error. */
 static int serve(agent *a, int wake)
 {
 	const st_agent_opts *o = a->o;
 	int welcomed = 0, draining = 0, killed = 0;
-	int64_t welcome_by = after_s(or_default(o->welcome_timeout_s, 10));
+	int64_t welcome_by = after_s(or_default(o->welcome_timeout_s, 10)), next_try = 0;
 	int64_t hb_ns = (int64_t)ST_PROTO_HEARTBEAT_MS * 1000000, next_hb = st_mono_ns() + hb_ns;
 	int64_t beat_ns = (int64_t)ST_PROTO_BEAT_MS * 1000000, next_beat = st_mono_ns();
 	int64_t drain_by = 0;
@@ -902,9 +1021,24 @@ static int serve(agent *a, int wake)
 		}
 		reap(a);
 		if (a->err) {
-			rc = a->err;
-			st_fail(rc, "%s", a->errmsg);
-			break;
+			st_fail(a->err, "%s", a->errmsg);
+			if ((rc = controller_gone(a, a->err, draining)) < 0)
+				break;
+			welcomed = 0;
+		}
+		if (a->lost_since) { /* the controller is gone: back within the grace, or stop */
+			int64_t now = st_mono_ns();
+			if (now - a->lost_since > (int64_t)(a->o->controller_grace_s * 1e9)) {
+				rc = st_fail(ST_EPEER, "agent: no controller at %s for %.0f s (--controller-grace): stopping",
+					     o->controller, a->o->controller_grace_s);
+				break;
+			}
+			if (a->c.fd < 0 && now >= next_try) {
+				reconnect(a);
+				next_try = now + 500000000;
+				if (a->c.fd >= 0)
+					welcome_by = after_s(or_default(o->welcome_timeout_s, 10));
+			}
 		}
 		if (got_int) {
 			rc = st_fail(ST_EINTR, "agent: interrupted (SIGINT): workers killed");
@@ -929,28 +1063,35 @@ static int serve(agent *a, int wake)
 			killed = 1;
 			drain_by = after_s(REAP_S);
 		}
-		if (!welcomed && now >= welcome_by) {
+		if (!welcomed && a->c.fd >= 0 && now >= welcome_by) {
 			rc = st_fail(ST_EPEER, "agent: no welcome from the controller at %s within %.0f s",
 				     o->controller, or_default(o->welcome_timeout_s, 10));
-			break;
+			if ((rc = controller_gone(a, rc, draining)) < 0)
+				break;
+			continue;
 		}
 		if (now >= next_beat) {
-			send_beat(a);
+			if (welcomed)
+				send_beat(a);
 			next_beat = now + beat_ns;
 		}
 		if (now >= next_hb) {
 			check_stopped(a, now);
+			next_hb = now + hb_ns;
+			if (!welcomed)
+				continue;
 			int port = free_port(a);
 			if (port > 0)
 				report(a, json_pack("{s:s,s:i}", "type", "heartbeat", "port", port));
 			else
 				report(a, json_pack("{s:s}", "type", "heartbeat"));
-			next_hb = now + hb_ns;
 			continue;
 		}
 		int64_t until = next_hb < next_beat ? next_hb : next_beat;
-		if (!welcomed && welcome_by < until)
+		if (!welcomed && a->c.fd >= 0 && welcome_by < until)
 			until = welcome_by;
+		if (a->lost_since && a->c.fd < 0 && next_try < until)
+			until = next_try;
 		if (draining && drain_by < until)
 			until = drain_by;
 		/* poll set: the connection, the self-pipe, every open output pipe */
@@ -978,7 +1119,7 @@ static int serve(agent *a, int wake)
 					pfd[np++] = (struct pollfd){.fd = fd, .events = POLLIN};
 				}
 			}
-		int ms = (int)((until - now) / 1000000) + 1;
+		int ms = until > now ? (int)((until - now) / 1000000) + 1 : 0;
 		int pr = poll(pfd, (nfds_t)np, ms);
 		if (pr < 0 && errno != EINTR) {
 			rc = st_fail(ST_EIO, "agent: poll: %s", strerror(errno));
@@ -994,8 +1135,10 @@ static int serve(agent *a, int wake)
 		if (pfd[0].revents & POLLOUT) {
 			int fr = st_proto_flush(&a->c);
 			if (fr < 0) {
-				rc = fr;
-				break;
+				if ((rc = controller_gone(a, fr, draining)) < 0)
+					break;
+				welcomed = 0;
+				continue;
 			}
 		}
 		if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -1015,7 +1158,9 @@ static int serve(agent *a, int wake)
 				rc = r == ST_EINVAL ? st_wrap(r, "agent: controller %s", o->controller)
 						    : st_wrap(r, "agent: the controller at %s %s", o->controller,
 							      r == ST_EPEER ? "is gone" : "broke the protocol");
-				break;
+				if ((rc = controller_gone(a, rc, draining)) < 0)
+					break;
+				welcomed = 0;
 			}
 		}
 	}
@@ -1073,6 +1218,7 @@ int st_agent_run(const st_agent_opts *o)
 	if ((rc = st_proto_connect(o->controller, o->token ? o->token : &none,
 				   after_s(or_default(o->connect_timeout_s, 10)), &fd)) < 0)
 		return rc;
+	bound_silence(fd);
 	if ((rc = st_proto_conn_init(&a.c, fd)) < 0)
 		return rc;
 	int wp[2] = {-1, -1}, port = 0;
@@ -1100,10 +1246,7 @@ int st_agent_run(const st_agent_opts *o)
 	sigaction(SIGCHLD, &sa, &old_chld);
 	sigaction(SIGPIPE, &ign, &old_pipe);
 
-	report(&a, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:i,s:s,s:s}", "type", "hello", "version",
-			     ST_PROTO_VERSION, "slice", o->slice, "host", o->host, "hosts_per_slice", o->hosts_per_slice,
-			     "devices", o->devices, "pid", (int)a.self, "addr", a.addr, "port", port, "build", a.build,
-			     "release", ST_VERSION));
+	send_hello(&a, port);
 	say(&a, 0, "%d device%s at %s, connected to %s", o->devices, o->devices == 1 ? "" : "s", a.addr,
 	    o->controller);
 	rc = serve(&a, wp[0]);
@@ -1119,6 +1262,7 @@ int st_agent_run(const st_agent_opts *o)
 	if (!a.lost && a.c.fd >= 0)
 		st_proto_flush_until(&a.c, after_s(FINAL_FLUSH_S));
 	st_proto_conn_release(&a.c);
+	json_decref(a.layout);
 	free(a.w);
 	sigaction(SIGTERM, &old_term, NULL);
 	sigaction(SIGINT, &old_int, NULL);

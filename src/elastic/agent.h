@@ -36,6 +36,8 @@ typedef struct st_agent_opts {
 	int port_lo, port_hi;     /* the ports they listen on (firewalls); 0: any */
 	int stopped_ms;           /* a worker stopped (SIGSTOP, a debugger) this long is killed
 	                             and reported hung; 0: 1000, < 0: never */
+	double controller_grace_s; /* the controller gone: keep the workers and reconnect this
+	                             long (its hello says what runs); 0: stop at once */
 } st_agent_opts;
 
 /*
@@ -48,7 +50,8 @@ typedef struct st_agent_opts {
  * SIGTERM and its workers have exited or were killed after the grace period
  * (0), or it stops on an error after killing and reaping its workers:
  * ST_EINVAL bad options, ST_EPEER the controller could not be reached or
- * went away (or sent no welcome in time), ST_EPROTO the controller broke the
+ * went away (or sent no welcome in time; with controller_grace_s, not back
+ * within it), ST_EPROTO the controller broke the
  * protocol, ST_EINTR SIGINT, ST_ENOMEM / ST_EIO. Errors carry a message.
  */
 int st_agent_run(const st_agent_opts *o);

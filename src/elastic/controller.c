@@ -7,6 +7,7 @@
 #include "elastic/controller.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <fcntl.h>
@@ -47,6 +48,8 @@ static const char *const stop_names[] = {"", "resize", "notice", "kill"};
 #define HELLO_TIMEOUT_S 5.0
 #define READY_TIMEOUT_S 60.0 /* hello to ready: reading the probe on slow shared storage */
 #define INIT_WAIT_S 10.0    /* INITIALIZING waits this long for every slice */
+#define ADOPT_WAIT_S 3.0    /* ... and, when agents kept workers running, this long for every host
+			       before it takes over their generation */
 #define BACKOFF_MAX 64.0
 
 typedef struct conn {
@@ -59,6 +62,7 @@ typedef struct conn {
 	char addr[64];
 	int port;
 	uint64_t session;  /* its heartbeat datagrams' session (the welcome's "beat") */
+	json_t *running;   /* C_PENDING: its hello's "running" (what it kept from a controller before) */
 } conn;
 
 typedef struct host {
@@ -69,6 +73,7 @@ typedef struct host {
 	uint64_t session, beat_seq; /* its heartbeat datagrams: session, last sequence number */
 	double last_hb, last_hb_wall, connected_wall;
 	int noticed; /* sent a preemption notice: its going away is no failure */
+	json_t *running; /* its hello's "running", until adopted or stopped (NULL: none) */
 } host;
 
 typedef struct slice {
@@ -108,6 +113,7 @@ typedef struct gen {
 	char *culprit;     /* per slice */
 	char reason[200];
 	int64_t first_step, last_step; /* -1 until the first completed step */
+	int adopted;       /* taken over from a controller before this one (its workers ran on) */
 	double start_mono;
 	double kill_sent;  /* injected kill sent (mono), 0 none */
 } gen;
@@ -148,6 +154,10 @@ struct st_ctl {
 	char fence[ST_PATH_MAX + 16]; /* the newest generation, for the checkpoint writers (ckpt.h) */
 	char nonce[33];
 	st_drop_log drops; /* connections dropped before their hello */
+	char epochs[ST_PATH_MAX + 16]; /* <run_dir>/controller: a file per controller epoch */
+	long long epoch;   /* this controller's, claimed there (claim_epoch) */
+	int deposed;       /* a newer epoch exists: leave, touching no worker */
+	double epoch_checked; /* mono: the last look for a newer epoch */
 };
 
 static double wall_s(void)
@@ -234,7 +244,8 @@ static void conn_drop(st_ctl *c, int i, const char *why);
 static int send_to(st_ctl *c, int i, json_t *msg)
 {
 	int rc = -1;
-	if (msg && c->conns[i].kind != C_FREE)
+	/* every message names the controller's epoch: an agent obeys the newest it has seen */
+	if (msg && c->conns[i].kind != C_FREE && !json_object_set_new(msg, "epoch", json_integer(c->epoch)))
 		rc = st_proto_send(&c->conns[i].pc, msg);
 	json_decref(msg);
 	if (rc < 0 && c->conns[i].kind != C_FREE) {
@@ -499,7 +510,8 @@ static void finish(st_ctl *c, int state, int status, const char *why)
 	}
 	if (!c->gen_active)
 		flush_events(c);
-	shutdown_agents(c);
+	if (!c->deposed) /* a deposed controller's workers belong to the newer one */
+		shutdown_agents(c);
 	c->done = 1;
 	c->exit_status = status;
 }
@@ -539,17 +551,17 @@ static void gen_stop(st_ctl *c, int how)
  * Unless it keeps every slice of the one before, its number is in the run
  * directory's fence before anything of it is sent, so that no worker of an
  * older generation commits a checkpoint from then on. */
-static int gen_init(st_ctl *c, int k, const int *slices, json_t **env)
+static int gen_init(st_ctl *c, int k, const int *slices, const gen *prev, json_t **env)
 {
 	gen *g = &c->g;
 	/* a generation that keeps every slice of the one before (a growth)
 	 * leaves no worker behind: the fence stays, and the save its workers
 	 * have in flight still commits */
-	int keeps_all = g->slices != NULL;
-	for (int i = 0; i < g->k && keeps_all; i++) {
+	int keeps_all = prev && prev->slices != NULL;
+	for (int i = 0; keeps_all && i < prev->k; i++) {
 		keeps_all = 0;
 		for (int j = 0; j < k; j++)
-			keeps_all |= slices[j] == g->slices[i];
+			keeps_all |= slices[j] == prev->slices[i];
 	}
 	gen_release(g);
 	*env = NULL;
@@ -610,9 +622,9 @@ static void gen_send_starts(st_ctl *c, int i0, json_t *env)
 			json_t *ranks = json_array();
 			for (int d = 0; d < per_host; d++)
 				json_array_append_new(ranks, json_integer(i * c->o.devices_per_slice + h * per_host + d));
-			json_t *m = json_pack("{s:s, s:i, s:o, s:O, s:O, s:i, s:s}", "type", "start", "gen", g->id, "ranks",
-					      ranks, "env", env, "args", args, "threads", c->o.threads, "config",
-					      c->config_json);
+			json_t *m = json_pack("{s:s, s:i, s:o, s:O, s:O, s:i, s:s, s:o}", "type", "start", "gen", g->id,
+					      "ranks", ranks, "env", env, "args", args, "threads", c->o.threads, "config",
+					      c->config_json, "slices", slice_list(g->slices, g->k));
 			send_agent(c, g->slices[i], h, m);
 		}
 	json_decref(args);
@@ -632,7 +644,7 @@ static void gen_log(st_ctl *c, const char *how)
 static int start_gen(st_ctl *c, int k, const int *slices)
 {
 	json_t *env;
-	int rc = gen_init(c, k, slices, &env);
+	int rc = gen_init(c, k, slices, &c->g, &env);
 	if (rc < 0) {
 		json_decref(env);
 		return rc;
@@ -668,7 +680,7 @@ static int reform_gen(st_ctl *c, int k, const int *slices, int nkeep)
 	gen old = c->g;
 	memset(&c->g, 0, sizeof(c->g));
 	json_t *env;
-	int rc = gen_init(c, k, slices, &env);
+	int rc = gen_init(c, k, slices, &old, &env);
 	gen *g = &c->g;
 	g->from = old.id;
 	int dps = c->o.devices_per_slice, per_host = dps / c->o.hosts_per_slice;
@@ -681,9 +693,9 @@ static int reform_gen(st_ctl *c, int k, const int *slices, int nkeep)
 				g->w[r].pid = old.w[o].pid;
 				json_array_append_new(ws, json_pack("{s:i, s:i}", "old", o, "rank", r));
 			}
-			send_agent(c, slices[i], h, json_pack("{s:s, s:i, s:i, s:o, s:O, s:b}", "type", "reform", "gen",
-							      g->id, "from", old.id, "workers", ws, "env", env, "abort",
-							      nkeep == k));
+			send_agent(c, slices[i], h, json_pack("{s:s, s:i, s:i, s:o, s:O, s:b, s:o}", "type", "reform",
+							      "gen", g->id, "from", old.id, "workers", ws, "env", env,
+							      "abort", nkeep == k, "slices", slice_list(g->slices, g->k)));
 		}
 	}
 	if (rc == 0 && nkeep < k) {
@@ -747,7 +759,7 @@ static void gen_failure(st_ctl *c, int s, const char *fmt, ...)
 	/* a generation that has not completed a step has nothing to save, and its
 	 * survivors may be waiting for the lost worker inside the rendezvous:
 	 * stop them now rather than after the grace period */
-	if (g->first_step < 0 && !g->bad_input && g->stop_how != STOP_KILL && g->nexited < g->world) {
+	if (g->first_step < 0 && !g->adopted && !g->bad_input && g->stop_how != STOP_KILL && g->nexited < g->world) {
 		logf_("generation %d had not completed a step: stop how=kill", g->id);
 		gen_stop(c, STOP_KILL);
 	} else if (c->o.in_place && !g->bad_input && g->stop_how == STOP_NONE) {
@@ -871,7 +883,7 @@ static int reform_after_failure(st_ctl *c, double now)
 {
 	gen *g = &c->g;
 	g->reform_wanted = 0;
-	if (!c->o.in_place || g->bad_input || c->done || g->stop_how != STOP_NONE || g->first_step < 0)
+	if (!c->o.in_place || g->bad_input || c->done || g->stop_how != STOP_NONE || (g->first_step < 0 && !g->adopted))
 		return 0;
 	int keep[4096], nk = 0, dps = c->o.devices_per_slice, any = 0;
 	for (int i = 0; i < g->k && nk < 4096; i++) {
@@ -968,7 +980,9 @@ static void on_step(st_ctl *c, int64_t n, double secs)
 			transition(c, S_RUNNING, "generation %d re-formed in place on %d slice%s, at step %lld", g->id, g->k,
 				   g->k == 1 ? "" : "s", (long long)n);
 		}
-		if (g->id > 1) {
+		if (g->adopted)
+			logf_("generation %d: step %lld is its first under this controller", g->id, (long long)n);
+		else if (g->id > 1) {
 			int64_t lost = c->hi > n ? c->hi - n : 0;
 			if (!g->from)
 				event(c, "restore", wall_s(), n, slice_list(g->slices, g->k),
@@ -1062,6 +1076,8 @@ static void conn_drop(st_ctl *c, int i, const char *why)
 			logf_("agent of slice %d host %d (pid %ld) lost: %s", s, h, hh->pid, why);
 		int was_noticed = hh->noticed;
 		hh->noticed = 0;
+		json_decref(hh->running);
+		hh->running = NULL;
 		if (c->gen_active && !c->done) {
 			gen *g = &c->g;
 			for (int r = 0; r < g->world; r++)
@@ -1090,6 +1106,7 @@ static void conn_drop(st_ctl *c, int i, const char *why)
 		st_auth_log_drop(&c->drops, "controller", x->peer, why); /* rate-limited */
 	}
 	st_proto_conn_release(&x->pc);
+	json_decref(x->running);
 	memset(x, 0, sizeof(*x));
 	x->pc.fd = -1;
 	x->kind = C_FREE;
@@ -1152,6 +1169,39 @@ static int refuse(st_ctl *c, int i, const char *fmt, ...)
 
 /* hello: checked, then the host is pending until it says it sees the run
  * directory ("ready", after the welcome that names the probe file). */
+/* A hello's "running" ({"gen":G,"world":W,"slices":[...],"workers":[{"rank":R,"pid":P},...]}):
+ * well-formed, and this host's ranks of that layout. */
+static int check_running(const st_ctl *c, const json_t *r, int s, int h)
+{
+	long long gen, world, rank, pid, x;
+	const json_t *sl = json_object_get(r, "slices"), *ws = json_object_get(r, "workers"), *v;
+	size_t i;
+	int rc, dps = c->o.devices_per_slice, per_host = dps / c->o.hosts_per_slice;
+	if ((rc = st_proto_get_int(r, "gen", 1, 1LL << 40, &gen)) < 0 ||
+	    (rc = st_proto_get_int(r, "world", 1, (long long)dps * c->o.num_slices, &world)) < 0)
+		return st_wrap(rc, "hello: running");
+	if (!json_is_array(sl) || (long long)json_array_size(sl) * dps != world || !json_is_array(ws) ||
+	    json_array_size(ws) > (size_t)per_host)
+		return st_fail(ST_EPROTO, "hello: running: \"slices\" does not hold world / devices-per-slice slices, "
+			       "or \"workers\" more than this host's devices");
+	json_array_foreach(sl, i, v) {
+		if (!json_is_integer(v) || (x = json_integer_value(v)) < 0 || x >= c->o.num_slices)
+			return st_fail(ST_EPROTO, "hello: running: slice %zu is not one of the run's", i);
+		for (size_t j = 0; j < i; j++)
+			if (json_integer_value(json_array_get(sl, j)) == x)
+				return st_fail(ST_EPROTO, "hello: running: slice %lld is listed twice", x);
+	}
+	json_array_foreach(ws, i, v) {
+		if ((rc = st_proto_get_int(v, "rank", 0, world - 1, &rank)) < 0 ||
+		    (rc = st_proto_get_int(v, "pid", 1, 1LL << 40, &pid)) < 0)
+			return st_wrap(rc, "hello: running: worker %zu", i);
+		if (json_integer_value(json_array_get(sl, (size_t)(rank / dps))) != s || (rank % dps) / per_host != h)
+			return st_fail(ST_EPROTO, "hello: running: rank %lld is not slice %d host %d's in that layout", rank,
+				       s, h);
+	}
+	return 0;
+}
+
 static int hello(st_ctl *c, int i, const json_t *m)
 {
 	long long ver, s, h, hps, dev, pid, port;
@@ -1173,6 +1223,9 @@ static int hello(st_ctl *c, int i, const json_t *m)
 		return rc;
 	if (strlen(addr) >= sizeof(c->conns[i].addr) || !st_addr_is_numeric(addr))
 		return st_fail(ST_EPROTO, "hello: \"addr\" '%.60s' is not a numeric IP address", addr);
+	const json_t *run = json_object_get(m, "running");
+	if (run && (rc = check_running(c, run, (int)s, (int)h)) < 0)
+		return rc;
 	if (s >= c->o.num_slices)
 		return refuse(c, i, "slice %lld is out of range: the run has %d slices", s, c->o.num_slices);
 	if (h >= c->o.hosts_per_slice || hps != c->o.hosts_per_slice)
@@ -1188,6 +1241,8 @@ static int hello(st_ctl *c, int i, const json_t *m)
 	if (x->conn >= 0)
 		return refuse(c, i, "slice %lld host %lld already has an agent (pid %ld at %s)", s, h, x->pid, x->addr);
 	conn *cn = &c->conns[i];
+	json_decref(cn->running);
+	cn->running = run ? json_deep_copy(run) : NULL;
 	cn->kind = C_PENDING;
 	cn->slice = (int)s;
 	cn->host = (int)h;
@@ -1201,6 +1256,22 @@ static int hello(st_ctl *c, int i, const json_t *m)
 	return send_to(c, i, json_pack("{s:s, s:i, s:s, s:s, s:s, s:s}", "type", "welcome", "version",
 				       ST_PROTO_VERSION, "run_dir", c->run_dir, "probe", c->probe, "nonce", c->nonce,
 				       "beat", beat)) < 0 ? 0 : 0;
+}
+
+/* The workers the agent of (s, h) kept from a controller before: stopped
+ * (SIGKILL), with why in the log. */
+static void stop_running(st_ctl *c, int s, int h, const char *why)
+{
+	host *x = &c->sl[s].h[h];
+	json_int_t gen = json_integer_value(json_object_get(x->running, "gen"));
+	size_t n = json_array_size(json_object_get(x->running, "workers"));
+	if (n) {
+		logf_("slice %d host %d still runs %zu worker(s) of generation %lld: stop how=kill (%s)", s, h, n,
+		      (long long)gen, why);
+		send_agent(c, s, h, json_pack("{s:s, s:I, s:s}", "type", "stop", "gen", gen, "how", "kill"));
+	}
+	json_decref(x->running);
+	x->running = NULL;
 }
 
 /* A pending agent's answer to the welcome: "ready" (it sees the run
@@ -1235,6 +1306,11 @@ static int pending_msg(st_ctl *c, int i, const json_t *m, const char *type)
 	x->last_hb = st_mono_s();
 	x->last_hb_wall = x->connected_wall = wall_s();
 	logf_("agent of slice %d host %d connected (pid %ld, %s)", cn->slice, cn->host, x->pid, x->addr);
+	json_decref(x->running);
+	x->running = cn->running;
+	cn->running = NULL;
+	if (x->running && (c->g.id || c->gen_active))
+		stop_running(c, cn->slice, cn->host, "this controller runs its own generations");
 	return 0;
 }
 
@@ -1446,12 +1522,110 @@ static void accept_all(st_ctl *c)
 
 /* ---- the state machine ---- */
 
+/*
+ * A controller that starts while workers run (the one before it died, the
+ * agents kept their workers and reconnected): their hellos said what runs.
+ * The newest generation reported is taken over as it is: no worker
+ * restarted, the group untouched; a rank no agent reported is a failure of
+ * its slice (the survivors re-form in place, as after any failure);
+ * workers of older generations are stopped. Waits ADOPT_WAIT_S for every
+ * host first. 1: taken over (or waiting), 0: nothing runs.
+ */
+static int adopt(st_ctl *c, double now)
+{
+	int dps = c->o.devices_per_slice, per_host = dps / c->o.hosts_per_slice, nconn = 0, nrep = 0;
+	long long top = 0;
+	const json_t *lay = NULL;
+	for (int s = 0; s < c->o.num_slices; s++)
+		for (int h = 0; h < c->o.hosts_per_slice; h++) {
+			const host *x = &c->sl[s].h[h];
+			nconn += x->conn >= 0;
+			if (x->conn < 0 || !x->running)
+				continue;
+			nrep++;
+			long long g = json_integer_value(json_object_get(x->running, "gen"));
+			if (g > top) {
+				top = g;
+				lay = x->running;
+			}
+		}
+	if (!nrep)
+		return 0;
+	if (nconn < c->o.num_slices * c->o.hosts_per_slice && now - c->start_mono < ADOPT_WAIT_S)
+		return 1;
+	json_t *sl = json_deep_copy(json_object_get(lay, "slices")); /* lay goes with its host's report */
+	int k = (int)json_array_size(sl), world = (int)json_integer_value(json_object_get(lay, "world"));
+	gen *g = &c->g;
+	gen_release(g);
+	g->id = (int)top;
+	g->k = k;
+	g->world = world;
+	g->adopted = 1;
+	g->first_step = g->last_step = -1;
+	g->start_mono = now;
+	if (!(g->slices = malloc((size_t)k * sizeof(int))) || !(g->w = calloc((size_t)world, sizeof(worker))) ||
+	    !(g->culprit = calloc((size_t)c->o.num_slices, 1)) || !sl || mesh_for(c, k, &g->mesh) < 0) {
+		char why[300];
+		snprintf(why, sizeof(why), "cannot take over generation %lld: %s", top, sl ? st_errmsg() : "out of memory");
+		json_decref(sl);
+		finish(c, S_ERRORED, 1, why);
+		return 1;
+	}
+	for (int i = 0; i < k; i++)
+		g->slices[i] = (int)json_integer_value(json_array_get(sl, (size_t)i));
+	for (int r = 0; r < world; r++) {
+		g->w[r].slice = g->slices[r / dps];
+		g->w[r].host = (r % dps) / per_host;
+		g->w[r].exited = 1; /* until an agent reports it */
+	}
+	for (int s = 0; s < c->o.num_slices; s++)
+		for (int h = 0; h < c->o.hosts_per_slice; h++) {
+			host *x = &c->sl[s].h[h];
+			if (x->conn < 0 || !x->running)
+				continue;
+			if (json_integer_value(json_object_get(x->running, "gen")) != top ||
+			    !json_equal(json_object_get(x->running, "slices"), sl)) {
+				stop_running(c, s, h, "older than the generation this controller takes over");
+				continue;
+			}
+			size_t i;
+			const json_t *v;
+			json_array_foreach(json_object_get(x->running, "workers"), i, v) {
+				worker *w = &g->w[json_integer_value(json_object_get(v, "rank"))];
+				w->pid = (long)json_integer_value(json_object_get(v, "pid"));
+				w->exited = 0;
+			}
+			json_decref(x->running);
+			x->running = NULL;
+		}
+	json_decref(sl);
+	c->gen_active = 1;
+	if (c->next_gen < g->id)
+		c->next_gen = g->id;
+	c->last_k = k;
+	int kept = 0;
+	for (int r = 0; r < world; r++)
+		kept += !g->w[r].exited;
+	transition(c, S_RUNNING, "generation %d taken over: %d of its %d workers kept running on %d slice%s while no "
+				 "controller was up", g->id, kept, world, k, k == 1 ? "" : "s");
+	for (int r = 0; r < world; r++)
+		if (g->w[r].exited) {
+			g->w[r].code = -1;
+			g->nexited++;
+			gen_failure(c, g->w[r].slice, "worker rank %d of slice %d was gone when this controller took over",
+				    r, g->w[r].slice);
+		}
+	return 1;
+}
+
 static void schedule(st_ctl *c, double now)
 {
 	int healthy[4096], nh = 0;
 	for (int s = 0; s < c->o.num_slices && nh < 4096; s++)
 		if (slice_healthy(c, s, now))
 			healthy[nh++] = s;
+	if (c->state == S_INITIALIZING && !c->g.id && adopt(c, now))
+		return;
 	if (c->state == S_INITIALIZING) {
 		if (nh < c->o.num_slices && !(nh >= c->o.min_slices && now - c->start_mono > INIT_WAIT_S)) {
 			if (nh < c->o.min_slices && c->o.wait_timeout_s >= 0 &&
@@ -1557,6 +1731,57 @@ static void maybe_grow(st_ctl *c, double now)
 		   g->k, k);
 }
 
+/* This controller's epoch: one more than the newest in <run_dir>/controller,
+ * claimed by creating its file there (O_EXCL: of two controllers starting
+ * at once, one gets each number). The file holds the claimant's pid and
+ * address, for people. */
+static int claim_epoch(st_ctl *c)
+{
+	snprintf(c->epochs, sizeof(c->epochs), "%s/controller", c->run_dir);
+	int rc = st_mkdir_p(c->epochs);
+	if (rc < 0)
+		return st_wrap(rc, "the controller epochs' directory");
+	DIR *d = opendir(c->epochs);
+	if (!d)
+		return st_fail(ST_EIO, "%s: %s", c->epochs, strerror(errno));
+	long long top = 0, n;
+	struct dirent *e;
+	char tail;
+	while ((e = readdir(d)))
+		if (sscanf(e->d_name, "epoch-%lld%c", &n, &tail) == 1 && n > top && n < (1LL << 40))
+			top = n;
+	closedir(d);
+	for (long long want = top + 1; want < top + 1000; want++) {
+		char path[ST_PATH_MAX + 64], text[160];
+		snprintf(path, sizeof(path), "%s/epoch-%lld", c->epochs, want);
+		int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (fd < 0 && errno == EEXIST)
+			continue;
+		if (fd < 0)
+			return st_fail(ST_EIO, "cannot claim controller epoch %lld (%s): %s", want, path, strerror(errno));
+		int len = snprintf(text, sizeof(text), "pid %d, listening on %s\n", (int)getpid(), c->addr);
+		int ok = write(fd, text, (size_t)len) == len && fsync(fd) == 0;
+		close(fd);
+		if (!ok)
+			return st_fail(ST_EIO, "cannot write %s: %s", path, strerror(errno));
+		c->epoch = want;
+		return 0;
+	}
+	return st_fail(ST_EIO, "cannot claim a controller epoch in %s", c->epochs);
+}
+
+/* Deposed: a controller of a newer epoch started on this run (it claimed
+ * the next number). Looked at once a second. */
+static int newer_epoch(st_ctl *c, double now)
+{
+	if (now - c->epoch_checked < 1.0)
+		return 0;
+	c->epoch_checked = now;
+	char path[ST_PATH_MAX + 64];
+	snprintf(path, sizeof(path), "%s/epoch-%lld", c->epochs, c->epoch + 1);
+	return access(path, F_OK) == 0;
+}
+
 static void tick(st_ctl *c)
 {
 	double now = st_mono_s();
@@ -1577,6 +1802,15 @@ static void tick(st_ctl *c)
 	refresh_slices(c, now);
 	if (c->done)
 		return;
+	if (newer_epoch(c, now)) {
+		c->deposed = 1;
+		char why[200];
+		snprintf(why, sizeof(why), "deposed: a controller of epoch %lld started on this run (this one is epoch "
+			 "%lld); leaving its workers to it", c->epoch + 1, c->epoch);
+		fprintf(stderr, "slicetrain: error: %s\n", why);
+		finish(c, S_ERRORED, 3, why);
+		return;
+	}
 	gen *g = &c->g;
 	if (c->gen_active && g->failed && g->reform_wanted && !reform_after_failure(c, now) && !c->done) {
 		/* the survivors wait for a re-formation (worker.h): none is coming */
@@ -1661,6 +1895,8 @@ static int make_probe(st_ctl *c)
 	if (newest > INT_MAX / 2)
 		return st_fail(ST_EINVAL, "%s: generation %lld: too many for this run", c->fence, (long long)newest);
 	c->next_gen = (int)newest;
+	if ((rc = claim_epoch(c)) < 0)
+		return rc;
 	snprintf(c->probe, sizeof(c->probe), "%s/.controller-%d.probe", c->run_dir, (int)getpid());
 	if ((rc = st_write_file_atomic(c->probe, c->nonce, strlen(c->nonce))) < 0) {
 		c->probe[0] = 0;
@@ -1751,8 +1987,8 @@ int st_ctl_create(st_ctl **out, const st_ctl_opts *o)
 	c->state = S_INITIALIZING;
 	c->start_mono = log_t0 = st_mono_s();
 	c->start_wall = c->state_since = wall_s();
-	logf_("listening on %s; %d slice%s (at least %d) x %d host%s x %d devices; max failures %d, repair delay %.1f s",
-	      c->addr, o->num_slices, o->num_slices == 1 ? "" : "s", o->min_slices, o->hosts_per_slice,
+	logf_("listening on %s, epoch %lld; %d slice%s (at least %d) x %d host%s x %d devices; max failures %d, repair delay %.1f s",
+	      c->addr, c->epoch, o->num_slices, o->num_slices == 1 ? "" : "s", o->min_slices, o->hosts_per_slice,
 	      o->hosts_per_slice == 1 ? "" : "s", o->devices_per_slice / o->hosts_per_slice, o->max_failures,
 	      o->repair_delay);
 	*out = c;
@@ -1768,16 +2004,21 @@ void st_ctl_destroy(st_ctl *c)
 {
 	if (!c)
 		return;
-	for (int i = 0; i < MAX_CONNS; i++)
+	for (int i = 0; i < MAX_CONNS; i++) {
 		st_proto_conn_release(&c->conns[i].pc);
+		json_decref(c->conns[i].running);
+	}
 	if (c->lfd >= 0)
 		close(c->lfd);
 	if (c->ufd >= 0)
 		close(c->ufd);
 	gen_release(&c->g);
 	free(c->prev_w);
-	for (int s = 0; c->sl && s < c->o.num_slices; s++)
+	for (int s = 0; c->sl && s < c->o.num_slices; s++) {
+		for (int h = 0; c->sl[s].h && h < c->o.hosts_per_slice; h++)
+			json_decref(c->sl[s].h[h].running);
 		free(c->sl[s].h);
+	}
 	free(c->sl);
 	if (c->probe[0])
 		unlink(c->probe);

@@ -100,7 +100,7 @@
 
 #include "comm/auth.h"
 
-#define ST_PROTO_VERSION 2
+#define ST_PROTO_VERSION 3
 
 /*
  * Heartbeats also go as UDP datagrams, every ST_PROTO_BEAT_MS, from each

@@ -52,7 +52,7 @@ def connect(auth=True):
         if not hmac.compare_digest(a, hmac.new(key, b"s" + h[4:] + p[4:36], hashlib.sha256).digest()):
             sys.exit("the controller's answer to our proof is wrong")
     return s
-hello = {"type": "hello", "version": 2, "slice": 0, "host": 0, "hosts_per_slice": 1, "devices": 1, "pid": 1,
+hello = {"type": "hello", "version": 3, "slice": 0, "host": 0, "hosts_per_slice": 1, "devices": 1, "pid": 1,
          "addr": "127.0.0.1", "port": 9, "build": "0" * 16, "release": "0"}
 cases = [
     ("invalid JSON", b'{"type": "hello", \n'),
@@ -65,6 +65,14 @@ cases = [
     ("a heartbeat before hello", b'{"type": "heartbeat"}\n'),
     ("a negative slice", (json.dumps(dict(hello, slice=-1)) + "\n").encode()),
     ("a string slice", (json.dumps(dict(hello, slice="0")) + "\n").encode()),
+    ("running: not an object", (json.dumps(dict(hello, slice=1, running=[1])) + "\n").encode()),
+    ("running: world and slices disagree",
+     (json.dumps(dict(hello, slice=1, running={"gen": 3, "world": 2, "slices": [1], "workers": []})) + "\n").encode()),
+    ("running: a slice twice",
+     (json.dumps(dict(hello, slice=1, running={"gen": 3, "world": 2, "slices": [1, 1], "workers": []})) + "\n").encode()),
+    ("running: another host's rank",
+     (json.dumps(dict(hello, slice=1, running={"gen": 3, "world": 2, "slices": [0, 1],
+                                                "workers": [{"rank": 0, "pid": 5}]})) + "\n").encode()),
     ("NUL bytes", b'\0\0\0\0\n'),
 ]
 # the handshake's own cases: (name, bytes to send after reading the hello)
@@ -154,7 +162,7 @@ status_is "the run under hostile input" "$el_rc" 0 "$TMP/host.err"
 grep -E 'connection dropped from|dropping' "$TMP/host.err" | sed 's/^/    /'
 grep -E 'refusing' "$TMP/host.err" | sed 's/^/    /'
 n=$(grep -cE 'controller: connection dropped from|controller: \[ *[0-9.]+\] refusing' "$TMP/host.err")
-[ "$n" -ge 17 ] || fail "$n drops and refusals logged, want 17 (11 bad inputs: 3 of them, a slice out of range, a duplicate host and a wrong version, refused with a reason; a silent connection, 5 failed proofs)"
+[ "$n" -ge 21 ] || fail "$n drops and refusals logged, want 21 (15 bad inputs: 3 of them, a slice out of range, a duplicate host and a wrong version, refused with a reason; a silent connection, 5 failed proofs)"
 [ "$(grep -cE 'refusing' "$TMP/host.err")" -ge 3 ] || fail "fewer than 3 hellos refused with a reason"
 [ "$(grep -c 'connection dropped from .*token' "$TMP/host.err")" -ge 4 ] ||
 	fail "the failed proofs were not logged as such"

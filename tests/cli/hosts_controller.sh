@@ -1,0 +1,73 @@
+# The controller goes away and training goes on, across test hosts
+# (tests/hosts_lib.sh), 2 slices x 1 host, steps paced to 0.2 s:
+# - deposed: a newer controller epoch is claimed on the run (its file in
+#   <run_dir>/controller): the controller leaves (status 3) without
+#   stopping anyone; the agents keep their workers (--controller-grace);
+# - the same command started again claims the next epoch (3), every agent
+#   reconnects and says what it runs, and it takes over the running
+#   generation without restarting anyone;
+# - kill -9 of that controller mid-run: the workers keep stepping (their
+#   metrics_file records go on while no controller is up); a third takes
+#   over (epoch 4), and a fault it injects then (--kill) is handled as
+#   usual: slice 1 replaced, the group re-forms in place and grows back.
+# An older epoch's orders are refused by the agents (tests/test_elastic_agent.c
+# replays some).
+# The run finishes with 0 steps lost and final weights bit-identical to the
+# same run with `slicetrain launch`; nothing is left behind.
+# builds: first
+# load: light
+# timeout: 180
+. "$(dirname "$0")/../cli_lib.sh"
+. "$ST_ROOT/tests/hosts_lib.sh"
+. "$ST_ROOT/tests/hosts_run_lib.sh"
+steps=110
+keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
+	checkpoint_period=40 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o" steps=$steps)
+hr_reference 1 "${keys[@]}"
+
+hr_up 2 1 || { fail "cannot make the test hosts"; finish; }
+export SLICETRAIN_MIN_STEP_SECONDS=0.2
+opts=(--num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --backoff-window 0)
+hr_controller first "${opts[@]}" -- "${keys[@]}" run_name=hosts metrics_file="$TMP/metrics.jsonl"
+hr_agent 0 0
+hr_agent 1 0
+hr_wait_steps first 10 30 || fail "no steps: $(tail -3 "$TMP/first.out")"
+records() { grep -c '"learning/loss"' "$TMP/metrics.jsonl" 2>/dev/null || echo 0; }
+
+# deposed: a newer epoch claimed on the run (a controller started elsewhere)
+touch "$TMP/o/hosts/controller/epoch-2"
+hr_wait first 10
+[ "$hr_rc" = 3 ] && grep -q 'deposed: a controller of epoch 2 started' "$TMP/first.out" ||
+	fail "the deposed controller: status $hr_rc, $(tail -1 "$TMP/first.out")"
+grep -q '"type":"shutdown"\|shutdown: stopping' "$TMP"/agent-*.out && fail "the deposed controller shut the agents down"
+hr_controller second "${opts[@]}" -- "${keys[@]}" run_name=hosts metrics_file="$TMP/metrics.jsonl"
+hr_wait_line second 'taken over: 2 of its 2 workers' 5 || fail "the second controller did not take over"
+grep -q 'listening on .*, epoch 3;' "$TMP/second.out" || fail "the second controller is not epoch 3"
+
+# killed: the workers go on without a controller
+hr_wait_steps second 3 30
+kill -KILL "$hr_ctl"
+wait "$hr_ctl" 2>/dev/null
+n0=$(records)
+sleep 2
+n1=$(records)
+[ "$n1" -ge $((n0 + 5)) ] && echo "no controller for 2 s: the workers made $((n1 - n0)) steps" ||
+	fail "the workers made $((n1 - n0)) steps in 2 s without a controller"
+t0=$(date +%s.%N)
+hr_controller third "${opts[@]}" --kill 1@$((n1 + 15)) -- "${keys[@]}" run_name=hosts \
+	metrics_file="$TMP/metrics.jsonl"
+hr_wait_line third 'taken over: 2 of its 2 workers' 5 || fail "the third controller did not take over: $(tail -3 "$TMP/third.out")"
+echo "taken over $(echo "$(date +%s.%N) - $t0" | bc) s after the new controller's start"
+grep -q 'listening on .*, epoch 4;' "$TMP/third.out" || fail "the third controller is not epoch 4"
+hr_wait_line third 're-formed in place on 1 slice' 30 || fail "the injected kill was not handled"
+hr_wait_line third 'growing in place from 1 to 2' 30 || fail "no growth back after the kill"
+
+hr_wait third 120
+status_is "the third controller" "$hr_rc" 0 "$TMP/third.out"
+grep -E 'State Transition|taken over|epoch' "$TMP/third.out" | cut -c1-200 | sed 's/^/    /'
+hr_summary third
+[ "$(hr_get failures)" = 1 ] || fail "summary: want 1 failure"
+[ "$(hr_get steps_lost)" = 0 ] || fail "summary: steps_lost '$(hr_get steps_lost)', want 0"
+hr_same_weights hosts $steps
+hr_clean
+finish
