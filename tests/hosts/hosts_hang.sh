@@ -41,7 +41,7 @@ grep -q 'RESTARTING' "$TMP/run.out" && fail "a 0.3 s stall was declared a failur
 # a hang
 t0=$(date +%s.%N)
 touch "$hang"
-hr_wait_line run 'slice 1 was hung: the step watchdog' 20 || fail "the stuck compute thread was not reported hung"
+hr_wait_line run 'slice 1 was hung: stuck: no step progress' 20 || fail "the stuck compute thread was not reported hung"
 echo "compute thread stuck: reported hung after $(echo "$(date +%s.%N) - $t0" | bc) s"
 rm -f "$hang"
 hr_wait_line run 'growing in place from 1 to 2' 30 || fail "no growth back after the hang"
