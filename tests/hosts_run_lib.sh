@@ -27,9 +27,19 @@
 #   lines) and print it on one line; hr_get KEY: a value of it.
 # hr_standalone NAME: for a script that does not source tests/cli_lib.sh (a
 #   benchmark): $TMP (removed on exit), fail (counted in $failures).
+# hr_keys STEPS [KEY=VALUE...]: the scenarios' run into the array $keys:
+#   llama3-test, 4 x 128 tokens a device, data parallel across slices, a save
+#   every 40 steps (checkpoint_period=N after it overrides), output in $TMP/o.
 # hr_reference, hr_same_weights, hr_clean: below.
 hr_port=7400 hr_devices=1 hr_hps=1 hr_ctl= hr_rc= hr_worker_exe= hr_sum=
 declare -gA hr_apid=()
+
+hr_keys() {
+	local steps=$1; shift
+	keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
+		checkpoint_period=40 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o"
+		steps="$steps" "$@")
+}
 
 hr_up() {
 	local slices=$1 hps=$2 rate=${3:-} s h

@@ -92,9 +92,11 @@ static int ctl_start(ctl *t, const char *name, const char *const *extra)
 	snprintf(t->agent_out, sizeof(t->agent_out), "%s/agent-%s.out", tmp, name);
 	char addr[64];
 	snprintf(addr, sizeof(addr), "127.0.0.1:%d", t->port);
+	/* --controller-grace 0: an agent whose test is over exits once its
+	 * connection closes (test_controller_returns gives its own) */
 	const char *argv[32] = {bin, "agent", "--controller", addr, "--slice", "0", "--host", "0",
-				"--hosts-per-slice", "1", "--devices", "2"};
-	int n = 12;
+				"--hosts-per-slice", "1", "--devices", "2", "--controller-grace", "0"};
+	int n = 14;
 	for (int i = 0; extra && extra[i]; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
@@ -266,9 +268,10 @@ static int closed_within(ctl *t, double timeout_s)
 
 static void ctl_end(ctl *t)
 {
+	st_proto_conn_release(&t->c);
+	t->closed = 1;
 	if (t->agent > 0 && t->agent_status < 0)
 		wait_agent(t, 20);
-	st_proto_conn_release(&t->c);
 	if (t->lfd >= 0)
 		close(t->lfd);
 	json_decref(t->log);
@@ -554,7 +557,7 @@ static void test_controller_returns(void)
 {
 	ctl t;
 	int pids[2] = {0, 0};
-	if (!setup(&t, "returns", quiet, 1, pids)) {
+	if (!setup(&t, "returns", (const char *[]){"--quiet", "--controller-grace", "30", NULL}, 1, pids)) {
 		ctl_end(&t);
 		return;
 	}
@@ -578,10 +581,12 @@ static void test_controller_returns(void)
 		json_t *h = take(&t, "hello", 10), *run = json_object_get(h, "running");
 		long long v;
 		CHECK(st_proto_get_int(h, "epoch", EPOCH, EPOCH, &v) == 0);
+		json_t *want = json_pack("[i]", 0);
 		CHECK_MSG(run && st_proto_get_int(run, "gen", 1, 1, &v) == 0 && st_proto_get_int(run, "world", 2, 2, &v) == 0 &&
-			  json_equal(json_object_get(run, "slices"), json_pack("[i]", 0)) &&
+			  json_equal(json_object_get(run, "slices"), want) &&
 			  json_array_size(json_object_get(run, "workers")) == 2, "hello's running: %s",
 			  run ? json_dumps(run, JSON_COMPACT) : "(none)");
+		json_decref(want);
 		json_t *w0 = json_array_get(json_object_get(run, "workers"), 0);
 		CHECK(w0 && json_integer_value(json_object_get(w0, "pid")) ==
 				    pids[json_integer_value(json_object_get(w0, "rank"))]);
@@ -599,6 +604,8 @@ static void test_controller_returns(void)
 		int st[2], sig[2];
 		exits(&t, 1, pids, st, sig, 20);
 		CHECK(sig[0] == SIGKILL && sig[1] == SIGKILL);
+		send_msg(&t, json_pack("{s:s,s:i}", "type", "shutdown", "epoch", EPOCH + 1));
+		CHECK(exited_with(wait_agent(&t, 20), 0));
 	}
 	ctl_end(&t);
 }
@@ -648,7 +655,7 @@ static void test_controller_closes(void)
 {
 	ctl t;
 	int pids[2] = {0, 0};
-	if (setup(&t, "closes", (const char *[]){"--quiet", "--controller-grace", "0", NULL}, 1, pids)) {
+	if (setup(&t, "closes", quiet, 1, pids)) {
 		st_proto_conn_release(&t.c);
 		int st = wait_agent(&t, 20);
 		CHECK_MSG(exited_with(st, 3), "agent status 0x%x", st);

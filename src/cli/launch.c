@@ -34,6 +34,7 @@ static const char launch_usage[] =
 	"                         [--kill SLICE@STEP[:DOWN_S]] [--preempt SLICE@STEP[:DOWN_S]]\n"
 	"                         [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
 	"                         [--restart-from-checkpoint] [--backoff-window S] [--step-watchdog-ms N]\n"
+	"                         [--straggler-steps N] [--evict-stragglers]\n"
 	"                         [--threads-per-device T] [--port P] -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"Starts S x D training processes on this machine (one per device, slice-major\n"
@@ -63,6 +64,9 @@ static const char launch_usage[] =
 	"reach M. A worker whose compute thread makes no progress outside collectives\n"
 	"for max(--step-watchdog-ms (default 1000; 0: off), 3 x its longest such gap of\n"
 	"the last 16 steps) is killed as hung and its slice replaced (docs/failures.md).\n"
+	"A host whose compute up to the gradient collective is 1.5 x the group's median\n"
+	"for --straggler-steps steps in a row (default 5; 0: off) is reported slow;\n"
+	"with --evict-stragglers its slice is taken out as after a failure.\n"
 	"Ends with the summary line {\"event\":\"summary\",...} on stdout.\n"
 	"\n"
 	"The config part (after \"--\") is loaded here first: bad input, or missing\n"
@@ -510,7 +514,7 @@ static const char *const launch_extra[] = {"--kill", "--preempt", "--listen", "-
 typedef struct eargs {
 	int slices, dps, threads, port;
 	int min_slices, hps, max_failures, repair, elastic, hb_ms, grace, wait_timeout, restart_only, backoff,
-	    watchdog_ms;
+	    watchdog_ms, straggler_steps, evict;
 	const char *listen; /* controller: --listen ADDR:PORT */
 	st_ctl_fault faults[64];
 	int nfaults;
@@ -521,7 +525,7 @@ typedef struct eargs {
 static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage, eargs *e, int *next)
 {
 	*e = (eargs){.threads = 1, .hps = 1, .max_failures = 3, .repair = 10, .hb_ms = 1000, .grace = 30,
-		     .wait_timeout = 600, .backoff = 30, .watchdog_ms = 1000};
+		     .wait_timeout = 600, .backoff = 30, .watchdog_ms = 1000, .straggler_steps = 5};
 	int ctl = !strcmp(cmd, "controller"), i;
 	const st_cli_opt opts[] = {
 		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &e->slices, .min = 1, .max = ST_CLI_MAX_SLICES},
@@ -538,6 +542,8 @@ static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage
 		{.name = "--restart-from-checkpoint", .kind = ST_CLI_FLAG, .value = &e->restart_only},
 		{.name = "--backoff-window", .kind = ST_CLI_INT, .value = &e->backoff, .min = 0, .max = 86400},
 		{.name = "--step-watchdog-ms", .kind = ST_CLI_INT, .value = &e->watchdog_ms, .min = 0, .max = 3600000},
+		{.name = "--straggler-steps", .kind = ST_CLI_INT, .value = &e->straggler_steps, .min = 0, .max = 1 << 20},
+		{.name = "--evict-stragglers", .kind = ST_CLI_FLAG, .value = &e->evict},
 		{0},
 	};
 	/* the config part after "--" goes to the workers as is (plus the run's
@@ -601,7 +607,8 @@ static st_ctl_opts ctl_opts(const eargs *e)
 			     .repair_delay = e->repair, .in_place = !e->restart_only,
 			     .heartbeat_timeout_s = e->hb_ms / 1000.0, .stop_grace_s = e->grace,
 			     .wait_timeout_s = e->wait_timeout, .faults = e->faults, .nfaults = e->nfaults,
-			     .backoff_window_s = e->backoff ? e->backoff : -1, .step_watchdog_ms = e->watchdog_ms};
+			     .backoff_window_s = e->backoff ? e->backoff : -1, .step_watchdog_ms = e->watchdog_ms,
+			     .straggler_steps = e->straggler_steps, .evict_stragglers = e->evict};
 }
 
 /* The config part: loaded once here, its data checked, the run's name
@@ -789,7 +796,8 @@ static const char controller_usage[] =
 	"                             [--repair-delay S] [--kill SLICE@STEP[:DOWN_S]] [--preempt ...]\n"
 	"                             [--preemption-grace S] [--heartbeat-timeout-ms N] [--wait-timeout S]\n"
 	"                             [--restart-from-checkpoint] [--backoff-window S]\n"
-	"                             [--step-watchdog-ms N] [--threads-per-device T]\n"
+	"                             [--step-watchdog-ms N] [--straggler-steps N] [--evict-stragglers]\n"
+	"                             [--threads-per-device T]\n"
 	"                             -- [CONFIG.yml] [key=value ...]\n"
 	"\n"
 	"The elastic controller of a run on many hosts (docs/hosts.md), without agents of\n"

@@ -105,6 +105,11 @@ static void print_status(const json_t *st)
 			printf("%-6lld %-14s %-10s %-5lld %-15s %-8s %-15s %s\n", (long long)num(s, "slice"),
 			       j ? "" : json_string_value(json_object_get(s, "state")), j ? "" : since,
 			       (long long)num(h, "host"), addr && *addr ? addr : "-", pid, hb, ws);
+			if (json_is_true(json_object_get(h, "slow")) && num(h, "compute_s") >= 0)
+				printf("       host %lld is slow: compute %.3f s a step, 1.5 x the group's median or more\n",
+				       (long long)num(h, "host"), num(h, "compute_s"));
+			else if (json_is_true(json_object_get(h, "slow")))
+				printf("       host %lld is slow (out of the group)\n", (long long)num(h, "host"));
 		}
 		const char *why = json_string_value(json_object_get(s, "why"));
 		if (why)

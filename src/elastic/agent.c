@@ -264,8 +264,8 @@ static void kill_hung(agent *a, worker *w, const char *why)
 	kill(w->pid, SIGKILL);
 }
 
-/* Read the worker's control channel: "reformed" and "hung" lines; its end
- * closes it. */
+/* Read the worker's control channel: "reformed", "hung" and "step" lines
+ * (the last passed on as "compute"); its end closes it. */
 static void read_ctl(agent *a, worker *w)
 {
 	ssize_t n = read(w->ctl, w->cbuf + w->clen, sizeof(w->cbuf) - 1 - w->clen);
@@ -283,11 +283,15 @@ static void read_ctl(agent *a, worker *w)
 		const char *type = json_string_value(json_object_get(m, "type"));
 		const char *hung = type && !strcmp(type, "hung") ? json_string_value(json_object_get(m, "why")) : NULL;
 		long long g = type && !strcmp(type, "reformed") ? json_integer_value(json_object_get(m, "gen")) : -1;
-		if (hung && !w->why)
+		const json_t *cs = json_object_get(m, "compute_s"), *sn = json_object_get(m, "step");
+		if (type && !strcmp(type, "step") && json_is_number(cs) && json_is_integer(sn))
+			report(a, json_pack("{s:s,s:I,s:i,s:I,s:f}", "type", "compute", "gen", (json_int_t)w->gen, "rank",
+					    w->rank, "step", json_integer_value(sn), "s", json_number_value(cs)));
+		else if (hung && !w->why)
 			kill_hung(a, w, hung);
 		else if (g > 0 && g == w->next_gen)
 			take_reformed(a, w);
-		else if (!hung)
+		else if (!hung && !(type && !strcmp(type, "step")))
 			say(a, 1, "rank %d: an unexpected line on its control channel", w->rank);
 		json_decref(m);
 		w->clen -= (size_t)(nl + 1 - w->cbuf);

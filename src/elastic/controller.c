@@ -51,6 +51,7 @@ static const char *const stop_names[] = {"", "resize", "notice", "kill"};
 #define ADOPT_WAIT_S 3.0    /* ... and, when agents kept workers running, this long for every host
 			       before it takes over their generation */
 #define BACKOFF_MAX 64.0
+#define STRAGGLER_FACTOR 1.5 /* a host this much slower than the group's median, --straggler-steps in a row */
 
 typedef struct conn {
 	st_proto_conn pc;
@@ -74,6 +75,10 @@ typedef struct host {
 	double last_hb, last_hb_wall, connected_wall;
 	int noticed; /* sent a preemption notice: its going away is no failure */
 	json_t *running; /* its hello's "running", until adopted or stopped (NULL: none) */
+	double compute_s;   /* its workers' latest step compute (the slowest of them); < 0: none */
+	long long compute_step, compute_gen;
+	int slow_steps;     /* consecutive steps at least STRAGGLER_FACTOR x the group's median */
+	int slow;           /* reported a straggler (until it is not for a step) */
 } host;
 
 typedef struct slice {
@@ -1129,11 +1134,12 @@ static json_t *status_json(st_ctl *c)
 					json_array_append_new(ws, json_pack("{s:i, s:I, s:b}", "rank", r, "pid",
 									    (json_int_t)c->g.w[r].pid, "running",
 									    !c->g.w[r].exited));
-			json_array_append_new(hosts, json_pack("{s:i, s:I, s:s, s:b, s:f, s:o}", "host", h, "pid",
+			json_array_append_new(hosts, json_pack("{s:i, s:I, s:s, s:b, s:f, s:o, s:f, s:b}", "host", h, "pid",
 							       (json_int_t)(x->conn >= 0 ? x->pid : 0), "addr",
 							       x->conn >= 0 ? x->addr : "", "connected", x->conn >= 0,
 							       "last_heartbeat", x->conn >= 0 ? wnow - (now - x->last_hb) : 0.0,
-							       "workers", ws));
+							       "workers", ws, "compute_s",
+							       x->compute_gen == c->g.id ? x->compute_s : -1.0, "slow", x->slow));
 		}
 		json_t *o = json_pack("{s:i, s:s, s:f, s:o}", "slice", s, "state", slice_state(c, s, now), "since",
 				      c->sl[s].since_wall, "hosts", hosts);
@@ -1335,6 +1341,68 @@ static int own_rank(const st_ctl *c, const json_t *m, int s, int h, int *rank)
 	return 1;
 }
 
+/*
+ * Stragglers: each host's compute up to the gradient collective, per step
+ * (the slowest of its workers), against the median of the group's hosts'
+ * latest. A host at least STRAGGLER_FACTOR x the median for
+ * --straggler-steps steps in a row is reported (log, event, nodes); with
+ * --evict-stragglers its slice is taken out as after a failure (re-formed in
+ * place) and comes back after the repair delay, the back-off doubling that
+ * when it is slow again at once: rejoining the group for --straggler-steps
+ * steps is the probe.
+ */
+static void on_compute(st_ctl *c, int s, int h, long long step, double v)
+{
+	gen *g = &c->g;
+	host *x = &c->sl[s].h[h];
+	if (x->compute_gen != g->id || step > x->compute_step) { /* a new step: its first worker's */
+		x->compute_gen = g->id;
+		x->compute_step = step;
+		x->compute_s = v;
+	} else if (step == x->compute_step && v > x->compute_s) {
+		x->compute_s = v;
+	} else {
+		return;
+	}
+	if (c->o.straggler_steps <= 0 || g->k < 2 || g->failed || g->stop_how != STOP_NONE)
+		return;
+	double all[4096];
+	int n = 0;
+	for (int i = 0; i < g->k && n < 4096; i++)
+		for (int hh = 0; hh < c->o.hosts_per_slice && n < 4096; hh++) {
+			const host *y = &c->sl[g->slices[i]].h[hh];
+			if (y->compute_gen == g->id && y->compute_step >= step - 1)
+				all[n++] = y->compute_s;
+		}
+	if (n < 2)
+		return;
+	for (int i = 1; i < n; i++) /* insertion sort: a few hosts */
+		for (int j = i; j > 0 && all[j] < all[j - 1]; j--) {
+			double t = all[j];
+			all[j] = all[j - 1];
+			all[j - 1] = t;
+		}
+	double med = n % 2 ? all[n / 2] : (all[n / 2 - 1] + all[n / 2]) / 2;
+	if (x->compute_s < STRAGGLER_FACTOR * med || med <= 0) {
+		if (x->slow)
+			logf_("slice %d host %d is no longer slow (compute %.3f s, the group's median %.3f s)", s, h,
+			      x->compute_s, med);
+		x->slow_steps = x->slow = 0;
+		return;
+	}
+	if (++x->slow_steps < c->o.straggler_steps || x->slow)
+		return;
+	x->slow = 1;
+	logf_("slice %d host %d is slow: compute %.3f s, at least %.1f x the group's median (%.3f s) for %d steps in a "
+	      "row", s, h, x->compute_s, STRAGGLER_FACTOR, med, x->slow_steps);
+	event(c, "straggler", wall_s(), step, slice_list(&s, 1),
+	      json_pack("{s:i, s:f, s:f, s:b}", "host", h, "compute_s", x->compute_s, "median_s", med, "evicted",
+			c->o.evict_stragglers));
+	if (c->o.evict_stragglers)
+		gen_failure(c, s, "slice %d host %d is slow: compute %.3f s, the group's median %.3f s (--evict-stragglers)",
+			    s, h, x->compute_s, med);
+}
+
 static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 {
 	conn *cn = &c->conns[i];
@@ -1348,6 +1416,19 @@ static int agent_msg(st_ctl *c, int i, const json_t *m, const char *type)
 			return rc;
 		if (json_object_get(m, "port"))
 			x->port = (int)port;
+		return 0;
+	}
+	if (!strcmp(type, "compute")) {
+		long long step;
+		double v;
+		const json_t *sv = json_object_get(m, "s");
+		if ((rc = own_rank(c, m, s, h, &r)) <= 0 || rc == 2)
+			return rc < 0 ? rc : 0;
+		if ((rc = st_proto_get_int(m, "step", 0, 1LL << 50, &step)) < 0)
+			return rc;
+		if (!json_is_number(sv) || (v = json_number_value(sv)) < 0 || v > 1e6)
+			return st_fail(ST_EPROTO, "compute: \"s\" is not a number of seconds");
+		on_compute(c, s, h, step, v);
 		return 0;
 	}
 	if (!strcmp(type, "output")) {

@@ -58,6 +58,9 @@ typedef struct st_ctl_opts {
 	                            when workers still run (default 30) */
 	double heartbeat_timeout_s; /* an agent silent this long is lost (default 1) */
 	int step_watchdog_ms;    /* the workers' step watchdog's floor (train/watchdog.h); 0: none */
+	int straggler_steps;     /* a host 1.5 x the group's median compute this many steps in a row
+	                            is slow (reported); 0: not looked for */
+	int evict_stragglers;    /* ... and its slice is taken out, as after a failure */
 	double wait_timeout_s;   /* fewer than min_slices healthy this long ends the run
 	                            with status 3 (0: default 600; < 0: wait forever) */
 	const char *config;      /* CONFIG.yml as the workers get it (NULL: none) */

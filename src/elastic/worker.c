@@ -115,6 +115,11 @@ int st_worker_ctl_ack(st_worker_ctl *w, long long gen)
 	return send_line(w, json_pack("{s:s, s:I}", "type", "reformed", "gen", (json_int_t)gen));
 }
 
+int st_worker_ctl_step(st_worker_ctl *w, long long step, double compute_s)
+{
+	return send_line(w, json_pack("{s:s, s:I, s:f}", "type", "step", "step", (json_int_t)step, "compute_s", compute_s));
+}
+
 int st_worker_ctl_hung(st_worker_ctl *w, const char *why)
 {
 	return send_line(w, json_pack("{s:s, s:s}", "type", "hung", "why", why));

@@ -13,6 +13,8 @@
  *                    failed, else at the next step boundary the group agrees on
  *   worker -> agent  {"type":"reformed","gen":G}   done: what it prints from now
  *                    on is generation G's
+ *                    {"type":"step","step":N,"compute_s":X}   step N done: its compute
+ *                    up to the gradient collective took X s (the controller finds stragglers)
  *                    {"type":"hung","why":"..."}   the step watchdog (train/watchdog.h)
  *                    found its compute thread stuck: the agent kills it and
  *                    reports it hung (its slice is replaced)
@@ -48,6 +50,8 @@ int st_worker_ctl_wait(st_worker_ctl *w, int timeout_ms, st_reform *r);
 /* Tell the agent that this worker re-formed into generation gen: its
  * output from now on is that generation's ({"type":"reformed","gen":G}). */
 int st_worker_ctl_ack(st_worker_ctl *w, long long gen);
+/* Tell the agent that step `step` is done, its compute taking compute_s. */
+int st_worker_ctl_step(st_worker_ctl *w, long long step, double compute_s);
 /* Tell the agent that this worker's compute thread is stuck (why: what
  * the watchdog saw). Safe from another thread than the one that waits. */
 int st_worker_ctl_hung(st_worker_ctl *w, const char *why);

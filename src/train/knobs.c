@@ -44,8 +44,10 @@ int st_test_knobs_read(st_test_knobs *k)
 		rc = seconds_knob("SLICETRAIN_TEST_SAVE_SECONDS", &k->save_delay_s);
 	if (rc < 0)
 		return rc;
-	rc = path_knob("SLICETRAIN_SAMPLE_LOG", k->sample_log, sizeof(k->sample_log));
-	return rc < 0 ? rc : path_knob("SLICETRAIN_TEST_HANG_FILE", k->hang_file, sizeof(k->hang_file));
+	if ((rc = path_knob("SLICETRAIN_SAMPLE_LOG", k->sample_log, sizeof(k->sample_log))) < 0 ||
+	    (rc = path_knob("SLICETRAIN_TEST_SLOW_FILE", k->slow_file, sizeof(k->slow_file))) < 0)
+		return rc;
+	return path_knob("SLICETRAIN_TEST_HANG_FILE", k->hang_file, sizeof(k->hang_file));
 }
 
 void st_test_knobs_hang(const st_test_knobs *k, int64_t step)
@@ -92,6 +94,19 @@ static void sleep_s(double s)
 {
 	struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
 	nanosleep(&ts, NULL);
+}
+
+void st_test_knobs_slow(const st_test_knobs *k)
+{
+	if (!k->slow_file[0])
+		return;
+	FILE *f = fopen(k->slow_file, "r");
+	double s = 0;
+	if (!f)
+		return;
+	if (fscanf(f, "%lf", &s) == 1 && s > 0 && s <= 60)
+		sleep_s(s);
+	fclose(f);
 }
 
 void st_test_knobs_before_save(void *arg, int64_t step)

@@ -18,6 +18,10 @@
  *                                  3600) before it writes (in the background
  *                                  with async saves): saves in flight for
  *                                  the partition benchmark.
+ *   SLICETRAIN_TEST_SLOW_FILE=PATH while PATH exists, each step's compute
+ *                                  takes the seconds it holds (0 to 60)
+ *                                  longer: a slow host for the straggler
+ *                                  detection.
  *   SLICETRAIN_TEST_HANG_FILE=PATH while PATH exists, the compute thread
  *                                  blocks at the start of its next step
  *                                  (checked every 10 ms); the process's
@@ -37,6 +41,7 @@ typedef struct st_test_knobs {
 	double save_delay_s;          /* 0: none */
 	char sample_log[ST_PATH_MAX]; /* "": none */
 	char hang_file[ST_PATH_MAX];  /* "": none */
+	char slow_file[ST_PATH_MAX];  /* "": none */
 	FILE *log;                    /* this process's sample log, while open */
 } st_test_knobs;
 
@@ -51,6 +56,8 @@ void st_test_knobs_close_log(st_test_knobs *k);
 /* The checkpoint writer's hook (st_ckpt_opts.before_write; arg: the
  * knobs): wait save_delay_s. */
 void st_test_knobs_before_save(void *arg, int64_t step);
+/* The slow hook: sleep what the slow file holds, while it exists. */
+void st_test_knobs_slow(const st_test_knobs *k);
 /* The hang hook: block while the hang file exists, before step `step`. */
 void st_test_knobs_hang(const st_test_knobs *k, int64_t step);
 /* Sleep out the rest of a step begun at t0 (st_mono_s). */

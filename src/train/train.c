@@ -146,6 +146,7 @@ static int train_step(trainer *t, int64_t step, st_step_metrics *m)
 	st_llama_zero_grads(&t->model);
 	if (t->fsdp)
 		st_fsdp_begin_step(t->fsdp);
+	double t0 = st_mono_s();
 	for (int64_t a = 0; a < t->accum; a++) {
 		/* this shard's rows of micro-batch a, by global sample index */
 		int64_t first = t->sample0 + (step - t->step0) * t->G + a * (t->G / t->accum) + p->dp_index * t->rows;
@@ -157,6 +158,10 @@ static int train_step(trainer *t, int64_t step, st_step_metrics *m)
 		if (t->gsum)
 			sum_micro_batch(t, a);
 	}
+	st_test_knobs_slow(&t->knobs);
+	/* this process's compute up to the gradient collective: the controller
+	 * compares it across hosts (stragglers) */
+	t->compute_s = st_mono_s() - t0;
 	if ((rc = st_comm_allreduce(p->batch, &loss_sum, 1, ST_DTYPE_F64, ST_SUM)) < 0)
 		return rc;
 	double loss = loss_sum / ((double)t->G * (double)t->T);
@@ -233,6 +238,9 @@ static int one_step(trainer *t, int64_t step, st_train_result *res, int64_t *sav
 	t->done = step + 1;
 	st_test_knobs_pace(&t->knobs, t0);
 	st_watchdog_step(t->wd);
+	if (t->ctl && st_worker_ctl_step(t->ctl, step, t->compute_s) < 0)
+		st_warn("rank %d: cannot tell the agent step %lld's compute time: %s", t->par.rank, (long long)step,
+			st_errmsg());
 	m.seconds = st_mono_s() - t0;
 	m.tflops = t->flops.total / m.seconds / 1e12;
 	m.tokens = (double)(t->T * t->B * t->accum) / m.seconds;

@@ -71,6 +71,7 @@ typedef struct trainer {
 	/* elastic re-formation in place (docs/elastic.md) */
 	st_worker_ctl *ctl;   /* the agent's control channel, NULL without one */
 	st_watchdog *wd;      /* the step watchdog (with ctl and SLICETRAIN_STEP_WATCHDOG_MS), or NULL */
+	double compute_s;     /* the last step's compute up to its gradient collective */
 	st_reform pending;    /* a reform message taken at a step boundary */
 	int have_pending;
 } trainer;

@@ -17,8 +17,7 @@
 . "$ST_ROOT/tests/hosts_lib.sh"
 . "$ST_ROOT/tests/hosts_run_lib.sh"
 steps=90
-keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
-	checkpoint_period=40 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o" steps=$steps)
+hr_keys $steps
 hr_reference 1 "${keys[@]}"
 
 hr_up 2 1 || { fail "cannot make the test hosts"; finish; }
