@@ -1343,8 +1343,8 @@ static int own_rank(const st_ctl *c, const json_t *m, int s, int h, int *rank)
 
 /*
  * Stragglers: each host's compute up to the gradient collective, per step
- * (the slowest of its workers), against the median of the group's hosts'
- * latest. A host at least STRAGGLER_FACTOR x the median for
+ * (the slowest of its workers), against the median of the group's other
+ * hosts' latest (with 2 hosts, the other's). A host at least STRAGGLER_FACTOR x the median for
  * --straggler-steps steps in a row is reported (log, event, nodes); with
  * --evict-stragglers its slice is taken out as after a failure (re-formed in
  * place) and comes back after the repair delay, the back-off doubling that
@@ -1371,10 +1371,10 @@ static void on_compute(st_ctl *c, int s, int h, long long step, double v)
 	for (int i = 0; i < g->k && n < 4096; i++)
 		for (int hh = 0; hh < c->o.hosts_per_slice && n < 4096; hh++) {
 			const host *y = &c->sl[g->slices[i]].h[hh];
-			if (y->compute_gen == g->id && y->compute_step >= step - 1)
+			if (y != x && y->compute_gen == g->id && y->compute_step >= step - 1)
 				all[n++] = y->compute_s;
 		}
-	if (n < 2)
+	if (n < 1)
 		return;
 	for (int i = 1; i < n; i++) /* insertion sort: a few hosts */
 		for (int j = i; j > 0 && all[j] < all[j - 1]; j--) {
