@@ -64,8 +64,9 @@ static const char launch_usage[] =
 	"reach M. A worker whose compute thread makes no progress outside collectives\n"
 	"for max(--step-watchdog-ms (default 1000; 0: off), 3 x its longest such gap of\n"
 	"the last 16 steps) is killed as hung and its slice replaced (docs/failures.md).\n"
-	"A host whose compute up to the gradient collective is 1.5 x the group's median\n"
-	"for --straggler-steps steps in a row (default 5; 0: off) is reported slow;\n"
+	"A host whose compute up to the gradient collective is 1.5 x the other hosts'\n"
+	"median (and 50 ms more) for --straggler-steps steps in a row is reported slow\n"
+	"(default 0, off, for launch: its slices share one machine; 5 for controller);\n"
 	"with --evict-stragglers its slice is taken out as after a failure.\n"
 	"Ends with the summary line {\"event\":\"summary\",...} on stdout.\n"
 	"\n"
@@ -525,8 +526,10 @@ typedef struct eargs {
 static int parse_eargs(int argc, char **argv, const char *cmd, const char *usage, eargs *e, int *next)
 {
 	*e = (eargs){.threads = 1, .hps = 1, .max_failures = 3, .repair = 10, .hb_ms = 1000, .grace = 30,
-		     .wait_timeout = 600, .backoff = 30, .watchdog_ms = 1000, .straggler_steps = 5};
+		     .wait_timeout = 600, .backoff = 30, .watchdog_ms = 1000};
 	int ctl = !strcmp(cmd, "controller"), i;
+	/* launch's slices share one machine: one slower than another is that machine's load */
+	e->straggler_steps = ctl ? 5 : 0;
 	const st_cli_opt opts[] = {
 		{.name = "--num-slices", .kind = ST_CLI_INT, .value = &e->slices, .min = 1, .max = ST_CLI_MAX_SLICES},
 		{.name = "--devices-per-slice", .kind = ST_CLI_INT, .value = &e->dps, .min = 1, .max = ST_CLI_MAX_DEVICES},

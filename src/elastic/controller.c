@@ -52,6 +52,7 @@ static const char *const stop_names[] = {"", "resize", "notice", "kill"};
 			       before it takes over their generation */
 #define BACKOFF_MAX 64.0
 #define STRAGGLER_FACTOR 1.5 /* a host this much slower than the group's median, --straggler-steps in a row */
+#define STRAGGLER_MIN_S 0.05 /* ... and at least this much: a few ms of noise is no straggler */
 
 typedef struct conn {
 	st_proto_conn pc;
@@ -1383,7 +1384,7 @@ static void on_compute(st_ctl *c, int s, int h, long long step, double v)
 			all[j - 1] = t;
 		}
 	double med = n % 2 ? all[n / 2] : (all[n / 2 - 1] + all[n / 2]) / 2;
-	if (x->compute_s < STRAGGLER_FACTOR * med || med <= 0) {
+	if (x->compute_s < STRAGGLER_FACTOR * med || x->compute_s - med < STRAGGLER_MIN_S) {
 		if (x->slow)
 			logf_("slice %d host %d is no longer slow (compute %.3f s, the group's median %.3f s)", s, h,
 			      x->compute_s, med);
