@@ -30,12 +30,8 @@ echo "bench/hosts_controller.sh: KILLS=$KILLS STEPS=$STEPS PACE=$PACE DOWN=$DOWN
 "$ROOT/bench/cpu.sh"
 echo "date: $(date -u +%F' '%T) UTC, commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)"
 
-keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
-	checkpoint_period=100 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o" steps=$STEPS)
-OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref \
-	>"$TMP/ref.out" 2>&1 || { echo "the reference run failed: $(tail -3 "$TMP/ref.out")"; exit 1; }
-hr_up 2 1 || { echo "cannot make the test hosts"; exit 1; }
-export SLICETRAIN_MIN_STEP_SECONDS=$PACE
+hr_scenario "$STEPS" "$PACE" checkpoint_period=100 && [ "$failures" = 0 ] ||
+	{ echo "cannot set up the run: $(tail -3 "$TMP/ref.out")"; exit 1; }
 opts=(--num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --backoff-window 0 --max-failures -1)
 run=("${keys[@]}" run_name=hosts metrics_file="$TMP/metrics.jsonl")
 records() { grep -c '"learning/loss"' "$TMP/metrics.jsonl" 2>/dev/null || echo 0; }
@@ -77,14 +73,9 @@ print(f"metrics file: {len(steps)} step records, {len(set(steps))} distinct, {du
 sys.exit(dup != 0 or len(set(steps)) != int(sys.argv[2]))
 PY
 hr_same_weights hosts "$STEPS"
-stats() { # NAME VALUES...: median and maximum
-	local name=$1; shift
-	printf '%s\n' "$@" | sort -g | awk -v n="$name" '{v[NR]=$1} END {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2;
-		printf "%-45s median %.3f, max %.3f (%d)\n", n, m, v[NR], NR}'
-}
-stats "taken over after the new controller's start (s)" "${takes[@]}"
-stats "the injected kill re-formed after the start (s)" "${kills[@]}"
-stats "steps while no controller was up" "${made[@]}"
+hr_stats "taken over after the new controller's start (s)" "${takes[@]}"
+hr_stats "the injected kill re-formed after the start (s)" "${kills[@]}"
+hr_stats "steps while no controller was up" "${made[@]}"
 hr_clean
 echo "$failures failure(s)"
 exit $((failures > 0))

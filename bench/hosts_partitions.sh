@@ -67,14 +67,8 @@ wait_for() { # COMMAND... for up to 60 s
 	return 1
 }
 
-keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
-	checkpoint_period=$PERIOD max_num_checkpoints_to_keep=4 dcn_data_parallelism=-1 learning_rate=1e-3
-	base_output_directory="$TMP/o" steps=$STEPS)
-OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref \
-	>"$TMP/ref.out" 2>&1 || { echo "the reference run failed: $(tail -3 "$TMP/ref.out")"; exit 1; }
-
-hr_up 2 1 || { echo "cannot make the test hosts"; exit 1; }
-export SLICETRAIN_MIN_STEP_SECONDS=$PACE
+hr_scenario "$STEPS" "$PACE" checkpoint_period=$PERIOD max_num_checkpoints_to_keep=4 && [ "$failures" = 0 ] ||
+	{ echo "cannot set up the run: $(tail -3 "$TMP/ref.out")"; exit 1; }
 hr_agent_env="SLICETRAIN_TEST_SAVE_SECONDS=$SAVE_S"
 hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 \
 	--backoff-window 0 -- "${keys[@]}" run_name=hosts
@@ -116,11 +110,7 @@ for k in $(seq 1 "$CYCLES"); do
 	sleep "$GAP"
 done
 echo "the cycles are done at step $(hr_steps run) of $STEPS"
-hr_wait run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 180}')
-[ "$hr_rc" = 0 ] || fail "the controller's exit status $hr_rc"
-hr_summary run >/dev/null
-echo "summary: failures $(hr_get failures), resizes $(hr_get resizes), steps lost $(hr_get steps_lost), goodput $(hr_get goodput)"
-[ "$(hr_get steps_lost)" = 0 ] || fail "steps lost: $(hr_get steps_lost)"
+hr_end_run run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 180}')
 [ "$(hr_get failures)" = "$n_decl" ] || fail "the summary's failures $(hr_get failures), the cycles declared $n_decl"
 echo "cycles: $CYCLES; declared and replaced $n_decl, healed before detection $n_short (nothing declared);" \
 	"a save in flight at the cut: $n_flight ($n_flight_decl of them declared)"

@@ -78,13 +78,8 @@ PY
 size() { stat -c %s "$TMP/run.out"; }
 now() { date +%s.%N; }
 
-keys=("$ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
-	checkpoint_period=100 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o" steps=$STEPS)
-OMP_NUM_THREADS=1 "$SLICETRAIN" launch --num-slices 2 --devices-per-slice 1 -- "${keys[@]}" run_name=ref \
-	>"$TMP/ref.out" 2>&1 || { echo "the reference run failed: $(tail -3 "$TMP/ref.out")"; exit 1; }
-
-hr_up 2 1 || { echo "cannot make the test hosts"; exit 1; }
-export SLICETRAIN_MIN_STEP_SECONDS=$PACE
+hr_scenario "$STEPS" "$PACE" checkpoint_period=100 && [ "$failures" = 0 ] ||
+	{ echo "cannot set up the run: $(tail -3 "$TMP/ref.out")"; exit 1; }
 hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --max-failures -1 \
 	--backoff-window "$BACKOFF" -- \
 	"${keys[@]}" run_name=hosts
@@ -142,23 +137,13 @@ for kind in $KINDS; do
 	done
 done
 echo "the faults are done at step $(hr_steps run) of $STEPS"
-hr_wait run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 120}')
-[ "$hr_rc" = 0 ] || fail "the controller's exit status $hr_rc"
-hr_summary run >/dev/null
-echo "summary: failures $(hr_get failures), resizes $(hr_get resizes), steps lost $(hr_get steps_lost), goodput $(hr_get goodput)"
-[ "$(hr_get steps_lost)" = 0 ] || fail "steps lost: $(hr_get steps_lost)"
+hr_end_run run $(awk -v n="$STEPS" -v p="$PACE" 'BEGIN {printf "%d", n * p + 120}')
 hr_same_weights hosts "$STEPS"
-stats() { # NAME VALUES...: median and maximum
-	local name=$1; shift
-	[ $# -gt 0 ] || { echo "$name: none"; return; }
-	printf '%s\n' "$@" | sort -g | awk -v n="$name" '{v[NR]=$1} END {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2;
-		printf "%-40s median %.3f s, max %.3f s (%d)\n", n, m, v[NR], NR}'
-}
 for kind in $KINDS; do
-	stats "$kind: detection" ${det[$kind]:-}
-	stats "$kind: detection to the first step" ${cont[$kind]:-}
-	stats "$kind: recovery (fault to first step)" ${rec[$kind]:-}
-	stats "$kind: growth" ${grow[$kind]:-}
+	hr_stats "$kind: detection (s)" ${det[$kind]:-}
+	hr_stats "$kind: detection to the first step (s)" ${cont[$kind]:-}
+	hr_stats "$kind: recovery, fault to first step (s)" ${rec[$kind]:-}
+	hr_stats "$kind: growth (s)" ${grow[$kind]:-}
 done
 hr_clean
 echo "$failures failure(s)"

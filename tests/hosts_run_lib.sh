@@ -26,10 +26,17 @@
 # hr_summary NAME: read the run's summary line into $hr_sum (KEY=VALUE
 #   lines) and print it on one line; hr_get KEY: a value of it.
 # hr_standalone NAME: for a script that does not source tests/cli_lib.sh (a
-#   benchmark): $TMP (removed on exit), fail (counted in $failures).
+#   benchmark): $TMP (removed on exit), fail (counted in $failures), $ST_ROOT.
 # hr_keys STEPS [KEY=VALUE...]: the scenarios' run into the array $keys:
 #   llama3-test, 4 x 128 tokens a device, data parallel across slices, a save
 #   every 40 steps (checkpoint_period=N after it overrides), output in $TMP/o.
+# hr_scenario STEPS PACE [KEY=VALUE...]: the usual test: hr_keys, the
+#   fault-free reference (hr_reference 1), the hosts of 2 slices x 1 host
+#   (hr_up 2 1), steps paced to PACE s (SLICETRAIN_MIN_STEP_SECONDS,
+#   exported). 1 when the hosts cannot be made.
+# hr_end_run NAME SECONDS: the controller's end (hr_wait), its exit status
+#   0, its summary printed on one line, 0 steps lost (else fail).
+# hr_stats NAME VALUES...: "NAME median M, max X (N)".
 # hr_reference, hr_same_weights, hr_clean: below.
 hr_port=7400 hr_devices=1 hr_hps=1 hr_ctl= hr_rc= hr_worker_exe= hr_sum=
 declare -gA hr_apid=()
@@ -39,6 +46,30 @@ hr_keys() {
 	keys=("$ST_ROOT/configs/base.yml" model_name=llama3-test per_device_batch_size=4 max_target_length=128
 		checkpoint_period=40 dcn_data_parallelism=-1 learning_rate=1e-3 base_output_directory="$TMP/o"
 		steps="$steps" "$@")
+}
+
+hr_scenario() {
+	local steps=$1 pace=$2; shift 2
+	hr_keys "$steps" "$@"
+	hr_reference 1 "${keys[@]}"
+	hr_up 2 1 || return 1
+	export SLICETRAIN_MIN_STEP_SECONDS=$pace
+}
+
+hr_end_run() {
+	hr_wait "$1" "$2"
+	[ "$hr_rc" = 0 ] || fail "$1: the controller's exit status $hr_rc"
+	hr_summary "$1" >/dev/null
+	echo "summary: failures $(hr_get failures), resizes $(hr_get resizes), steps lost $(hr_get steps_lost)," \
+		"goodput $(hr_get goodput)"
+	[ "$(hr_get steps_lost)" = 0 ] || fail "steps lost: $(hr_get steps_lost)"
+}
+
+hr_stats() {
+	local name=$1; shift
+	[ $# -gt 0 ] || { echo "$name: none"; return; }
+	printf '%s\n' "$@" | sort -g | awk -v n="$name" '{v[NR]=$1} END {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2;
+		printf "%-45s median %.3f, max %.3f (%d)\n", n, m, v[NR], NR}'
 }
 
 hr_up() {
@@ -129,6 +160,7 @@ for k, v in json.loads(sys.stdin.read() or "{}").items():
 hr_get() { echo "$hr_sum" | sed -n "s/^$1=//p"; }
 
 hr_standalone() {
+	ST_ROOT=${ST_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 	TMP=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
 	trap 'rm -rf "$TMP"' EXIT
 	failures=0

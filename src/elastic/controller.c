@@ -552,6 +552,27 @@ static void gen_stop(st_ctl *c, int how)
 				   json_pack("{s:s, s:i, s:s}", "type", "stop", "gen", g->id, "how", stop_names[how]));
 }
 
+/* c->g (released) laid out on k slices: its mesh, and each rank's slice
+ * and host (slice-major ranks); no step seen yet. */
+static int gen_layout(st_ctl *c, int k, const int *slices)
+{
+	gen *g = &c->g;
+	int dps = c->o.devices_per_slice, per_host = dps / c->o.hosts_per_slice;
+	g->k = k;
+	g->world = k * dps;
+	g->first_step = g->last_step = -1;
+	g->start_mono = st_mono_s();
+	if (!(g->slices = malloc((size_t)k * sizeof(int))) || !(g->w = calloc((size_t)g->world, sizeof(worker))) ||
+	    !(g->culprit = calloc((size_t)c->o.num_slices, 1)))
+		return st_fail(ST_ENOMEM, "out of memory");
+	memcpy(g->slices, slices, (size_t)k * sizeof(int));
+	for (int r = 0; r < g->world; r++) {
+		g->w[r].slice = slices[r / dps];
+		g->w[r].host = (r % dps) / per_host;
+	}
+	return mesh_for(c, k, &g->mesh);
+}
+
 /* A new generation of k slices in c->g (the previous one released): its
  * mesh, coordinator and the workers' environment (*env, a new reference).
  * Unless it keeps every slice of the one before, its number is in the run
@@ -575,15 +596,7 @@ static int gen_init(st_ctl *c, int k, const int *slices, const gen *prev, json_t
 	int rc = keeps_all ? 0 : st_ckpt_fence_write(c->fence, g->id);
 	if (rc < 0)
 		return st_wrap(rc, "the generation fence");
-	g->k = k;
-	g->world = k * c->o.devices_per_slice;
-	g->first_step = g->last_step = -1;
-	g->start_mono = st_mono_s();
-	if (!(g->slices = malloc((size_t)k * sizeof(int))) || !(g->w = calloc((size_t)g->world, sizeof(worker))) ||
-	    !(g->culprit = calloc((size_t)c->o.num_slices, 1)))
-		return st_fail(ST_ENOMEM, "out of memory");
-	memcpy(g->slices, slices, (size_t)k * sizeof(int));
-	if ((rc = mesh_for(c, k, &g->mesh)) < 0)
+	if ((rc = gen_layout(c, k, slices)) < 0)
 		return rc;
 	/* the coordinator (rank 0's store) on rank 0's host: its address, and
 	 * the port its agent last found free there */
@@ -608,11 +621,6 @@ static int gen_init(st_ctl *c, int k, const int *slices, const gen *prev, json_t
 		snprintf(v, sizeof(v), "%d", c->o.step_watchdog_ms);
 		json_object_set_new(e, "SLICETRAIN_STEP_WATCHDOG_MS", json_string(v));
 	}
-	for (int i = 0; i < k; i++)
-		for (int d = 0; d < c->o.devices_per_slice; d++) {
-			g->w[i * c->o.devices_per_slice + d].slice = slices[i];
-			g->w[i * c->o.devices_per_slice + d].host = d / (c->o.devices_per_slice / c->o.hosts_per_slice);
-		}
 	*env = e;
 	return 0;
 }
@@ -1615,7 +1623,7 @@ static void accept_all(st_ctl *c)
  */
 static int adopt(st_ctl *c, double now)
 {
-	int dps = c->o.devices_per_slice, per_host = dps / c->o.hosts_per_slice, nconn = 0, nrep = 0;
+	int nconn = 0, nrep = 0;
 	long long top = 0;
 	const json_t *lay = NULL;
 	for (int s = 0; s < c->o.num_slices; s++)
@@ -1636,30 +1644,23 @@ static int adopt(st_ctl *c, double now)
 	if (nconn < c->o.num_slices * c->o.hosts_per_slice && now - c->start_mono < ADOPT_WAIT_S)
 		return 1;
 	json_t *sl = json_deep_copy(json_object_get(lay, "slices")); /* lay goes with its host's report */
-	int k = (int)json_array_size(sl), world = (int)json_integer_value(json_object_get(lay, "world"));
+	int k = (int)json_array_size(sl), ids[4096];
+	for (int i = 0; i < k && i < 4096; i++)
+		ids[i] = (int)json_integer_value(json_array_get(sl, (size_t)i));
 	gen *g = &c->g;
 	gen_release(g);
 	g->id = (int)top;
-	g->k = k;
-	g->world = world;
 	g->adopted = 1;
-	g->first_step = g->last_step = -1;
-	g->start_mono = now;
-	if (!(g->slices = malloc((size_t)k * sizeof(int))) || !(g->w = calloc((size_t)world, sizeof(worker))) ||
-	    !(g->culprit = calloc((size_t)c->o.num_slices, 1)) || !sl || mesh_for(c, k, &g->mesh) < 0) {
+	if (!sl || k > 4096 || gen_layout(c, k, ids) < 0) {
 		char why[300];
 		snprintf(why, sizeof(why), "cannot take over generation %lld: %s", top, sl ? st_errmsg() : "out of memory");
 		json_decref(sl);
 		finish(c, S_ERRORED, 1, why);
 		return 1;
 	}
-	for (int i = 0; i < k; i++)
-		g->slices[i] = (int)json_integer_value(json_array_get(sl, (size_t)i));
-	for (int r = 0; r < world; r++) {
-		g->w[r].slice = g->slices[r / dps];
-		g->w[r].host = (r % dps) / per_host;
+	int world = g->world;
+	for (int r = 0; r < world; r++)
 		g->w[r].exited = 1; /* until an agent reports it */
-	}
 	for (int s = 0; s < c->o.num_slices; s++)
 		for (int h = 0; h < c->o.hosts_per_slice; h++) {
 			host *x = &c->sl[s].h[h];

@@ -17,13 +17,9 @@
 . "$ST_ROOT/tests/hosts_lib.sh"
 . "$ST_ROOT/tests/hosts_run_lib.sh"
 steps=80
-hr_keys $steps checkpoint_period=20
-
 # the reference: the same 2 slices with launch, on this machine, straight through
-hr_reference 1 "${keys[@]}"
-
-hr_up 2 1 || { fail "cannot make the test hosts"; finish; }
-export SLICETRAIN_MIN_STEP_SECONDS=0.1 TMPDIR=$TMP
+hr_scenario $steps 0.1 checkpoint_period=20 || { fail "cannot make the test hosts"; finish; }
+export TMPDIR=$TMP
 hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 2 -- "${keys[@]}" run_name=hosts \
 	metrics_file="$TMP/hosts.jsonl"
 hr_agent 0 0

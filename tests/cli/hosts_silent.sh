@@ -21,11 +21,7 @@
 . "$ST_ROOT/tests/hosts_lib.sh"
 . "$ST_ROOT/tests/hosts_run_lib.sh"
 steps=120
-hr_keys $steps
-hr_reference 1 "${keys[@]}"
-
-hr_up 2 1 || { fail "cannot make the test hosts"; finish; }
-export SLICETRAIN_MIN_STEP_SECONDS=0.2
+hr_scenario $steps 0.2 || { fail "cannot make the test hosts"; finish; }
 hr_controller run --num-slices 2 --min-slices 1 --devices-per-slice 1 --repair-delay 1 --backoff-window 0 -- \
 	"${keys[@]}" run_name=hosts
 hr_agent 0 0

@@ -20,12 +20,8 @@
 . "$ST_ROOT/tests/hosts_lib.sh"
 . "$ST_ROOT/tests/hosts_run_lib.sh"
 steps=120
-hr_keys $steps
-hr_reference 1 "${keys[@]}"
-
-hr_up 2 1 || { fail "cannot make the test hosts"; finish; }
+hr_scenario $steps 0.2 || { fail "cannot make the test hosts"; finish; }
 th_host ctl2 10.213.0.2 s0 || fail "cannot make ctl2"
-export SLICETRAIN_MIN_STEP_SECONDS=0.2
 vip=10.213.0.9
 th_exec ctl ip addr add $vip/16 dev eth0 || fail "cannot give ctl the controller's address"
 ctl_cmd=(env OMP_NUM_THREADS=1 "$SLICETRAIN" controller --listen "$vip:$hr_port" --num-slices 2 --min-slices 1
